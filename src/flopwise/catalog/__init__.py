@@ -1,0 +1,1 @@
+"""Catalogs of hardware and models, loaded from `flopwise/specs/*.yaml`."""

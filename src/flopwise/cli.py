@@ -1,0 +1,62 @@
+"""The `flopwise` command line: one entry point, one sub-command per capability.
+
+Each capability keeps its commands in its own package (`plan/commands.py`,
+`train/commands.py`, ...); this module only registers them. Command modules import
+heavy libraries (torch) inside the command functions, so `flopwise plan` stays fast and
+works where torch is absent.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from flopwise.errors import UserError
+
+app = typer.Typer(
+    name="flopwise",
+    help="Plan, train, compress and diagnose large-model training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _register() -> None:
+    from flopwise.catalog import commands as catalog_commands
+    from flopwise.compress import commands as compress_commands
+    from flopwise.diagnose import commands as diagnose_commands
+    from flopwise.plan import commands as plan_commands
+    from flopwise.train import commands as train_commands
+
+    for module in (plan_commands, catalog_commands, train_commands, compress_commands, diagnose_commands):
+        module.register(app)
+
+
+@app.command()
+def version() -> None:
+    """Print the flopwise version."""
+    from flopwise import __version__
+
+    print(__version__)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; a UserError becomes one line on stderr and exit code 2.
+
+    Usage errors (unknown flag, missing argument) are handled by typer/click in
+    standalone mode and also exit with code 2.
+    """
+    try:
+        app(args=argv, prog_name="flopwise")
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""flopwise.compress."""

@@ -1,0 +1,92 @@
+"""RunSpec: the one description of a training job that the planner and the trainer share.
+
+Model numbers + layout + hardware + workload. Frozen plain data; no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flopwise.catalog.hardware import HardwareSpec
+from flopwise.catalog.models import ModelSpec
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+OPTIMIZERS = ("adamw", "sgd", "adam8bit")
+RECOMPUTE = ("none", "selective", "full")
+OFFLOAD = ("none", "optimizer", "params")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the job is split over devices.
+
+    dp * tp * pp devices in all. `zero_stage` shards over the data-parallel group:
+    0 none, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP FULL_SHARD is 3,
+    SHARD_GRAD_OP is 2). `grad_accum` micro-steps of `micro_batch_size` sequences per
+    data-parallel rank make one optimizer step.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch_size: int = 1
+    grad_accum: int = 1
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    offload: str = "none"
+    pipeline_schedule: str = "1f1b"
+    virtual_stages: int = 1
+    flash_attention: bool = True
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences (or samples) per optimizer step."""
+        return self.dp * self.micro_batch_size * self.grad_accum
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained: precision, optimizer, sequence length and how many tokens in all.
+
+    `total_tokens` (or `total_samples` for a CNN) sets the whole job's length.
+    """
+
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    seq_len: int = 2048
+    total_tokens: float = 0.0
+    total_samples: float = 0.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The hardware the job runs on and the assumptions for time, energy and cost.
+
+    `efficiency` overrides the calibration table's achieved fraction of peak;
+    `price_per_device_hour` overrides the catalog price; `pue` scales energy.
+    """
+
+    hardware: HardwareSpec
+    devices_per_node: int = 0  # 0: the catalog's figure
+    efficiency: float | None = None
+    price_per_device_hour: float | None = None
+    spot: bool = False
+    pue: float = 1.1
+    memory_reserve_gib: float = 2.0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A whole planned run: the spine shared by `flopwise plan` and `flopwise train`."""
+
+    model: ModelSpec
+    layout: Layout
+    workload: Workload
+    cluster: Cluster

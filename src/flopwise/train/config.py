@@ -1,0 +1,145 @@
+"""The run configuration: one typed schema, one section per module.
+
+Loaded from YAML (safe loader) with dotted `key=value` overrides; every mistake is
+reported as one line naming the key path and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    """Base for config sections: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    """The network: the built-in decoder (llama- or gpt2-style) or a HF config.json."""
+
+    kind: Literal["llama", "gpt2", "hf"] = "llama"
+    hf_config: Path | None = None
+    trust_remote_code: bool = False
+    n_layers: int = Field(4, ge=1)
+    hidden: int = Field(256, ge=8)
+    n_heads: int = Field(8, ge=1)
+    n_kv_heads: int | None = Field(None, ge=1)
+    ffn_hidden: int | None = Field(None, ge=1)
+    max_seq_len: int = Field(256, ge=8)
+    tie_embeddings: bool = False
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    norm_eps: float = Field(1e-5, gt=0)
+    rope_theta: float = Field(10000.0, gt=0)
+
+
+class DataConfig(Section):
+    """Where the tokens come from. Empty `paths` means the Python standard library's source."""
+
+    paths: list[str] = Field(default_factory=list)
+    format: Literal["auto", "text", "jsonl", "tfrecord", "tokens"] = "auto"
+    text_field: str = "text"
+    token_dtype: Literal["uint16", "uint32"] = "uint16"
+    tokenizer: Path | None = None
+    vocab_size: int = Field(4096, ge=260)
+    seq_len: int = Field(256, ge=8)
+    val_fraction: float = Field(0.02, gt=0.0, lt=0.5)
+    cache_dir: Path = Path(".cache/flopwise")
+    max_bytes: int | None = Field(None, ge=1)
+    prefetch: int = Field(4, ge=0)
+
+
+class ParallelConfig(Section):
+    """How processes split the work. `nproc_per_node` > 1 makes `flopwise train` start torchrun."""
+
+    strategy: Literal["single", "ddp", "fsdp", "deepspeed", "pipeline"] = "fsdp"
+    nproc_per_node: int = Field(2, ge=1)
+    nnodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    rdzv_endpoint: str = "localhost:29500"
+    rdzv_id: str = "flopwise"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    ddp_bucket_mb: float = Field(25.0, gt=0)
+    fsdp_reshard_after_forward: bool = True
+    fsdp_min_params: int = Field(100_000, ge=0)
+    zero_stage: int = Field(3, ge=0, le=3)
+    offload: Literal["none", "optimizer", "params"] = "none"
+    pipeline_microbatches: int = Field(4, ge=1)
+    timeout_minutes: float = Field(10.0, gt=0)
+    max_restarts: int = Field(0, ge=0)
+
+
+class PrecisionConfig(Section):
+    """Numerics. `bf16`/`fp16` autocast; `*-params` keeps 16-bit parameters (FSDP2) with fp32 reduction."""
+
+    mode: Literal["fp32", "bf16", "fp16", "bf16-params", "fp16-params"] = "fp32"
+    fp32_norm: bool = True
+    initial_scale: float = Field(2.0**16, gt=0)
+    growth_interval: int = Field(2000, ge=1)
+
+
+class PruningConfig(Section):
+    """The seed's `training.pruning` block; carried out by `flopwise compress`."""
+
+    method: Literal["magnitude"] = "magnitude"
+    sparsity: float = Field(0.5, ge=0.0, lt=1.0)
+    scope: Literal["layer", "global"] = "layer"
+
+
+class TrainingConfig(Section):
+    """The optimisation loop."""
+
+    max_steps: int = Field(200, ge=1)
+    seed: int = 1234
+    micro_batch_size: int = Field(8, ge=1)
+    global_batch_size: int | None = Field(None, ge=1)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(3e-3, gt=0)
+    min_lr: float = Field(3e-4, ge=0)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    momentum: float = Field(0.9, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    gradient_checkpointing: bool | int = False
+    activation_compression: Literal["none", "int8"] = "none"
+    compile: bool = False
+    eval_every: int = Field(50, ge=1)
+    eval_batches: int = Field(8, ge=1)
+    pruning: PruningConfig | None = None
+
+
+class CheckpointConfig(Section):
+    """When and where checkpoints are written."""
+
+    every_steps: int | None = Field(None, ge=1)
+    every_minutes: float | None = Field(None, gt=0)
+    keep_last: int = Field(3, ge=1)
+    resume: bool = True
+
+
+class LoggingConfig(Section):
+    """Where results go."""
+
+    run_dir: Path = Path("runs/default")
+    log_every: int = Field(10, ge=1)
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "flopwise"
+    progress: bool = True
+
+
+class RunConfig(Section):
+    """A whole run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    compress: dict | None = None  # validated by flopwise.compress.config
