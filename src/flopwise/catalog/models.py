@@ -1,8 +1,29 @@
-"""Model catalog: `specs/models.yaml` and HuggingFace `config.json` files as `ModelSpec`s."""
+"""Model catalog: `specs/models.yaml` and HuggingFace `config.json` files as `ModelSpec`s.
+
+`load_models()` reads the packaged catalog, `get_model()` resolves a catalog key or a
+path to a `config.json`, and `from_hf_config()` turns a HuggingFace config into the
+architecture numbers, offline and without importing transformers or running any code
+from the checkpoint (plain JSON, per-family defaults copied from transformers).
+No torch here: the planner imports this module.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+import json
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from flopwise.errors import UserError
+
+ARCHS = ("decoder", "encoder", "cnn")
+MLPS = ("gelu", "relu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope", "alibi", "none")
 
 
 @dataclass(frozen=True)
@@ -25,7 +46,7 @@ class ModelSpec:
     vocab_size: int = 0
     seq_len: int = 0
     max_positions: int = 0
-    mlp: str = "gelu"  # "gelu" (2 matrices) | "swiglu" (3 matrices)
+    mlp: str = "gelu"  # "gelu" or "relu" (2 matrices) | "swiglu" (3 matrices)
     norm: str = "layernorm"  # "layernorm" (weight+bias) | "rmsnorm" (weight only)
     position: str = "learned"  # "learned" | "rope" | "alibi"
     tied_embeddings: bool = False
@@ -36,7 +57,459 @@ class ModelSpec:
     type_vocab_size: int = 0  # BERT token-type embeddings
     pooler: bool = False  # BERT pooler dense layer
     embedding_norm: bool = False  # a norm right after the embeddings (BERT, BLOOM)
-    head_dim: int = 0  # 0 means hidden // n_heads
+    head_dim: int = 0  # 0: hidden // n_heads (q and o are then hidden x hidden)
+    attn_out_bias: bool | None = None  # None: same as attn_bias (qwen2: qkv bias, no o bias)
+    final_norm: bool | None = None  # None: decoders have one, encoders (BERT, post-LN) do not
+    norms_per_layer: int = 2  # norms inside each block (falcon-7b's parallel block has 1)
+    shared_expert_ffn_hidden: int = 0  # MoE: an always-active shared expert (qwen2_moe)
+    reported_params: float = 0.0  # the size the source publishes (often rounded), for comparison
     params: int = 0  # CNN: total parameters (decoders/encoders derive it)
     flops_per_sample: float = 0.0  # CNN: forward FLOPs per sample
     source: str = ""
+
+
+# ---------------------------------------------------------------------------------------
+# The packaged catalog
+
+_CATALOG = "models.yaml"
+_REQUIRED_TRANSFORMER = ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab_size", "seq_len")
+_REQUIRED_CNN = ("params", "flops_per_sample")
+_CHOICES = {"arch": ARCHS, "mlp": MLPS, "norm": NORMS, "position": POSITIONS}
+
+
+@lru_cache(maxsize=1)
+def load_models() -> dict[str, ModelSpec]:
+    """The packaged catalog, keyed by lower-case name; validated once, then cached."""
+    text = resources.files("flopwise").joinpath("specs", _CATALOG).read_text(encoding="utf-8")
+    return models_from_yaml(text, origin=f"flopwise/specs/{_CATALOG}")
+
+
+def models_from_yaml(text: str, origin: str) -> dict[str, ModelSpec]:
+    """Parse and strictly validate a models YAML document (`models: {key: {field: value}}`).
+
+    Every problem becomes a UserError naming the file, the entry and the field, so a typo
+    in the catalog fails loudly instead of silently planning with a default.
+    """
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise UserError(f"{origin}: not valid YAML ({_first_line(err)})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
+        raise UserError(f"{origin}: expected a top-level 'models:' mapping of key -> fields")
+    models = {}
+    for key, entry in doc["models"].items():
+        spec = _spec_from_entry(str(key), entry, origin)
+        if spec.key in models:
+            raise UserError(f"{origin}: model '{key}' appears twice (keys are case-insensitive)")
+        models[spec.key] = spec
+    return models
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(ModelSpec)}
+
+
+def _spec_from_entry(key: str, entry: object, origin: str) -> ModelSpec:
+    where = f"{origin}: model '{key}'"
+    if not isinstance(entry, dict):
+        raise UserError(f"{where}: expected a mapping of fields, got {type(entry).__name__}")
+    values: dict[str, object] = {}
+    for name, value in entry.items():
+        if name == "key" or name not in _FIELD_TYPES:
+            known = [n for n in _FIELD_TYPES if n != "key"]
+            close = difflib.get_close_matches(str(name), known, n=3)
+            hint = f"did you mean: {', '.join(close)}?" if close else f"allowed: {', '.join(known)}"
+            raise UserError(f"{where}: unknown field '{name}' ({hint})")
+        values[name] = _checked_value(where, name, value)
+    values.setdefault("name", key)
+    spec = ModelSpec(key=key.lower(), **values)
+    validate_spec(spec, where)
+    return spec
+
+
+def _checked_value(where: str, name: str, value: object) -> object:
+    kind = _FIELD_TYPES[name]
+    if kind in ("int", "float") and isinstance(value, str):
+        # PyYAML (YAML 1.1) reads "1.3e9" as text; it needs "1.3e+9". Accept both.
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if kind == "bool" or kind == "bool | None":
+        if not isinstance(value, bool) and not (kind == "bool | None" and value is None):
+            raise UserError(f"{where}: field '{name}' must be true or false, got {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f"{where}: field '{name}' must be a whole number >= 0, got {value!r}")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise UserError(f"{where}: field '{name}' must be a number >= 0, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise UserError(f"{where}: field '{name}' must be text, got {value!r}")
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise UserError(f"{where}: field '{name}' is {value!r}; allowed: {', '.join(_CHOICES[name])}")
+    return value
+
+
+def validate_spec(spec: ModelSpec, where: str) -> None:
+    """Check that a spec is complete and self-consistent; raise UserError naming the field."""
+    for name, allowed in _CHOICES.items():
+        if getattr(spec, name) not in allowed:
+            raise UserError(f"{where}: field '{name}' is {getattr(spec, name)!r}; allowed: {', '.join(allowed)}")
+    required = _REQUIRED_CNN if spec.arch == "cnn" else _REQUIRED_TRANSFORMER
+    for name in required:
+        if not getattr(spec, name):
+            raise UserError(f"{where}: field '{name}' is required (> 0) for arch '{spec.arch}'")
+    if not spec.source:
+        raise UserError(f"{where}: field 'source' is required (where the numbers come from)")
+    if spec.arch == "cnn":
+        return
+    kv = spec.n_kv_heads or spec.n_heads
+    if spec.n_heads % kv:
+        raise UserError(f"{where}: n_heads {spec.n_heads} is not a multiple of n_kv_heads {kv}")
+    if spec.n_experts < 1 or spec.experts_per_token < 1:
+        raise UserError(f"{where}: n_experts and experts_per_token must be >= 1 (1 for a dense model)")
+    if spec.experts_per_token > spec.n_experts:
+        raise UserError(
+            f"{where}: experts_per_token {spec.experts_per_token} exceeds n_experts {spec.n_experts}"
+        )
+    if spec.position == "learned" and spec.max_positions < 1:
+        raise UserError(f"{where}: field 'max_positions' is required for learned positions")
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """Resolve a catalog key (any case) or a path to a HuggingFace config.json / its folder.
+
+    Unknown names fail with the closest catalog keys, so a typo is one re-run away.
+    """
+    catalog = load_models()
+    key = name_or_path.strip().lower()
+    if key in catalog:
+        return catalog[key]
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return from_hf_config(path)
+    if "/" in name_or_path or "\\" in name_or_path or key.endswith(".json"):
+        raise UserError(f"{name_or_path}: no such file or folder (expected a HuggingFace config.json)")
+    close = difflib.get_close_matches(key, list(catalog), n=4, cutoff=0.5)
+    hint = f"did you mean: {', '.join(close)}?" if close else "see `flopwise models` for the list"
+    raise UserError(f"unknown model '{name_or_path}': not a catalog key or a path; {hint}")
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+# ---------------------------------------------------------------------------------------
+# HuggingFace config.json
+#
+# Each reader mirrors the weight shapes of the family's `modeling_*.py` in transformers
+# (5.x) and its config defaults, so the counts match a model built from the same file.
+
+
+class _HFConfig:
+    """A config.json's dict that reports a missing required key with the file's name."""
+
+    def __init__(self, data: dict, path: Path):
+        self.data = data
+        self.path = path
+
+    def need(self, *names: str) -> int:
+        """The first present key among `names` (aliases), as an int; UserError if absent."""
+        for name in names:
+            value = self.data.get(name)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise UserError(f"{self.path}: key '{name}' must be a whole number, got {value!r}")
+                return value
+        raise UserError(f"{self.path}: missing key '{names[0]}' (needed for model_type '{self.model_type}')")
+
+    def get(self, name: str, default: object) -> object:
+        """An optional key, with the family's transformers default when absent or null."""
+        value = self.data.get(name)
+        return default if value is None else value
+
+    def get_int(self, name: str, default: int) -> int:
+        """An optional whole-number key (transformers default when absent); UserError if not a number."""
+        value = self.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{self.path}: key '{name}' must be a whole number, got {value!r}")
+        return value
+
+    def get_bool(self, name: str, default: bool) -> bool:
+        """An optional true/false key (transformers default when absent); UserError otherwise."""
+        value = self.get(name, default)
+        if not isinstance(value, bool):
+            raise UserError(f"{self.path}: key '{name}' must be true or false, got {value!r}")
+        return value
+
+    @property
+    def model_type(self) -> str:
+        return str(self.data.get("model_type", ""))
+
+
+def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
+    """Read a HuggingFace `config.json` (or a folder holding one) offline into a ModelSpec.
+
+    Plain JSON: no transformers import, no `trust_remote_code`. Families: llama, mistral,
+    mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, bert, opt, bloom, falcon. A config does not
+    record the training context, so `seq_len` defaults to the longest supported one
+    (`max_position_embeddings`); pass the run's sequence length to override it.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UserError(f"{path}: no such file (expected a HuggingFace config.json)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read ({_first_line(err)})") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object at the top level")
+    cfg = _HFConfig(data, path)
+    model_type = cfg.model_type
+    if not model_type:
+        raise UserError(f"{path}: missing key 'model_type' (supported: {', '.join(sorted(_READERS))})")
+    reader = _READERS.get(model_type)
+    if reader is None:
+        raise UserError(
+            f"{path}: unsupported model_type '{model_type}' (supported: {', '.join(sorted(_READERS))})"
+        )
+    values = reader(cfg)
+    if seq_len is not None:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise UserError(f"{path}: sequence length must be a whole number >= 1, got {seq_len!r}")
+        values["seq_len"] = seq_len
+    name = path.resolve().parent.name or model_type
+    spec = ModelSpec(key=name.lower(), name=name, source=f"HuggingFace config {path}", **values)
+    validate_spec(spec, str(path))
+    return spec
+
+
+def _llama_like(cfg: _HFConfig, *, attn_bias_key: str | None, default_attn_bias: bool) -> dict:
+    """llama, mistral, mixtral, qwen2, qwen2_moe: pre-RMSNorm, SwiGLU, RoPE, GQA."""
+    hidden = cfg.need("hidden_size")
+    heads = cfg.need("num_attention_heads")
+    max_positions = cfg.need("max_position_embeddings")
+    return dict(
+        n_layers=cfg.need("num_hidden_layers"),
+        hidden=hidden,
+        n_heads=heads,
+        n_kv_heads=cfg.get_int("num_key_value_heads", heads),
+        head_dim=cfg.get_int("head_dim", 0),
+        ffn_hidden=cfg.need("intermediate_size"),
+        vocab_size=cfg.need("vocab_size"),
+        seq_len=max_positions,
+        max_positions=max_positions,
+        mlp="swiglu",
+        norm="rmsnorm",
+        position="rope",
+        tied_embeddings=cfg.get_bool("tie_word_embeddings", False),
+        attn_bias=cfg.get_bool(attn_bias_key, default_attn_bias) if attn_bias_key else default_attn_bias,
+    )
+
+
+def _read_llama(cfg: _HFConfig) -> dict:
+    values = _llama_like(cfg, attn_bias_key="attention_bias", default_attn_bias=False)
+    values["mlp_bias"] = cfg.get_bool("mlp_bias", False)
+    return values
+
+
+def _read_mistral(cfg: _HFConfig) -> dict:
+    return _llama_like(cfg, attn_bias_key=None, default_attn_bias=False)
+
+
+def _read_mixtral(cfg: _HFConfig) -> dict:
+    values = _llama_like(cfg, attn_bias_key=None, default_attn_bias=False)
+    values.update(n_experts=cfg.need("num_local_experts"), experts_per_token=cfg.need("num_experts_per_tok"))
+    return values
+
+
+def _read_qwen2(cfg: _HFConfig) -> dict:
+    # Qwen2Attention: q/k/v with bias, o_proj without.
+    values = _llama_like(cfg, attn_bias_key=None, default_attn_bias=True)
+    values["attn_out_bias"] = False
+    return values
+
+
+def _read_qwen2_moe(cfg: _HFConfig) -> dict:
+    values = _llama_like(cfg, attn_bias_key="qkv_bias", default_attn_bias=True)
+    values["attn_out_bias"] = False
+    if cfg.get_int("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers", []):
+        raise UserError(
+            f"{cfg.path}: qwen2_moe with dense layers (decoder_sparse_step != 1 or mlp_only_layers)"
+            " is not supported; only all-MoE stacks are"
+        )
+    values.update(
+        ffn_hidden=cfg.need("moe_intermediate_size"),
+        n_experts=cfg.need("num_experts"),
+        experts_per_token=cfg.need("num_experts_per_tok"),
+        shared_expert_ffn_hidden=cfg.get_int("shared_expert_intermediate_size", 0),
+    )
+    return values
+
+
+def _read_gpt2(cfg: _HFConfig) -> dict:
+    hidden = cfg.need("n_embd", "hidden_size")
+    if cfg.get("add_cross_attention", False):
+        raise UserError(f"{cfg.path}: gpt2 with add_cross_attention is not supported")
+    positions = cfg.need("n_positions", "max_position_embeddings")
+    return dict(
+        n_layers=cfg.need("n_layer", "num_hidden_layers"),
+        hidden=hidden,
+        n_heads=cfg.need("n_head", "num_attention_heads"),
+        ffn_hidden=cfg.get_int("n_inner", 4 * hidden),
+        vocab_size=cfg.need("vocab_size"),
+        seq_len=positions,
+        max_positions=positions,
+        mlp="gelu",
+        norm="layernorm",
+        position="learned",
+        tied_embeddings=cfg.get_bool("tie_word_embeddings", True),
+        attn_bias=True,
+        mlp_bias=True,
+    )
+
+
+def _read_gpt_neox(cfg: _HFConfig) -> dict:
+    max_positions = cfg.need("max_position_embeddings")
+    return dict(
+        n_layers=cfg.need("num_hidden_layers"),
+        hidden=cfg.need("hidden_size"),
+        n_heads=cfg.need("num_attention_heads"),
+        ffn_hidden=cfg.need("intermediate_size"),
+        vocab_size=cfg.need("vocab_size"),
+        seq_len=max_positions,
+        max_positions=max_positions,
+        mlp="gelu",
+        norm="layernorm",
+        position="rope",
+        tied_embeddings=cfg.get_bool("tie_word_embeddings", False),
+        attn_bias=cfg.get_bool("attention_bias", True),
+        mlp_bias=True,
+    )
+
+
+def _read_bert(cfg: _HFConfig) -> dict:
+    positions = cfg.need("max_position_embeddings")
+    return dict(
+        arch="encoder",
+        n_layers=cfg.need("num_hidden_layers"),
+        hidden=cfg.need("hidden_size"),
+        n_heads=cfg.need("num_attention_heads"),
+        ffn_hidden=cfg.need("intermediate_size"),
+        vocab_size=cfg.need("vocab_size"),
+        type_vocab_size=cfg.get_int("type_vocab_size", 2),
+        seq_len=positions,
+        max_positions=positions,
+        mlp="gelu",
+        norm="layernorm",
+        position="learned",
+        attn_bias=True,
+        mlp_bias=True,
+        embedding_norm=True,
+        pooler=True,
+    )
+
+
+def _read_opt(cfg: _HFConfig) -> dict:
+    hidden = cfg.need("hidden_size")
+    if cfg.get_int("word_embed_proj_dim", hidden) != hidden:
+        raise UserError(f"{cfg.path}: opt with word_embed_proj_dim != hidden_size is not supported")
+    if not cfg.get("layer_norm_elementwise_affine", True):
+        raise UserError(f"{cfg.path}: opt with layer_norm_elementwise_affine false is not supported")
+    positions = cfg.need("max_position_embeddings")
+    bias = cfg.get_bool("enable_bias", True)
+    final_norm = cfg.get_bool("do_layer_norm_before", True) and not cfg.get("_remove_final_layer_norm", False)
+    return dict(
+        n_layers=cfg.need("num_hidden_layers"),
+        hidden=hidden,
+        n_heads=cfg.need("num_attention_heads"),
+        ffn_hidden=cfg.need("ffn_dim"),
+        vocab_size=cfg.need("vocab_size"),
+        seq_len=positions,
+        max_positions=positions + 2,  # OPTLearnedPositionalEmbedding keeps 2 offset rows
+        mlp="relu",
+        norm="layernorm",
+        position="learned",
+        tied_embeddings=cfg.get_bool("tie_word_embeddings", True),
+        attn_bias=bias,
+        mlp_bias=bias,
+        final_norm=final_norm,
+    )
+
+
+def _read_bloom(cfg: _HFConfig) -> dict:
+    hidden = cfg.need("hidden_size", "n_embed")
+    return dict(
+        n_layers=cfg.need("n_layer", "num_hidden_layers"),
+        hidden=hidden,
+        n_heads=cfg.need("n_head", "num_attention_heads"),
+        ffn_hidden=4 * hidden,
+        vocab_size=cfg.need("vocab_size"),
+        seq_len=cfg.get_int("seq_length", 2048),
+        max_positions=cfg.get_int("seq_length", 2048),
+        mlp="gelu",
+        norm="layernorm",
+        position="alibi",
+        tied_embeddings=cfg.get_bool("tie_word_embeddings", True),
+        attn_bias=True,
+        mlp_bias=True,
+        embedding_norm=True,
+    )
+
+
+def _read_falcon(cfg: _HFConfig) -> dict:
+    hidden = cfg.need("hidden_size", "n_embed")
+    heads = cfg.need("num_attention_heads", "n_head")
+    new_arch = cfg.get_bool("new_decoder_architecture", False)
+    multi_query = cfg.get_bool("multi_query", True)
+    parallel_attn = cfg.get_bool("parallel_attn", True)
+    if new_arch:
+        kv_heads = cfg.get_int("num_kv_heads", heads)
+    else:
+        kv_heads = 1 if multi_query else heads
+    # FalconDecoderLayer: two norms unless a parallel block uses a single shared one.
+    n_ln = cfg.get("num_ln_in_parallel_attn", 2 if new_arch else 1)
+    norms = 2 if (not parallel_attn or n_ln == 2) else 1
+    bias = cfg.get_bool("bias", False)
+    max_positions = cfg.get_int("max_position_embeddings", 2048)
+    return dict(
+        n_layers=cfg.need("num_hidden_layers", "n_layer"),
+        hidden=hidden,
+        n_heads=heads,
+        n_kv_heads=kv_heads,
+        ffn_hidden=cfg.get_int("ffn_hidden_size", 4 * hidden),
+        vocab_size=cfg.need("vocab_size"),
+        seq_len=max_positions,
+        max_positions=max_positions,
+        mlp="gelu",
+        norm="layernorm",
+        position="alibi" if cfg.get("alibi", False) else "rope",
+        tied_embeddings=cfg.get_bool("tie_word_embeddings", True),
+        attn_bias=bias,
+        mlp_bias=bias,
+        norms_per_layer=norms,
+    )
+
+
+_READERS = {
+    "llama": _read_llama,
+    "mistral": _read_mistral,
+    "mixtral": _read_mixtral,
+    "qwen2": _read_qwen2,
+    "qwen2_moe": _read_qwen2_moe,
+    "gpt2": _read_gpt2,
+    "gpt_neox": _read_gpt_neox,
+    "bert": _read_bert,
+    "opt": _read_opt,
+    "bloom": _read_bloom,
+    "falcon": _read_falcon,
+}

@@ -1,0 +1,310 @@
+"""The model catalog, the HuggingFace config reader and `flopwise models`.
+
+The oracle for `from_hf_config` + `count_params` is transformers itself: each family's
+small config is saved with `save_pretrained`, read back offline, and the count compared
+with the parameters of the model transformers builds from it on the meta device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flopwise.catalog.models import from_hf_config, get_model, load_models, models_from_yaml
+from flopwise.errors import UserError
+from flopwise.plan.params import count_params
+
+REQUIRED_KEYS = (
+    "gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b",
+    "gpt3-175b", "gpt2-124m", "gpt2-355m", "gpt2-774m", "gpt2-1.5b", "bert-base", "bert-large",
+    "llama-7b", "llama-13b", "llama-33b", "llama-65b", "llama2-7b", "llama2-13b", "llama2-70b",
+    "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "mistral-7b",
+    "mixtral-8x7b", "bloom-176b", "opt-175b", "resnet50",
+)
+
+
+def test_catalog_has_the_required_models_with_sources():
+    models = load_models()
+    assert set(REQUIRED_KEYS) <= set(models)
+    for key, spec in models.items():
+        assert spec.key == key
+        assert spec.source and spec.seq_len > 0
+        assert spec.reported_params > 0
+
+
+def test_catalog_sizes_are_near_their_reported_sizes():
+    """Computed totals sit within 7 % of the size each source publishes (GPT-2 paper's 117M is the outlier)."""
+    for spec in load_models().values():
+        total = count_params(spec).total
+        assert abs(total - spec.reported_params) / spec.reported_params < 0.07, spec.key
+
+
+def test_get_model_is_case_insensitive():
+    assert get_model("Llama3.1-405B") is get_model("llama3.1-405b")
+    assert get_model("  MIXTRAL-8x7B ").n_experts == 8
+
+
+def test_unknown_key_suggests_close_matches():
+    with pytest.raises(UserError, match="did you mean: .*llama3-8b"):
+        get_model("llama-3-8b")
+
+
+def test_missing_path_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        get_model(str(tmp_path / "nowhere" / "config.json"))
+
+
+def test_resnet50_catalog_figures_match_a_torch_model():
+    """ResNet-50 (He et al. 2016, torchvision layout): params and forward FLOPs at 2 per multiply-add."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, mid, stride):
+            super().__init__()
+            cout = mid * 4
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+                nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+                nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout),
+            )
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + (x if self.down is None else self.down(x)))
+
+    with torch.device("meta"):  # shapes are all that counting needs
+        layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+        cin = 64
+        for mid, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for i in range(blocks):
+                layers.append(Bottleneck(cin, mid, stride if i == 0 else 1))
+                cin = mid * 4
+        model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000)).eval()
+        image = torch.zeros(1, 3, 224, 224)
+
+    spec = get_model("resnet50")
+    assert sum(p.numel() for p in model.parameters()) == spec.params
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(image)
+    assert counter.get_total_flops() == spec.flops_per_sample
+
+
+# --- HuggingFace config.json: transformers as the oracle ------------------------------
+
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=211)
+
+HF_CASES = {
+    "llama": ("LlamaConfig", dict(SMALL, intermediate_size=96, num_key_value_heads=2)),
+    "llama-bias-headdim-tied": (
+        "LlamaConfig",
+        dict(SMALL, intermediate_size=96, num_key_value_heads=2, head_dim=24, attention_bias=True,
+             mlp_bias=True, tie_word_embeddings=True),
+    ),
+    "mistral": ("MistralConfig", dict(SMALL, intermediate_size=96, num_key_value_heads=1)),
+    "mixtral": (
+        "MixtralConfig",
+        dict(SMALL, intermediate_size=48, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "qwen2": ("Qwen2Config", dict(SMALL, intermediate_size=96, num_key_value_heads=2)),
+    "qwen2-tied": ("Qwen2Config", dict(SMALL, intermediate_size=96, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(SMALL, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=80,
+             num_experts=6, num_experts_per_tok=2, num_key_value_heads=2),
+    ),
+    "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=211, n_positions=96)),
+    "gpt_neox": ("GPTNeoXConfig", dict(SMALL, intermediate_size=160, max_position_embeddings=96)),
+    "bert": ("BertConfig", dict(SMALL, intermediate_size=128, max_position_embeddings=96, type_vocab_size=3)),
+    "opt": ("OPTConfig", dict(SMALL, ffn_dim=128, max_position_embeddings=96, word_embed_proj_dim=64)),
+    "opt-postnorm": (
+        "OPTConfig",
+        dict(SMALL, ffn_dim=128, max_position_embeddings=96, word_embed_proj_dim=64, do_layer_norm_before=False),
+    ),
+    "bloom": ("BloomConfig", dict(hidden_size=64, n_layer=2, n_head=4, vocab_size=211)),
+    "falcon-7b-style": ("FalconConfig", dict(SMALL, multi_query=True, parallel_attn=True, bias=False)),
+    "falcon-40b-style": (
+        "FalconConfig", dict(SMALL, new_decoder_architecture=True, num_kv_heads=2, ffn_hidden_size=96),
+    ),
+    "falcon-sequential-bias": (
+        "FalconConfig", dict(SMALL, multi_query=False, parallel_attn=False, bias=True, alibi=True),
+    ),
+}
+
+
+def _hf_reference_count(config) -> int:
+    """Unique parameters of the model transformers builds (tied weights counted once)."""
+    import torch
+    from transformers import AutoModelForCausalLM, BertModel
+
+    with torch.device("meta"):
+        if config.model_type == "bert":
+            model = BertModel(config)
+        else:
+            model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("case", sorted(HF_CASES))
+def test_hf_config_count_matches_transformers(case, tmp_path):
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    class_name, kwargs = HF_CASES[case]
+    config = getattr(transformers, class_name)(**kwargs)
+    config.save_pretrained(tmp_path)
+
+    spec = from_hf_config(tmp_path / "config.json")
+    assert count_params(spec).total == _hf_reference_count(config)
+    assert get_model(str(tmp_path)) == spec  # a folder holding config.json works too
+
+
+def _write_config(tmp_path, data) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+LLAMA_JSON = dict(
+    model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+    vocab_size=211, max_position_embeddings=128,
+)
+
+
+def test_hf_config_defaults_follow_transformers(tmp_path):
+    """Keys a config may omit take the family's transformers default (no GQA, untied, no bias)."""
+    spec = from_hf_config(_write_config(tmp_path, LLAMA_JSON))
+    assert (spec.n_kv_heads, spec.tied_embeddings, spec.attn_bias, spec.mlp) == (4, False, False, "swiglu")
+
+
+def test_hf_config_seq_len_override(tmp_path):
+    path = _write_config(tmp_path, LLAMA_JSON)
+    assert from_hf_config(path).seq_len == 128  # max_position_embeddings
+    assert from_hf_config(path, seq_len=64).seq_len == 64
+
+
+def test_hf_unsupported_model_type(tmp_path):
+    path = _write_config(tmp_path, dict(LLAMA_JSON, model_type="t5"))
+    with pytest.raises(UserError, match=r"config\.json: unsupported model_type 't5' \(supported: .*llama"):
+        from_hf_config(path)
+
+
+def test_hf_missing_key_names_file_and_key(tmp_path):
+    data = dict(LLAMA_JSON)
+    del data["hidden_size"]
+    with pytest.raises(UserError, match=r"config\.json: missing key 'hidden_size'"):
+        from_hf_config(_write_config(tmp_path, data))
+
+
+def test_hf_corrupt_json(tmp_path):
+    with pytest.raises(UserError, match=r"config\.json: not valid JSON"):
+        from_hf_config(_write_config(tmp_path, '{"model_type": "llama", "hidden_size": '))
+
+
+def test_hf_missing_file(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        from_hf_config(tmp_path)  # a folder without config.json
+
+
+def test_hf_wrong_type_value(tmp_path):
+    with pytest.raises(UserError, match="key 'num_hidden_layers' must be a whole number"):
+        from_hf_config(_write_config(tmp_path, dict(LLAMA_JSON, num_hidden_layers="two")))
+
+
+# --- catalog validation ------------------------------------------------------------------
+
+GOOD_ENTRY = """
+models:
+  tiny:
+    n_layers: 2
+    hidden: 64
+    n_heads: 4
+    ffn_hidden: 96
+    vocab_size: 211
+    seq_len: 128
+    mlp: swiglu
+    norm: rmsnorm
+    position: rope
+    source: test
+"""
+
+
+def test_yaml_entry_loads():
+    spec = models_from_yaml(GOOD_ENTRY, "t.yaml")["tiny"]
+    assert spec.name == "tiny" and spec.mlp == "swiglu"
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (("    seq_len: 128", "    seq_len: 128\n    hiden: 3"), r"model 'tiny': unknown field 'hiden' \(did you mean: hidden"),
+        (("mlp: swiglu", "mlp: geglu"), r"model 'tiny': field 'mlp' is 'geglu'; allowed: gelu, relu, swiglu"),
+        (("    hidden: 64\n", ""), r"model 'tiny': field 'hidden' is required"),
+        (("n_heads: 4", "n_heads: four"), r"model 'tiny': field 'n_heads' must be a whole number"),
+        (("    source: test\n", ""), r"model 'tiny': field 'source' is required"),
+        (("position: rope", "position: learned"), r"model 'tiny': field 'max_positions' is required"),
+        (("n_heads: 4", "n_heads: 4\n    n_kv_heads: 3"), r"not a multiple of n_kv_heads 3"),
+        (("models:", "modles:"), r"t\.yaml: expected a top-level 'models:' mapping"),
+    ],
+)
+def test_yaml_errors_name_entry_and_field(edit, message):
+    with pytest.raises(UserError, match=message):
+        models_from_yaml(GOOD_ENTRY.replace(*edit), "t.yaml")
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+
+def _cli(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "flopwise", "models", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_unknown_model_is_one_line_exit_2():
+    result = _cli("nope")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "unknown model 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_lists_catalog_as_json():
+    result = _cli("--json")
+    assert result.returncode == 0, result.stderr
+    records = {r["model"]["key"]: r for r in json.loads(result.stdout)}
+    assert set(REQUIRED_KEYS) <= set(records)
+    assert records["mixtral-8x7b"]["params"]["active"] == 12_879_925_248
+
+
+def test_cli_shows_a_config_file(tmp_path):
+    _write_config(tmp_path, LLAMA_JSON)
+    result = _cli(str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["params"]["total"] == count_params(from_hf_config(tmp_path)).total
+
+    table = _cli("llama3.1-405b")
+    assert table.returncode == 0 and "405,853,388,800" in table.stdout and "Llama 3 Herd" in table.stdout
+
+
+@pytest.mark.parametrize(
+    "key, config",
+    [
+        ("llama2-70b", dict(model_type="llama", hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                            num_key_value_heads=8, intermediate_size=28672, vocab_size=32000,
+                            max_position_embeddings=4096)),
+        ("mixtral-8x7b", dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                              num_key_value_heads=8, intermediate_size=14336, vocab_size=32000,
+                              max_position_embeddings=32768, num_local_experts=8, num_experts_per_tok=2)),
+    ],
+)
+def test_hf_config_of_a_catalog_model_gives_the_same_counts(key, config, tmp_path):
+    """The published config.json shapes and the catalog entry agree, total and active."""
+    from_file = count_params(from_hf_config(_write_config(tmp_path, config)))
+    from_catalog = count_params(get_model(key))
+    assert (from_file.total, from_file.active) == (from_catalog.total, from_catalog.active)
