@@ -91,7 +91,8 @@ def models_from_yaml(text: str, origin: str) -> dict[str, ModelSpec]:
     in the catalog fails loudly instead of silently planning with a default.
     """
     try:
-        doc = yaml.safe_load(text)
+        # The C loader parses the same safe subset as yaml.safe_load, several times faster.
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         raise UserError(f"{origin}: not valid YAML ({_first_line(err)})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):

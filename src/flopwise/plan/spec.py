@@ -42,6 +42,7 @@ class Layout:
 
     @property
     def devices(self) -> int:
+        """Devices in all: dp × tp × pp."""
         return self.dp * self.tp * self.pp
 
     @property
@@ -55,6 +56,8 @@ class Workload:
     """What is trained: precision, optimizer, sequence length and how many tokens in all.
 
     `total_tokens` (or `total_samples` for a CNN) sets the whole job's length.
+    `dropout`: whether attention/residual dropout is on (its masks cost activation memory;
+    GPT-3-era models used it, LLaMA-style pre-training does not).
     """
 
     precision: str = "bf16"
@@ -62,6 +65,7 @@ class Workload:
     seq_len: int = 2048
     total_tokens: float = 0.0
     total_samples: float = 0.0
+    dropout: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,113 @@
+"""Training FLOPs: per token (transformers) or per sample (CNNs), model vs hardware FLOPs.
+
+Conventions (stated once, used everywhere):
+
+- A multiply-add is 2 FLOPs. Forward matmul FLOPs per token are 2·N for N weights that
+  take part in a matmul; backward is twice the forward (Kaplan et al. 2020, §2.1), so a
+  training step costs 6·N per token.
+- N (`matmul_params`) is the *active, non-embedding* parameter count plus the output
+  projection h·V (counted even when it is tied to the input embedding, because the
+  logits matmul runs either way). Embedding lookups cost no matmul FLOPs. Kaplan et al.
+  (2020, Table 1) drop the de-embedding term as small; Narayanan et al. (2021, eq. 3,
+  the `V/(12·h·L)` term) keep it. For GPT-3 175B this N differs from the total count
+  by < 0.4 %.
+- Attention scores: per layer and token, Q·Kᵀ and A·V cost 2·s·d each in the forward
+  pass (d = n_heads·head_dim), i.e. 4·s·d·L forward and 12·s·d·L forward+backward,
+  counted over the full s×s matrix *without* causal halving, like PaLM (Chowdhery et
+  al. 2022, App. B: 6N + 12·L·H·Q·T) and MosaicML's MFU formula.
+- Model FLOPs (for MFU) exclude recomputation; hardware FLOPs (for HFU and time) include
+  it: full recompute runs every layer's forward again (+2N + 4·s·d·L per token, the
+  "8N" rule), selective recompute (Korthikanti et al. 2022, §4.2) re-runs only the
+  attention core (+4·s·d·L). Flash attention's own backward recompute of Q·Kᵀ is not
+  counted (it is inside the kernel's measured speed, like MosaicML's figures).
+- CNN (ResNet-50): `flops_per_sample` is the forward cost of one sample; training is 3×
+  forward (1 forward + 2 for backward), full recompute adds one forward (4×).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flopwise.catalog.models import ModelSpec
+from flopwise.plan.params import ParamCount
+
+PF_DAY = 1e15 * 86_400  # FLOPs in one petaflop/s-day (Brown et al. 2020, App. D)
+
+
+@dataclass(frozen=True)
+class FlopsEstimate:
+    """FLOPs of one training job. `unit` is "token" (transformers) or "sample" (CNNs)."""
+
+    unit: str
+    matmul_params: float
+    dense_per_unit: float
+    attention_per_unit: float
+    model_per_unit: float
+    hardware_per_unit: float
+    units: float
+    model_total: float
+    hardware_total: float
+    pf_days: float
+    kaplan_6nd_total: float
+
+    def to_dict(self) -> dict:
+        """JSON-able fields."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def matmul_params(spec: ModelSpec, params: ParamCount) -> int:
+    """N for the 6·N rule: active non-embedding weights plus the h·V output projection."""
+    head_matmul = spec.hidden * spec.vocab_size if spec.arch == "decoder" else 0
+    return params.active_non_embedding + head_matmul
+
+
+def attention_dim(spec: ModelSpec) -> int:
+    """d = n_heads · head_dim: the width of Q, and of the attention output."""
+    head_dim = spec.head_dim or (spec.hidden // spec.n_heads if spec.n_heads else 0)
+    return spec.n_heads * head_dim
+
+
+def attention_flops_forward(n_layers: int, seq_len: int, attn_dim: int) -> float:
+    """Forward Q·Kᵀ + A·V FLOPs per token: 2·s·d + 2·s·d per layer, no causal halving (PaLM App. B)."""
+    return 4.0 * n_layers * seq_len * attn_dim
+
+
+def six_n_d(n_params: float, tokens: float) -> float:
+    """Kaplan et al. (2020) training compute C ≈ 6·N·D."""
+    return 6.0 * n_params * tokens
+
+
+def pf_days(flops: float) -> float:
+    """FLOPs as petaflop/s-days (1 PF-day = 1e15 FLOP/s × 86,400 s)."""
+    return flops / PF_DAY
+
+
+def estimate_flops(
+    spec: ModelSpec, params: ParamCount, seq_len: int, recompute: str, units: float
+) -> FlopsEstimate:
+    """Per-unit and total model/hardware FLOPs for `units` tokens (or samples for a CNN)."""
+    if spec.arch == "cnn":
+        forward = float(spec.flops_per_sample)
+        model = 3.0 * forward
+        hardware = model + (forward if recompute == "full" else 0.0)
+        return FlopsEstimate(
+            "sample", float(params.total), model, 0.0, model, hardware, units,
+            model * units, hardware * units, pf_days(model * units), model * units,
+        )
+    n = matmul_params(spec, params)
+    attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec))
+    dense = 6.0 * n
+    attention = 3.0 * attn_fwd
+    model = dense + attention
+    if recompute == "full":
+        hardware = model + 2.0 * n + attn_fwd
+    elif recompute == "selective":
+        hardware = model + attn_fwd
+    else:
+        hardware = model
+    model_total = model * units
+    return FlopsEstimate(
+        "token", float(n), dense, attention, model, hardware, units,
+        model_total, hardware * units, pf_days(model_total),
+        six_n_d(params.active_non_embedding, units),
+    )

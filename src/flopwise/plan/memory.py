@@ -1,0 +1,368 @@
+"""Memory per device: model states (weights, gradients, optimizer, master weights),
+activations, logits and communication buffers; plus validation helpers that reproduce
+the ZeRO paper's and DeepSpeed's published model-state formulas.
+
+Sources:
+- Mixed-precision Adam model states 2 + 2 + 12 = 16 bytes/param and the ZeRO stage
+  formulas: Rajbhandari et al. 2020, "ZeRO", §3 and Figure 1 (K = 12).
+- Activations per transformer layer: Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", §4 and Table 2, generalised here by
+  activation dtype, dropout, MLP type/width, GQA and flash attention (see
+  `activation_terms`); with 16-bit activations, dropout, a GELU 4h MLP, MHA and no
+  flash attention every row of Table 2 is reproduced exactly.
+- Pipeline in-flight micro-batches: Narayanan et al. 2021 (1F1B, interleaved) and
+  Korthikanti et al. 2022 §4.2.3 (first stage holds p micro-batches of L/p layers;
+  interleaving multiplies by 1 + (p−1)/(p·v)); GPipe (Huang et al. 2019) keeps all m.
+- DDP buckets: torch DistributedDataParallel `bucket_cap_mb=25`; FSDP all-gathers one
+  unit ahead (`forward_prefetch` / implicit backward prefetch), so two gathered units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flopwise.catalog.models import ModelSpec
+from flopwise.plan.params import ParamCount
+
+GIB = 2**30
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP default bucket_cap_mb = 25 (MiB)
+OPTIMIZER_BYTES_PER_PARAM = {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0}
+"""fp32 Adam m + v; SGD fp32 momentum; 8-bit Adam (Dettmers et al. 2022): two 1-byte states."""
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model state for a precision (before any sharding).
+
+    16-bit training keeps 16-bit weights and gradients plus an fp32 master copy
+    (Micikevicius et al. 2018; ZeRO's 2 + 2 + 12 with Adam). fp8 training keeps
+    bf16 weights and fp32 masters, the fp8 copies being transient (Transformer Engine).
+    """
+
+    weight: float
+    grad: float
+    master: float
+    optimizer: float
+
+
+def state_bytes(precision: str, optimizer: str) -> StateBytes:
+    """Bytes per parameter for weights, gradients, fp32 master copy and optimizer states."""
+    opt = OPTIMIZER_BYTES_PER_PARAM[optimizer]
+    if precision in ("fp32", "tf32"):
+        return StateBytes(4.0, 4.0, 0.0, opt)
+    return StateBytes(2.0, 2.0, 4.0, opt)
+
+
+def activation_dtype_bytes(precision: str) -> float:
+    """Bytes per saved activation element: 4 for fp32/tf32, else 2 (fp8 GEMMs save bf16 inputs)."""
+    return 4.0 if precision in ("fp32", "tf32") else 2.0
+
+
+# --------------------------------------------------------------------------- activations
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Per-layer saved-activation bytes split by whether tensor parallelism shards them.
+
+    `replicated` is held whole by every TP rank (norm inputs, block inputs, dropout masks
+    of the residual path); `sharded` is split over t ranks (Q, K, V, MLP intermediates);
+    `scores` is the s×s attention part (sharded over heads), dropped by selective
+    recompute and by flash attention. `flash_stats` is flash attention's fp32 log-sum-exp.
+    """
+
+    replicated: float
+    sharded: float
+    scores: float
+    flash_stats: float
+    layer_input: float
+
+
+def activation_terms(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: float = 2.0,
+    dropout: bool = True,
+    flash_attention: bool = False,
+    rmsnorm_saves_normalized: bool = True,
+    kv_repeated: bool = False,
+    attn_output_copy: bool = False,
+) -> ActivationTerms:
+    """Korthikanti et al. 2022 §4.1 per-layer breakdown, generalised.
+
+    With e = dtype bytes, s·b tokens, h hidden, d = heads·head_dim, k = kv_heads·head_dim,
+    f the MLP width, a heads:
+      attention: e·sbh (QKV input) + e·sb(d+2k) (Q, K, V) + e·sbd (out-proj input)
+                 [+ sbh dropout mask] + scores: e·as²b (softmax out)
+                 [+ as²b mask + e·as²b dropout out]
+      MLP gelu:  e·sbh (input) + 2·e·sbf (GELU input, fc2 input) [+ sbh mask]
+      MLP swiglu: e·sbh + 4·e·sbf (gate out, SiLU out, up out, product)
+      norms:     e·sbh each (input), `norms_per_layer` of them; an eager `torch.nn.RMSNorm`
+                 also saves the normalised tensor (2·e·sbh; measured, torch 2.13), which
+                 `rmsnorm_saves_normalized=False` drops for fused kernels
+      flash:     no s×s terms; fp32 log-sum-exp 4·a·s·b (as torch's SDPA flash kernels save)
+    `kv_repeated`: K and V are saved at full width d (implementations that
+    `repeat_interleave` GQA heads before attention) instead of k. `attn_output_copy`: with
+    flash attention the kernel keeps its output and the out-projection keeps its input;
+    they are one tensor when the kernel writes [b, s, a, d] (CUDA flash kernels) and two
+    when the reshape copies (torch's CPU flash kernel, measured): + e·sbd.
+    With e = 2, dropout, f = 4h, d = k = h and LayerNorm this is 34·sbh + 5·as²b
+    (Table 2). O(s·b) terms (norm statistics) are ignored, as in the paper.
+    """
+    e = dtype_bytes
+    sb = float(seq_len) * micro_batch
+    h = spec.hidden
+    head_dim = spec.head_dim or h // spec.n_heads
+    d = spec.n_heads * head_dim
+    k = d if kv_repeated else (spec.n_kv_heads or spec.n_heads) * head_dim
+    f = spec.ffn_hidden or 4 * h
+    mask = 1.0 if dropout else 0.0
+
+    replicated = e * sb * h  # QKV input
+    replicated += mask * sb * h  # attention output dropout mask
+    replicated += e * sb * h  # MLP input
+    replicated += mask * sb * h  # MLP output dropout mask
+    per_norm = 2.0 if (spec.norm == "rmsnorm" and rmsnorm_saves_normalized) else 1.0
+    replicated += spec.norms_per_layer * per_norm * e * sb * h  # norm inputs (+ normalised)
+
+    sharded = e * sb * (d + 2 * k) + e * sb * d  # Q, K, V + out-proj input
+    sharded += (4.0 if spec.mlp == "swiglu" else 2.0) * e * sb * f
+
+    a = spec.n_heads
+    if flash_attention:
+        scores = 0.0
+        flash_stats = 4.0 * a * seq_len * micro_batch  # fp32 log-sum-exp per row
+        if attn_output_copy:
+            sharded += e * sb * d
+    else:
+        scores = (e + (1.0 + e) * mask) * a * seq_len * sb
+        flash_stats = 0.0
+    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h)
+
+
+def activation_bytes_per_layer(
+    terms: ActivationTerms, tp: int = 1, sequence_parallel: bool = False, recompute: str = "none"
+) -> float:
+    """Bytes one layer keeps for backward on one TP rank (Korthikanti Table 2 rows).
+
+    - none:      replicated + (sharded + scores)/t, or everything /t with SP
+    - selective: the scores term is recomputed, so dropped
+    - full:      only the layer input (2·sbh in 16-bit; /t with SP)
+    """
+    if recompute == "full":
+        return terms.layer_input / tp if sequence_parallel else terms.layer_input
+    scores = 0.0 if recompute == "selective" else terms.scores
+    replicated = terms.replicated / tp if sequence_parallel else terms.replicated
+    return replicated + (terms.sharded + scores + terms.flash_stats) / tp
+
+
+def layer_activation_bytes(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    precision: str = "bf16",
+    dropout: bool = False,
+    flash_attention: bool = True,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    rmsnorm_saves_normalized: bool = True,
+    kv_repeated: bool = False,
+    attn_output_copy: bool = False,
+) -> float:
+    """One transformer layer's saved-for-backward bytes for one micro-batch on one TP rank.
+
+    The figure to compare with a measured block (e.g. bytes of unique storages seen by
+    `torch.autograd.graph.saved_tensors_hooks`, parameters excluded).
+    """
+    terms = activation_terms(spec, seq_len, micro_batch, activation_dtype_bytes(precision), dropout,
+                             flash_attention, rmsnorm_saves_normalized, kv_repeated, attn_output_copy)
+    return activation_bytes_per_layer(terms, tp, sequence_parallel, recompute)
+
+
+def inflight_layer_factor(n_layers: int, pp: int, micro_batches: int, schedule: str, virtual: int) -> float:
+    """Layer-activations held by the first pipeline stage, in units of one layer's activations.
+
+    pp = 1: one micro-batch of L layers (accumulation runs micro-batches one after another).
+    1F1B: min(p, m) micro-batches of L/p layers (≈ L). GPipe: all m micro-batches of L/p.
+    Interleaved: L·(1 + (p−1)/(p·v)) (Korthikanti et al. 2022 §4.2.3).
+    """
+    if pp == 1:
+        return float(n_layers)
+    per_stage = n_layers / pp
+    if schedule == "gpipe":
+        return per_stage * micro_batches
+    inflight = min(pp, micro_batches)
+    if schedule == "interleaved":
+        return per_stage * inflight * (1.0 + (pp - 1) / (pp * virtual))
+    return per_stage * inflight
+
+
+def logits_bytes(seq_len: int, micro_batch: int, vocab: int, dtype_bytes: float, tp: int) -> float:
+    """The s·b·V logits: an fp32 copy for the cross-entropy (4 bytes), plus the 16-bit matmul
+    output when activations are 16-bit; vocab-parallel over t ranks (Megatron)."""
+    per_element = 4.0 + (dtype_bytes if dtype_bytes < 4 else 0.0)
+    return per_element * seq_len * micro_batch * vocab / tp
+
+
+# --------------------------------------------------------------------------- model states
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Per-device bytes of model states, on the device and offloaded to CPU."""
+
+    weights: float
+    gradients: float
+    optimizer_states: float
+    master_weights: float
+    cpu_bytes: float
+
+
+def model_states(
+    params_per_device: float, sb: StateBytes, zero_stage: int, dp: int, offload: str
+) -> ModelStates:
+    """Weights/gradients/optimizer/master bytes per device under ZeRO-0..3 (Rajbhandari et al. 2020 §5).
+
+    Stage 1 shards optimizer states and fp32 masters over dp, stage 2 also gradients,
+    stage 3 (= FSDP FULL_SHARD) also weights. Offload "optimizer" moves optimizer states,
+    masters and the fp32 gradient copy to CPU (ZeRO-Offload, Ren et al. 2021; DeepSpeed's
+    estimator keeps only 16-bit weights on the GPU); "params" (ZeRO-3) moves everything.
+    """
+    psi = params_per_device
+    weights = psi * sb.weight / (dp if zero_stage >= 3 else 1)
+    gradients = psi * sb.grad / (dp if zero_stage >= 2 else 1)
+    optimizer = psi * sb.optimizer / (dp if zero_stage >= 1 else 1)
+    master = psi * sb.master / (dp if zero_stage >= 1 else 1)
+    cpu = 0.0
+    if offload in ("optimizer", "params"):
+        cpu = optimizer + master + gradients
+        optimizer = master = gradients = 0.0
+    if offload == "params":
+        cpu += weights
+        weights = 0.0
+    return ModelStates(weights, gradients, optimizer, master, cpu)
+
+
+def zero_model_state_bytes(psi: float, n_d: int, stage: str, k: float = 12.0) -> float:
+    """ZeRO paper per-device model states (Figure 1): baseline (2+2+K)Ψ, P_os 4Ψ + KΨ/N_d,
+    P_os+g 2Ψ + (2+K)Ψ/N_d, P_os+g+p (2+2+K)Ψ/N_d. `stage` in baseline|os|os+g|os+g+p."""
+    formulas = {
+        "baseline": (4 + k) * psi,
+        "os": 4 * psi + k * psi / n_d,
+        "os+g": 2 * psi + (2 + k) * psi / n_d,
+        "os+g+p": (4 + k) * psi / n_d,
+    }
+    return formulas[stage]
+
+
+def megatron_bytes_per_param(param_dtype: str, grad_dtype: str, d: int, distributed: bool) -> float:
+    """Megatron-LM README ("Distributed optimizer") bytes/param: fp16/fp16 20 vs 4+16/d,
+    bf16/fp32 18 vs 6+12/d, fp32/fp32 16 vs 8+8/d (d = data-parallel size)."""
+    table = {("fp16", "fp16"): (20, 4, 16), ("bf16", "fp32"): (18, 6, 12), ("fp32", "fp32"): (16, 8, 8)}
+    plain, kept, sharded = table[(param_dtype, grad_dtype)]
+    return kept + sharded / d if distributed else plain
+
+
+def deepspeed_estimate_zero2(
+    total_params: float,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    additional_buffer_factor: float = 1.5,
+) -> tuple[int, int]:
+    """(cpu_bytes, gpu_bytes) as deepspeed 0.19.8 `estimate_zero2_model_states_mem_needs`
+    (runtime/zero/stage_1_and_2.py): GPU 2Ψ with offload, else 2Ψ + 18Ψ/N (PR #5099)."""
+    total_gpus = num_nodes * num_gpus_per_node
+    if cpu_offload:
+        gpu = 2 * total_params
+        cpu = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        gpu = 2 * total_params + int(18 * total_params / total_gpus)
+        cpu = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu), int(gpu)
+
+
+def deepspeed_estimate_zero3(
+    total_params: float,
+    largest_layer_params: float,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    cpu_offload_params: bool = True,
+    zero_init: bool = True,
+    additional_buffer_factor: float = 1.5,
+) -> tuple[int, int, int]:
+    """(cpu_bytes, gpu_bytes, largest_layer_bytes) as deepspeed 0.19.8
+    `estimate_zero3_model_states_mem_needs` (runtime/zero/stage3.py): the largest layer is
+    gathered as 16-bit params + grads (4 bytes/param); 18 = 16-bit params + fp32 params,
+    grads, momentum, variance."""
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest = 4 * largest_layer_params
+    if cpu_offload:
+        if cpu_offload_params:
+            gpu = largest
+            per = 18 * gpus_factor
+            cpu = total_params * (per if zero_init else max(4 * num_gpus_per_node, per)) * additional_buffer_factor
+        else:
+            gpu = largest + int(2 * total_params / total_gpus)
+            per = 16 * gpus_factor
+            cpu = total_params * (per if zero_init else max(4 * num_gpus_per_node, per)) * additional_buffer_factor
+    else:
+        gpu = largest + int(18 * total_params / total_gpus)
+        if zero_init:
+            cpu = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
+        else:
+            cpu = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu), int(gpu), int(largest)
+
+
+# --------------------------------------------------------------------------- whole device
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-device memory breakdown (bytes) and the fit verdict against usable capacity.
+
+    `capacity_bytes` is device memory minus the reserve (CUDA context, allocator slack).
+    `activation_bytes_per_layer` is one layer, one micro-batch, one TP rank.
+    """
+
+    weights: float
+    gradients: float
+    optimizer_states: float
+    master_weights: float
+    activations: float
+    logits: float
+    comm_buffers: float
+    total_bytes: float
+    capacity_bytes: float
+    device_bytes: float
+    cpu_offload_bytes: float
+    activation_bytes_per_layer: float
+    inflight_layers: float
+    fits: bool
+
+    def to_dict(self) -> dict:
+        """JSON-able fields, plus GiB figures for people."""
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["total_gib"] = self.total_bytes / GIB
+        out["capacity_gib"] = self.capacity_bytes / GIB
+        return out
+
+
+def largest_unit_params(params: ParamCount, tp: int) -> float:
+    """Parameters of the biggest FSDP/ZeRO-3 unit (a block, or the embedding/head) on one TP rank."""
+    return max(params.per_layer, params.embedding, params.output_head) / tp
+
+
+def comm_buffer_bytes(params: ParamCount, sb: StateBytes, zero_stage: int, dp: int, tp: int, offload: str) -> float:
+    """Communication buffers: DDP 2 × 25 MiB buckets; ZeRO-3/FSDP two gathered units (current +
+    prefetched) in the weight dtype; ZeRO-1/2 two 25 MiB reduce buckets."""
+    if dp == 1 and zero_stage < 3:
+        return 0.0
+    if zero_stage >= 3 or offload == "params":
+        return 2.0 * largest_unit_params(params, tp) * sb.weight
+    return 2.0 * DDP_BUCKET_BYTES

@@ -1,0 +1,203 @@
+"""plan/memory.py: ZeRO, DeepSpeed, Megatron and Korthikanti figures, plus measured torch activations."""
+
+import pytest
+
+from flopwise.catalog.models import ModelSpec
+from flopwise.plan import memory as mem
+
+GPT = ModelSpec(key="gpt", name="gpt", n_layers=96, hidden=12288, n_heads=96, ffn_hidden=4 * 12288,
+                vocab_size=51200, mlp="gelu", norm="layernorm")
+
+
+# ZeRO paper (Rajbhandari et al. 2020) Table 1 grid, GB = 1e9 bytes (published.md).
+ZERO_TABLE = {
+    7.5e9: {"os": [120, 52.5, 35.6, 31.4, 30.4, 30.1], "os+g": [120, 41.3, 21.6, 16.6, 15.4, 15.1],
+            "os+g+p": [120, 30, 7.5, 1.88, 0.47, 0.12]},
+    128e9: {"os": [2048, 896, 608, 536, 518, 513], "os+g": [2048, 704, 368, 284, 263, 257],
+            "os+g+p": [2048, 512, 128, 32, 8, 2]},
+    1e12: {"os": [16000, 7000, 4750, 4187, 4046, 4011], "os+g": [16000, 5500, 2875, 2218, 2054, 2013],
+           "os+g+p": [16000, 4000, 1000, 250, 62.5, 15.6]},
+}
+N_D = [1, 4, 16, 64, 256, 1024]
+
+
+@pytest.mark.parametrize("psi", list(ZERO_TABLE))
+def test_zero_paper_table_1(psi):
+    assert mem.zero_model_state_bytes(psi, 1, "baseline") / 1e9 == pytest.approx(16 * psi / 1e9)
+    for stage, row in ZERO_TABLE[psi].items():
+        for n_d, expected in zip(N_D, row):
+            got = mem.zero_model_state_bytes(psi, n_d, stage) / 1e9
+            assert got == pytest.approx(expected, rel=6e-3, abs=0.006), (psi, stage, n_d)
+
+
+def test_zero_figure_1_example_and_planner_states_agree():
+    # 7.5B params, N_d = 64: 120 GB -> 31.4 -> 16.6 -> 1.9 GB.
+    figure = [120, 31.4, 16.6, 1.9]
+    sb = mem.state_bytes("bf16", "adamw")
+    assert sb.weight + sb.grad + sb.master + sb.optimizer == 16  # 2 + 2 + 12
+    for stage, expected in enumerate(figure):
+        s = mem.model_states(7.5e9, sb, stage if stage < 3 else 3, 64, "none")
+        total = (s.weights + s.gradients + s.optimizer_states + s.master_weights) / 1e9
+        assert total == pytest.approx(expected, rel=0.03)
+        name = ["baseline", "os", "os+g", "os+g+p"][stage]
+        assert total * 1e9 == pytest.approx(mem.zero_model_state_bytes(7.5e9, 64, name))
+
+
+GIB = 2**30
+
+
+def test_deepspeed_zero2_estimator_t5_3b():
+    # deepspeed 0.19.8 re-run (published.md): offload 127.45 / 5.31, none 127.45 / 11.28 GiB.
+    cpu, gpu = mem.deepspeed_estimate_zero2(2851e6, 8, 1, cpu_offload=True)
+    assert (round(cpu / GIB, 2), round(gpu / GIB, 2)) == (127.45, 5.31)
+    cpu, gpu = mem.deepspeed_estimate_zero2(2851e6, 8, 1, cpu_offload=False)
+    assert (round(cpu / GIB, 2), round(gpu / GIB, 2)) == (127.45, 11.28)
+
+
+@pytest.mark.parametrize("offload_params, offload_opt, zero_init, cpu_gib, gpu_gib", [
+    (True, True, True, 71.69, 0.12), (True, True, False, 127.45, 0.12),
+    (False, True, True, 63.72, 0.78), (False, True, False, 127.45, 0.78),
+    (False, False, True, 1.43, 6.09), (False, False, False, 127.45, 6.09),
+])
+def test_deepspeed_zero3_estimator_t5_3b(offload_params, offload_opt, zero_init, cpu_gib, gpu_gib):
+    cpu, gpu, _ = mem.deepspeed_estimate_zero3(2851e6, 32e6, 8, 1, cpu_offload=offload_opt,
+                                               cpu_offload_params=offload_params, zero_init=zero_init)
+    assert (round(cpu / GIB, 2), round(gpu / GIB, 2)) == (cpu_gib, gpu_gib)
+
+
+def test_deepspeed_memory_doc_t5_large_cases():
+    # memory.rst: 737.67M params, 32.90M largest layer, 4 GPUs -> 3291 / 125 / 477 MB (MiB, >> 20).
+    total, largest = 737.67e6, 32.90e6
+    case1 = mem.deepspeed_estimate_zero3(total, largest, 4, 1, cpu_offload=False)[1]
+    case2 = mem.deepspeed_estimate_zero3(total, largest, 4, 1, cpu_offload=True, cpu_offload_params=True)[1]
+    case3 = mem.deepspeed_estimate_zero3(total, largest, 4, 1, cpu_offload=True, cpu_offload_params=False)[1]
+    assert [case1 >> 20, case2 >> 20, case3 >> 20] == [3291, 125, 477]
+
+
+@pytest.mark.parametrize("params, grads, plain, kept, sharded", [
+    ("fp16", "fp16", 20, 4, 16), ("bf16", "fp32", 18, 6, 12), ("fp32", "fp32", 16, 8, 8)])
+def test_megatron_distributed_optimizer_bytes_per_param(params, grads, plain, kept, sharded):
+    assert mem.megatron_bytes_per_param(params, grads, 8, distributed=False) == plain
+    assert mem.megatron_bytes_per_param(params, grads, 8, distributed=True) == kept + sharded / 8
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_table_2_all_rows(t):
+    s, b, h, a = 2048, 4, 12288, 96
+    terms = mem.activation_terms(GPT, s, b, dtype_bytes=2, dropout=True, flash_attention=False)
+    sbh = s * b * h
+    rows = {
+        ("none", False): sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        ("none", True): sbh / t * (34 + 5 * a * s / h),
+        ("selective", False): sbh * (10 + 24 / t),
+        ("selective", True): sbh * 34 / t,
+    }
+    for (recompute, sp), expected in rows.items():
+        got = mem.activation_bytes_per_layer(terms, t, sp, recompute)
+        assert got == pytest.approx(expected, rel=1e-12), (recompute, sp)
+    assert mem.activation_bytes_per_layer(terms, 1, False, "full") == 2 * sbh
+    if t == 1:
+        assert mem.activation_bytes_per_layer(terms) == pytest.approx(sbh * (34 + 5 * a * s / h), rel=1e-12)
+
+
+def test_flash_attention_removes_the_score_term():
+    s, b, h, a = 2048, 1, 12288, 96
+    plain = mem.activation_terms(GPT, s, b, 2, True, flash_attention=False)
+    flash = mem.activation_terms(GPT, s, b, 2, True, flash_attention=True)
+    diff = mem.activation_bytes_per_layer(plain) - mem.activation_bytes_per_layer(flash)
+    assert diff == pytest.approx(5 * a * s * s * b - 4 * a * s * b)  # scores out, fp32 log-sum-exp in
+
+
+def test_pipeline_inflight_microbatches():
+    assert mem.inflight_layer_factor(96, 1, 16, "1f1b", 1) == 96
+    assert mem.inflight_layer_factor(96, 8, 16, "1f1b", 1) == 96  # p micro-batches of L/p layers
+    assert mem.inflight_layer_factor(96, 8, 4, "1f1b", 1) == 48  # fewer micro-batches than stages
+    assert mem.inflight_layer_factor(96, 8, 16, "gpipe", 1) == 12 * 16
+    assert mem.inflight_layer_factor(96, 8, 16, "interleaved", 2) == pytest.approx(96 * (1 + 7 / 16))
+
+
+def test_optimizer_bytes_and_offload():
+    assert mem.state_bytes("bf16", "sgd").optimizer == 4
+    assert mem.state_bytes("bf16", "adam8bit").optimizer == 2
+    assert mem.state_bytes("fp32", "adamw") == mem.StateBytes(4, 4, 0, 8)
+    sb = mem.state_bytes("bf16", "adamw")
+    off = mem.model_states(1e9, sb, 2, 4, "optimizer")
+    assert (off.weights, off.gradients, off.optimizer_states, off.master_weights) == (2e9, 0, 0, 0)
+    assert off.cpu_bytes == pytest.approx(14e9 / 4)
+    assert mem.model_states(1e9, sb, 3, 4, "params").weights == 0
+
+
+def test_fp32_gpt_block_saved_tensors_match_the_formula():
+    """A real torch block (fp32, no dropout, explicit attention): saved-for-backward bytes = formula."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    s, b, h, a = 64, 2, 64, 4
+    spec = ModelSpec(key="tiny", name="tiny", n_layers=1, hidden=h, n_heads=a, ffn_hidden=4 * h, vocab_size=10)
+    ln1, ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+    qkv, out = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
+    fc1, fc2 = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
+    params = {p.data_ptr() for m in (ln1, ln2, qkv, out, fc1, fc2) for p in m.parameters()}
+    x = torch.randn(b, s, h, requires_grad=True)
+    storages = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        q, k, v = qkv(ln1(x)).split(h, dim=-1)
+        q, k, v = (z.view(b, s, a, h // a).transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-2, -1) / (h // a) ** 0.5, dim=-1)
+        y = x + out((att @ v).transpose(1, 2).reshape(b, s, h))
+        y = y + fc2(F.gelu(fc1(ln2(y))))
+    measured = sum(storages.values())
+    terms = mem.activation_terms(spec, s, b, dtype_bytes=4, dropout=False, flash_attention=False)
+    predicted = mem.activation_bytes_per_layer(terms)
+    # The formula ignores LayerNorm mean/rstd and the softmax scaling's O(s*b) extras.
+    assert measured == pytest.approx(predicted, rel=0.02)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_fp32_llama_block_saved_tensors_match_the_formula(kv_heads):
+    """RMSNorm + SDPA (flash, causal) + GQA via repeat_interleave + SwiGLU, fp32 on CPU, no dropout."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    s, b, h, a, f = 64, 2, 64, 4, 160
+    hd = h // a
+    spec = ModelSpec(key="tiny-llama", name="tiny", n_layers=1, hidden=h, n_heads=a, n_kv_heads=kv_heads,
+                     ffn_hidden=f, vocab_size=10, mlp="swiglu", norm="rmsnorm", position="rope")
+    n1, n2 = torch.nn.RMSNorm(h), torch.nn.RMSNorm(h)
+    wq, wk, wv, wo = (torch.nn.Linear(h, a * hd, bias=False), torch.nn.Linear(h, kv_heads * hd, bias=False),
+                      torch.nn.Linear(h, kv_heads * hd, bias=False), torch.nn.Linear(a * hd, h, bias=False))
+    w1, w2, w3 = (torch.nn.Linear(h, f, bias=False), torch.nn.Linear(f, h, bias=False), torch.nn.Linear(h, f, bias=False))
+    modules = (n1, n2, wq, wk, wv, wo, w1, w2, w3)
+    params = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
+    x = torch.randn(b, s, h, requires_grad=True)
+    storages = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = n1(x)
+        # RoPE (as in the built-in decoder) leaves q and k contiguous in [b, a, s, d]; then torch's CPU
+        # flash kernel writes its output in that layout and the reshape for the out-projection copies.
+        q = wq(y).view(b, s, a, hd).transpose(1, 2).contiguous()
+        k = wk(y).view(b, s, kv_heads, hd).transpose(1, 2).contiguous().repeat_interleave(a // kv_heads, dim=1)
+        v = wv(y).view(b, s, kv_heads, hd).transpose(1, 2).repeat_interleave(a // kv_heads, dim=1)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x2 = x + wo(att.transpose(1, 2).reshape(b, s, h))
+        z = n2(x2)
+        x2 + w2(F.silu(w1(z)) * w3(z))
+    measured = sum(storages.values())
+    predicted = mem.layer_activation_bytes(spec, s, b, "fp32", dropout=False, flash_attention=True,
+                                           kv_repeated=True, attn_output_copy=True)
+    assert measured == pytest.approx(predicted, rel=0.01)  # the gap is RMSNorm's O(s*b) rstd

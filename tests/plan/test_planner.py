@@ -1,0 +1,168 @@
+"""plan/planner.py: whole plans against published runs, fit advice, validation and inputs."""
+
+import dataclasses
+import json
+
+import pytest
+
+from flopwise.catalog.hardware import get_hardware
+from flopwise.catalog.models import ModelSpec
+from flopwise.errors import UserError
+from flopwise.plan.planner import build_runspec, parse_count, plan
+from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
+
+GIB = 2**30
+
+# MPT-7B as benchmarked by MosaicML llm-foundry (6.65B params, ALiBi, tied embeddings, no biases).
+MPT_7B = ModelSpec(key="mpt-7b", name="MPT-7B", n_layers=32, hidden=4096, n_heads=32, ffn_hidden=16384,
+                   vocab_size=50432, seq_len=2048, mlp="gelu", norm="layernorm", position="alibi",
+                   tied_embeddings=True)
+
+
+def test_default_example_plans_and_serialises():
+    p = plan(build_runspec())
+    assert p.spec.model.key == "llama2-7b" and p.spec.layout.devices == 8 and p.spec.layout.zero_stage == 3
+    assert p.spec.layout.global_batch_size * p.spec.workload.seq_len == 4 * 2**20
+    assert p.fits and p.memory.total_bytes < p.memory.capacity_bytes
+    assert 0 < p.time.mfu <= p.time.efficiency + 1e-12 <= 1 + 1e-12
+    assert p.time.total_seconds == pytest.approx(2e12 / p.time.tokens_per_second)
+    assert p.energy.kwh > 0 and p.cost.on_demand_usd > 0
+    data = json.loads(json.dumps(p.to_dict(), allow_nan=False))
+    for key in ("params", "flops", "memory", "comm", "time", "energy", "cost", "warnings", "advice", "inputs"):
+        assert key in data
+    assert data["memory"]["total_bytes"] == pytest.approx(sum(
+        data["memory"][k] for k in ("weights", "gradients", "optimizer_states", "master_weights",
+                                   "activations", "logits", "comm_buffers")))
+
+
+def test_mosaicml_mpt_7b_h100_throughput_within_10_percent():
+    # llm-foundry benchmarks: 7B, 8 x H100-80GB, seq 2048, MBS 6, FSDP FULL_SHARD, bf16 -> 10,643 tokens/s/GPU.
+    spec = RunSpec(MPT_7B, Layout(dp=8, micro_batch_size=6, grad_accum=1, zero_stage=3),
+                   Workload(seq_len=2048, total_tokens=1e9), Cluster(get_hardware("h100-sxm")))
+    p = plan(spec)
+    assert p.fits
+    assert p.time.tokens_per_second_per_device == pytest.approx(10_643, rel=0.10)
+
+
+def test_llama1_65b_gpu_hours_within_15_percent():
+    # Touvron et al. 2023: 1.4T tokens, 1,022,362 A100-80GB GPU-hours, ~380 tokens/s/GPU on 2048 GPUs.
+    # Layout assumed: 8-way tensor + sequence parallel inside a node, ZeRO-1 (distributed optimizer).
+    spec = build_runspec(model="llama-65b", hardware="a100-80gb", gpus=2048, tp=8, sequence_parallel=True,
+                         zero=1, seq_len=2048, batch_tokens="4M", tokens="1.4T")
+    p = plan(spec)
+    assert p.fits
+    assert p.time.device_hours == pytest.approx(1_022_362, rel=0.15)
+    assert p.time.tokens_per_second_per_device == pytest.approx(380, rel=0.15)
+
+
+def test_mfu_equals_efficiency_without_recompute_bubble_or_exposed_comm():
+    p = plan(build_runspec(gpus=1, zero=0, model="gpt2-124m", seq_len=1024, global_batch=8, micro_batch=8))
+    assert p.time.exposed_comm_seconds == 0 and p.time.bubble_fraction == 0
+    assert p.time.mfu == pytest.approx(p.time.efficiency)
+    full = plan(build_runspec(gpus=1, zero=0, model="gpt2-124m", seq_len=1024, global_batch=8, micro_batch=8,
+                              recompute="full"))
+    assert full.time.hfu == pytest.approx(full.time.efficiency)
+    assert full.time.mfu < p.time.mfu
+
+
+def test_pipeline_bubble():
+    base = dict(model="llama2-13b", hardware="a100-80gb", gpus=32, tp=4, pp=4, seq_len=4096, global_batch=64)
+    p = plan(build_runspec(**base))
+    assert p.time.bubble_fraction == pytest.approx(3 / p.spec.layout.grad_accum)
+    q = plan(build_runspec(**base, schedule="interleaved", virtual_stages=2))
+    assert q.time.bubble_fraction == pytest.approx(3 / (2 * q.spec.layout.grad_accum))
+    g = plan(build_runspec(**base, schedule="gpipe"))
+    assert g.memory.activations > p.memory.activations
+
+
+def test_advice_is_computed_by_planning_the_alternatives():
+    spec = build_runspec(model="llama2-13b", hardware="a100-80gb", gpus=8, zero=0, micro_batch=4, seq_len=4096)
+    p = plan(spec)
+    assert not p.fits
+    assert p.advice[0].startswith("needs ") and "GiB" in p.advice[0]
+    suggestions = [a for a in p.advice if a.startswith("would fit with")]
+    assert suggestions
+    # Re-plan one suggestion by hand: ZeRO-3 + full recompute + optimizer offload.
+    alt = plan(dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, zero_stage=3, recompute="full",
+                                                                    offload="optimizer")))
+    line = next(a for a in suggestions if "--zero 3 --recompute full --offload optimizer" in a)
+    assert alt.fits and f"{alt.memory.total_bytes / GIB:.1f} GiB" in line
+    assert plan(dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, micro_batch_size=1))).fits is False
+
+
+def test_zero_stages_shrink_model_states_as_the_paper_says():
+    totals = []
+    for zero in range(4):
+        m = plan(build_runspec(model="llama2-7b", gpus=8, zero=zero)).memory
+        totals.append(m.weights + m.gradients + m.optimizer_states + m.master_weights)
+    psi = plan(build_runspec()).params.total
+    assert totals[0] == pytest.approx(16 * psi)
+    assert totals[1] == pytest.approx(4 * psi + 12 * psi / 8)
+    assert totals[2] == pytest.approx(2 * psi + 14 * psi / 8)
+    assert totals[3] == pytest.approx(16 * psi / 8)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(gpus=8, dp=3), "dp × tp × pp"),
+    (dict(gpus=8, tp=3), "not divisible"),
+    (dict(gpus=6, tp=3, dp=2), "does not divide"),
+    (dict(gpus=64, pp=64), "more than"),
+    (dict(offload="params", zero=2), "--zero 3"),
+    (dict(hardware="a100-80gb", precision="fp8"), "fp8"),
+    (dict(recompute="sometimes"), "--recompute"),
+    (dict(tokens="lots"), "--tokens"),
+    (dict(efficiency=1.5), "--efficiency"),
+])
+def test_invalid_inputs_raise_one_line_user_errors(kwargs, fragment):
+    with pytest.raises(UserError) as err:
+        build_runspec(**kwargs)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_parse_count():
+    assert parse_count("300B") == 300e9
+    assert parse_count("1.4T") == pytest.approx(1.4e12)
+    assert parse_count("2e12") == 2e12
+    assert parse_count("4m") == 4e6
+    with pytest.raises(UserError):
+        parse_count("1.4X")
+
+
+def test_layout_defaults_and_batch_rounding():
+    spec = build_runspec(gpus=16)
+    assert (spec.layout.dp, spec.layout.tp, spec.layout.pp) == (16, 1, 1)
+    spec = build_runspec(gpus=16, tp=2, global_batch=100, micro_batch=2)
+    assert spec.layout.dp == 8 and spec.layout.global_batch_size == 112  # rounded up to dp*mbs
+    assert any("not a multiple" in w for w in plan(spec).warnings)
+
+
+def test_calibration_from_a_run_directory(tmp_path):
+    run = tmp_path / "run1"
+    run.mkdir()
+    (run / "predicted_vs_measured.json").write_text(json.dumps({"measured": {"mfu": 0.3, "hardware": "cpu"}}))
+    p = plan(build_runspec(calibrate=str(run)))
+    assert p.time.efficiency == 0.3 and p.time.efficiency_confidence == "measured"
+    assert any("measured on cpu" in w for w in p.warnings)
+    (run / "predicted_vs_measured.json").write_text("{not json")
+    with pytest.raises(UserError):
+        build_runspec(calibrate=str(run))
+    with pytest.raises(UserError):
+        build_runspec(calibrate=str(tmp_path / "missing"))
+
+
+def test_cnn_plans_per_sample():
+    spec = build_runspec(model="resnet50", hardware="a100-80gb", gpus=8, zero=0, global_batch=256, tokens="90M",
+                         precision="bf16")
+    p = plan(spec)
+    assert p.flops.unit == "sample" and p.time.tokens_per_step == 256
+    assert p.flops.model_total == pytest.approx(3 * spec.model.flops_per_sample * 90e6)
+
+
+def test_hardware_without_price_gives_null_cost():
+    spec = build_runspec(hardware="rtx4090", model="gpt2-124m", gpus=1, seq_len=1024, global_batch=8)
+    unpriced = dataclasses.replace(spec.cluster.hardware, prices=())
+    p = plan(dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, hardware=unpriced)))
+    assert p.cost.on_demand_usd is None and p.cost.spot_usd is None and "--price-per-hour" in p.cost.note
+    priced = plan(build_runspec(hardware="rtx4090", model="gpt2-124m", gpus=1, seq_len=1024, global_batch=8,
+                                price_per_hour=0.5))
+    assert priced.cost.on_demand_usd == pytest.approx(0.5 * priced.time.device_hours)
