@@ -1,9 +1,184 @@
-"""CLI commands of flopwise.diagnose (registered by flopwise.cli)."""
+"""CLI commands of flopwise.diagnose: `doctor`, `bench`, `diagnose` and `report`.
+
+Each command parses its options, calls one function of this package (or of
+flopwise.report) and renders the result as a rich table, or as JSON with `--json`.
+torch and matplotlib are imported inside the commands that need them.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
+
+from flopwise.diagnose.commbench import DEFAULT_SIZES
+
+STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold"}
+SEVERITY_STYLE = {"info": "cyan", "warn": "yellow", "critical": "red bold"}
+SHORT_LABELS = {
+    "data_seconds": "data",
+    "compute_seconds": "fwd+bwd",
+    "sync_wait_seconds": "sync wait",
+    "optimizer_seconds": "optim",
+    "other_seconds": "other",
+    "step_seconds": "step",
+}
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the top-level app."""
+    app.command("doctor")(doctor)
+    app.command("bench")(bench)
+    app.command("diagnose")(diagnose)
+    app.command("report")(report)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+) -> None:
+    """Check this machine for training: Python, torch build, GPUs and driver, NCCL, backends, packages, env."""
+    from flopwise.diagnose.doctor import has_failures, run_checks
+
+    checks = run_checks()
+    if as_json:
+        summary = {s: sum(c.status == s for c in checks) for s in ("ok", "warn", "fail")}
+        print(json.dumps({"checks": [c.to_dict() for c in checks], "summary": summary}, indent=2))
+    else:
+        from rich.table import Table
+
+        table = Table(title="flopwise doctor", show_lines=False)
+        for col in ("check", "status", "found", "fix"):
+            table.add_column(col, overflow="fold")
+        for c in checks:
+            style = STATUS_STYLE[c.status]
+            table.add_row(c.name, f"[{style}]{c.status}[/]", c.value, c.fix)
+        _console().print(table)
+    if has_failures(checks):
+        raise typer.Exit(1)
+
+
+def bench(
+    op: Annotated[str, typer.Option("--op", help="all_reduce, all_gather, reduce_scatter, broadcast, a comma list, or all.")] = "all_reduce",
+    sizes: Annotated[str, typer.Option("--sizes", help="Message sizes (whole array, nccl-tests convention), e.g. 1K,1M,64M.")] = DEFAULT_SIZES,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Processes to start (default: number of GPUs, or 2 on CPU).")] = None,
+    iters: Annotated[int, typer.Option("--iters", help="Timed calls per size.")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls per size before timing.")] = 5,
+    backend: Annotated[str, typer.Option("--backend", help="auto (nccl with GPUs, else gloo), gloo or nccl.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON result to this file.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", hidden=True, help="Print nothing (used by the launcher).")] = False,
+) -> None:
+    """Time collectives (latency, algbw, busbw per size and rank) and show where bandwidth saturates."""
+    from flopwise.diagnose.commbench import parse_ops, parse_sizes, run_bench
+
+    ops, size_list = parse_ops(op), parse_sizes(sizes)
+    if nproc is None:
+        import torch
+
+        nproc = max(2, torch.cuda.device_count()) if torch.cuda.is_available() else 2
+    result = run_bench(ops, size_list, nproc, iters, warmup, backend)
+    if result is None:  # a rank other than 0 inside a launch
+        return
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+    if quiet:
+        return
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    _render_bench(result, out)
+
+
+def _render_bench(result: dict, out: Optional[Path]) -> None:
+    from rich.table import Table
+
+    from flopwise.diagnose.commbench import format_size
+
+    console = _console()
+    table = Table(
+        title=f"{result['backend']} collectives, {result['world_size']} ranks, float32, "
+        f"{result['iters']} iters after {result['warmup']} warm-up"
+    )
+    for col in ("op", "size", "time (us)", "algbw GB/s", "busbw GB/s", "per-rank time (us)"):
+        table.add_column(col, justify="left" if col in ("op", "per-rank time (us)") else "right")
+    for r in result["results"]:
+        table.add_row(
+            r["op"],
+            format_size(r["size_bytes"]),
+            f"{r['latency_seconds'] * 1e6:,.1f}",
+            f"{r['algbw_gb_per_s']:.3f}",
+            f"{r['busbw_gb_per_s']:.3f}",
+            " ".join(f"{t * 1e6:,.0f}" for t in r["per_rank_seconds"]),
+        )
+    console.print(table)
+    console.print("busbw follows nccl-tests (doc/PERFORMANCE.md): algbw x 2(n-1)/n all_reduce, (n-1)/n all_gather/reduce_scatter.")
+    if result.get("saturation"):
+        console.print(f"[bold]bucket size:[/] {result['saturation']['advice']}")
+    for line in result.get("nccl_debug_transport") or []:
+        console.print(f"NCCL: {line}")
+    for note in result.get("notes", []):
+        console.print(f"note: {note}")
+    if out is not None:
+        console.print(f"wrote {out}")
+
+
+def diagnose(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `flopwise train`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
+) -> None:
+    """Find stragglers, data stalls, slow steps, loss trouble and plan misses in a run directory."""
+    from flopwise.diagnose.analyze import COMPONENTS, diagnose_run_dir
+
+    result = diagnose_run_dir(run_dir)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return
+    from rich.table import Table
+
+    console = _console()
+    keys = [k for k in (*COMPONENTS, "other_seconds", "step_seconds") if all(k in b.median for b in result.breakdown)]
+    table = Table(title=f"{run_dir}: step time per rank, ms (median/p90)")
+    table.add_column("rank", justify="right")
+    for k in keys:
+        table.add_column(SHORT_LABELS[k], justify="right", no_wrap=True)
+    table.add_column("tokens/s", justify="right")
+    for b in result.breakdown:
+        table.add_row(
+            str(b.rank),
+            *(f"{b.median[k] * 1e3:.1f}/{b.p90[k] * 1e3:.1f}" for k in keys),
+            f"{b.tokens_per_second:,.0f}" if b.tokens_per_second else "n/a",
+        )
+    console.print(table)
+    if not result.findings:
+        console.print("[green]No problems found[/]: no straggler, data stall, outlier step, loss spike or plan mismatch.")
+    for f in result.findings:
+        style = SEVERITY_STYLE[f.severity]
+        console.print(f"[{style}]{f.severity}[/] {f.kind}: {f.message}")
+        console.print(f"    next: {f.next_step}")
+    for note in result.notes:
+        console.print(f"note: {note}")
+    if result.skipped_lines:
+        console.print(f"note: {result.skipped_lines} unreadable metric line(s) skipped")
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `flopwise train`.")],
+) -> None:
+    """Write RUN_DIR/report.md with loss, throughput, step-breakdown and memory plots."""
+    from flopwise.report.run_report import write_report
+
+    files = write_report(run_dir)
+    print(f"wrote {files.report}")
+    for path in files.plots:
+        print(f"wrote {path}")
+    sys.stdout.flush()

@@ -1,0 +1,122 @@
+"""`flopwise report RUN_DIR`: one Markdown page with the plots, the findings and predicted vs measured.
+
+The page is written next to the run's own files (`RUN_DIR/report.md`, figures under
+`RUN_DIR/plots/`) so that copying the run directory copies its report; links are relative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flopwise.diagnose.analyze import (
+    COMPONENT_LABELS,
+    COMPONENTS,
+    Diagnosis,
+    RunData,
+    diagnose,
+    is_memory_figure,
+    load_run,
+)
+from flopwise.report import plots
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """What `write_report` wrote."""
+
+    report: Path
+    plots: list[Path]
+
+
+def write_report(run_dir: str | Path) -> ReportFiles:
+    """Diagnose the run, draw its figures and write report.md; raises UserError for a bad run dir."""
+    run = load_run(run_dir)
+    diagnosis = diagnose(run)
+    plot_dir = run.run_dir / "plots"
+    figures = {
+        "Loss": plots.plot_loss(run, plot_dir / "loss.png"),
+        "Throughput per rank": plots.plot_tokens_per_second(run, plot_dir / "tokens_per_second.png"),
+        "Step time breakdown": plots.plot_step_breakdown(diagnosis, plot_dir / "step_breakdown.png"),
+        "Memory": plots.plot_memory(diagnosis, plot_dir / "memory.png"),
+    }
+    path = run.run_dir / "report.md"
+    path.write_text(render_markdown(run, diagnosis, figures), encoding="utf-8")
+    return ReportFiles(path, [p for p in figures.values() if p is not None])
+
+
+def render_markdown(run: RunData, diagnosis: Diagnosis, figures: dict[str, Path | None]) -> str:
+    """The report text: summary, findings, breakdown table, predicted vs measured, figures."""
+    lines = [f"# Run report: {run.run_dir.name}", ""]
+    lines += _summary(run, diagnosis)
+    lines += ["", "## Findings", ""]
+    if diagnosis.findings:
+        for f in diagnosis.findings:
+            where = f" (rank {f.rank})" if f.rank is not None else ""
+            lines.append(f"- **{f.severity}** `{f.kind}`{where}: {f.message}.  \n  Next: {f.next_step}.")
+    else:
+        lines.append("No problems found: no straggler, data stall, outlier step, loss spike or plan mismatch.")
+    for note in diagnosis.notes:
+        lines += ["", f"_Note: {note}._"]
+    lines += ["", "## Step time per rank", ""]
+    lines += _breakdown_table(diagnosis)
+    if diagnosis.plan_rows:
+        lines += ["", "## Predicted vs measured", "", "| figure | predicted | measured | measured / predicted |", "|---|---:|---:|---:|"]
+        for r in diagnosis.plan_rows:
+            ratio = f"{r.ratio:.2f}" if r.predicted else "n/a"
+            lines.append(f"| {r.name} | {_fmt(r.name, r.predicted)} | {_fmt(r.name, r.measured)} | {ratio} |")
+    lines += ["", "## Figures", ""]
+    for title, fig in figures.items():
+        if fig is None:
+            lines.append(f"- {title}: nothing to plot in this run.")
+        else:
+            lines += [f"### {title}", "", f"![{title}]({fig.relative_to(run.run_dir).as_posix()})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _summary(run: RunData, diagnosis: Diagnosis) -> list[str]:
+    first = run.steps_by_rank[run.ranks[0]]
+    last = first[-1]
+    parallel = run.config.get("parallel") or {}
+    precision = run.config.get("precision") or {}
+    rows = [
+        ("run directory", str(run.run_dir)),
+        ("ranks", str(len(run.ranks))),
+        ("steps recorded", f"{first[0]['step']}..{last['step']} ({diagnosis.steps} per rank)"),
+    ]
+    if parallel.get("strategy"):
+        rows.append(("strategy", str(parallel["strategy"])))
+    if precision.get("mode"):
+        rows.append(("precision", str(precision["mode"])))
+    loss = last.get("loss")
+    if isinstance(loss, (int, float)):
+        rows.append(("final train loss (rank %d)" % run.ranks[0], f"{loss:.4f}"))
+    val = run.val_losses()
+    if val:
+        rows.append(("final validation loss", f"{val[-1][1]:.4f} at step {val[-1][0]}"))
+    tps = [b.tokens_per_second for b in diagnosis.breakdown if b.tokens_per_second]
+    if tps:
+        rows.append(("median tokens/s per rank", ", ".join(f"{v:,.0f}" for v in tps)))
+    mfu = [r["mfu"] for r in first if isinstance(r.get("mfu"), (int, float))]
+    if mfu:
+        rows.append(("MFU (last step)", f"{100 * mfu[-1]:.1f} %"))
+    if run.skipped_lines:
+        rows.append(("unreadable metric lines skipped", str(run.skipped_lines)))
+    return ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+
+
+def _breakdown_table(diagnosis: Diagnosis) -> list[str]:
+    keys = [k for k in (*COMPONENTS, "other_seconds", "step_seconds") if all(k in b.median for b in diagnosis.breakdown)]
+    head = ["rank"] + [f"{COMPONENT_LABELS.get(k, 'step')} ms (median / p90)" for k in keys] + ["tokens/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for b in diagnosis.breakdown:
+        cells = [str(b.rank)] + [f"{b.median[k] * 1e3:.1f} / {b.p90[k] * 1e3:.1f}" for k in keys]
+        cells.append(f"{b.tokens_per_second:,.0f}" if b.tokens_per_second else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _fmt(name: str, value: float) -> str:
+    if is_memory_figure(name):
+        return f"{value / 2**20:,.1f} MiB"
+    return f"{value:,.4g}"

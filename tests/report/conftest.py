@@ -1,0 +1,6 @@
+"""The report tests reuse the diagnose tests' synthetic run directories."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagnose"))
