@@ -1,0 +1,358 @@
+"""The network: the built-in decoder (llama- or gpt2-style) and HuggingFace causal LMs.
+
+The built-in decoder follows nanoGPT (Karpathy) for structure and initialisation and
+LLaMA (Touvron et al. 2023, arXiv:2302.13971) for the "llama" variant: pre-norm RMSNorm,
+rotary position embeddings (Su et al. 2021, arXiv:2104.09864), SwiGLU MLP (Shazeer 2020,
+arXiv:2002.05202), grouped-query attention (Ainslie et al. 2023, arXiv:2305.13245) and no
+biases. The "gpt2" variant is GPT-2 (Radford et al. 2019): LayerNorm with bias, learned
+positions, GELU MLP of width 4h, biases everywhere.
+
+The model knows nothing about distribution or precision: parallelism, autocast and
+activation checkpointing are applied from outside (see `train/parallel.py`,
+`train/precision.py`, `train/checkpointing.py`). Every model's `forward(input_ids)`
+returns logits `[B, T, V]`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flopwise.catalog.models import ModelSpec
+from flopwise.errors import UserError
+from flopwise.train.config import ModelConfig
+
+INIT_STD = 0.02  # GPT-2 / nanoGPT initialisation
+FFN_MULTIPLE_OF = 64
+
+
+def llama_ffn_hidden(hidden: int, multiple_of: int = FFN_MULTIPLE_OF) -> int:
+    """SwiGLU width that keeps the MLP's parameters at ~8h^2, as a 4h GELU MLP has.
+
+    LLaMA's rule (Meta `llama/model.py`, FeedForward): int(2 * 4h / 3), rounded up to a
+    multiple of `multiple_of` (Meta uses 256; 64 here so small models stay close to 8h/3).
+    """
+    width = int(2 * 4 * hidden / 3)
+    return multiple_of * math.ceil(width / multiple_of)
+
+
+def ffn_hidden_of(cfg: ModelConfig) -> int:
+    """The MLP width: `cfg.ffn_hidden`, else the LLaMA rule (llama) or 4h (gpt2)."""
+    if cfg.ffn_hidden is not None:
+        return cfg.ffn_hidden
+    return llama_ffn_hidden(cfg.hidden) if cfg.kind == "llama" else 4 * cfg.hidden
+
+
+def kv_heads_of(cfg: ModelConfig) -> int:
+    """Key/value heads: `cfg.n_kv_heads`, else one per query head (plain multi-head)."""
+    return cfg.n_kv_heads if cfg.n_kv_heads is not None else cfg.n_heads
+
+
+def check_shape(cfg: ModelConfig) -> None:
+    """Reject head layouts the attention cannot split, naming the config keys."""
+    if cfg.hidden % cfg.n_heads:
+        raise UserError(
+            f"model.hidden={cfg.hidden} must be divisible by model.n_heads={cfg.n_heads}"
+        )
+    n_kv = kv_heads_of(cfg)
+    if cfg.n_heads % n_kv:
+        raise UserError(
+            f"model.n_heads={cfg.n_heads} must be a multiple of model.n_kv_heads={n_kv}"
+        )
+    if cfg.kind == "llama" and (cfg.hidden // cfg.n_heads) % 2:
+        raise UserError(
+            f"model.hidden / model.n_heads = {cfg.hidden // cfg.n_heads} must be even for rotary embeddings"
+        )
+
+
+def rotary_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [T, head_dim/2] for RoPE (Su et al. 2021, eq. 34), in fp32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of x [B, H, T, D] by position; computed in fp32, returned in x's dtype."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    x1, x2 = xf[..., 0], xf[..., 1]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention with grouped key/value heads and optional RoPE."""
+
+    def __init__(self, cfg: ModelConfig, bias: bool):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = kv_heads_of(cfg)
+        self.head_dim = cfg.hidden // cfg.n_heads
+        self.dropout = cfg.dropout
+        self.wq = nn.Linear(cfg.hidden, self.n_heads * self.head_dim, bias=bias)
+        self.wk = nn.Linear(cfg.hidden, self.n_kv_heads * self.head_dim, bias=bias)
+        self.wv = nn.Linear(cfg.hidden, self.n_kv_heads * self.head_dim, bias=bias)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.hidden, bias=bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if self.n_kv_heads != self.n_heads:
+            # GQA: each key/value head serves n_heads / n_kv_heads query heads.
+            repeat = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(repeat, dim=1)
+            v = v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.resid_dropout(self.wo(y))
+
+
+class SwiGLU(nn.Module):
+    """LLaMA's MLP: w2(silu(w1 x) * w3 x) (Shazeer 2020)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, dropout: float):
+        super().__init__()
+        self.w1 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w3 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w2 = nn.Linear(ffn_hidden, hidden, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class GeluMLP(nn.Module):
+    """GPT-2's MLP: c_proj(gelu(c_fc x)), with biases."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, dropout: float):
+        super().__init__()
+        self.c_fc = nn.Linear(hidden, ffn_hidden)
+        self.c_proj = nn.Linear(ffn_hidden, hidden)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """RMSNorm (weight only) for llama, LayerNorm (weight + bias) for gpt2."""
+    if cfg.kind == "llama":
+        return nn.RMSNorm(cfg.hidden, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        llama = cfg.kind == "llama"
+        self.attn_norm = make_norm(cfg)
+        self.attn = CausalSelfAttention(cfg, bias=not llama)
+        self.mlp_norm = make_norm(cfg)
+        mlp = SwiGLU if llama else GeluMLP
+        self.mlp = mlp(cfg.hidden, ffn_hidden_of(cfg), cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    """The built-in decoder-only language model (llama or gpt2 variant)."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        check_shape(cfg)
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.tok_emb = nn.Embedding(vocab_size, cfg.hidden)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.hidden) if cfg.kind == "gpt2" else None
+        self.emb_dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = make_norm(cfg)
+        self.lm_head = nn.Linear(cfg.hidden, vocab_size, bias=False)
+        if cfg.kind == "llama":
+            cos, sin = rotary_tables(cfg.hidden // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+            # Not persistent: derived from the config, so checkpoints hold only learned weights.
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def reset_parameters(self) -> None:
+        """nanoGPT's init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3)."""
+        residual_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                last = name.rsplit(".", 1)[-1]
+                std = residual_std if last in ("wo", "w2", "c_proj") else INIT_STD
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                module.reset_parameters()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        if T > self.cfg.max_seq_len:
+            raise UserError(
+                f"sequence length {T} exceeds model.max_seq_len={self.cfg.max_seq_len}; raise model.max_seq_len or lower data.seq_len"
+            )
+        x = self.tok_emb(input_ids)
+        rope = None
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(T, device=input_ids.device))
+        else:
+            rope = (self.rope_cos[:T], self.rope_sin[:T])
+        x = self.emb_dropout(x)
+        for block in self.blocks:
+            x = block(x, rope)
+        return self.lm_head(self.final_norm(x))
+
+
+class HFCausalLM(nn.Module):
+    """A HuggingFace causal LM whose forward returns the logits tensor, like the built-in one."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        self.hf = hf_model
+        self.vocab_size = hf_model.config.vocab_size
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.hf(input_ids=input_ids, use_cache=False).logits
+
+
+def hf_config_path(cfg: ModelConfig) -> Path:
+    """The config.json named by `model.hf_config` (a file, or a folder holding config.json)."""
+    if cfg.hf_config is None:
+        raise UserError("model.hf_config is required when model.kind=hf (path to a config.json)")
+    path = Path(cfg.hf_config).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UserError(f"model.hf_config: {path} does not exist")
+    return path
+
+
+def load_hf_config(cfg: ModelConfig):
+    """Read a local config.json into a `transformers` config; never touches the hub."""
+    path = hf_config_path(cfg)
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"model.hf_config: {path} is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise UserError(f"model.hf_config: {path} has no \"model_type\" key; is it a HuggingFace config.json?")
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if raw["model_type"] not in CONFIG_MAPPING and raw.get("auto_map") and not cfg.trust_remote_code:
+        raise UserError(
+            f"model.hf_config: {path} needs its own code (model_type {raw['model_type']!r}, auto_map); "
+            "set model.trust_remote_code=true to run the Python files next to it"
+        )
+    try:
+        if raw.get("auto_map") and cfg.trust_remote_code:
+            # Remote code lives next to config.json; AutoConfig needs the folder.
+            return AutoConfig.from_pretrained(
+                str(path.parent), trust_remote_code=True, local_files_only=True
+            )
+        raw.pop("auto_map", None)
+        return AutoConfig.for_model(raw.pop("model_type"), **raw)
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"model.hf_config: {path} cannot be read by transformers: {first_line}") from None
+
+
+def build_hf_model(cfg: ModelConfig, vocab_size: int) -> HFCausalLM:
+    """A randomly initialised HF causal LM (fp32) from a local config.json."""
+    from transformers import AutoModelForCausalLM
+
+    hf_config = load_hf_config(cfg)
+    model_vocab = getattr(hf_config, "vocab_size", None)
+    if model_vocab is not None and vocab_size > model_vocab:
+        raise UserError(
+            f"the tokenizer has {vocab_size} tokens but model.hf_config vocab_size is {model_vocab}; "
+            f"lower data.vocab_size to <= {model_vocab} or raise vocab_size in the config.json"
+        )
+    try:
+        hf_model = AutoModelForCausalLM.from_config(
+            hf_config, trust_remote_code=cfg.trust_remote_code, dtype=torch.float32
+        )
+    except ValueError as exc:
+        first_line = str(exc).strip().splitlines()[0]
+        raise UserError(f"model.hf_config: cannot build a causal LM from it: {first_line}") from None
+    return HFCausalLM(hf_model)
+
+
+def build_model(cfg: ModelConfig, vocab_size: int) -> nn.Module:
+    """The network named by `cfg`, fp32 on CPU, initialised from the torch RNG (seed it first)."""
+    if cfg.kind == "hf":
+        return build_hf_model(cfg, vocab_size)
+    return Decoder(cfg, vocab_size)
+
+
+def transformer_blocks(model: nn.Module) -> nn.ModuleList:
+    """The repeated decoder layers, for per-block wrapping (FSDP2 units, checkpointing).
+
+    Built-in models keep them in `model.blocks`; for HF models (and anything wrapping
+    them) it is the ModuleList holding the most parameters (`model.layers`,
+    `transformer.h`, `gpt_neox.layers`, ...).
+    """
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        return blocks
+    best, best_params = None, -1
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0:
+            n = sum(p.numel() for p in module.parameters())
+            if n > best_params:
+                best, best_params = module, n
+    if best is None:
+        raise UserError(f"{type(model).__name__} has no list of transformer blocks to wrap")
+    return best
+
+
+def model_spec(cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelSpec:
+    """The planner's description of the model `build_model(cfg, vocab_size)` builds."""
+    if cfg.kind == "hf":
+        from flopwise.catalog.models import from_hf_config
+
+        return from_hf_config(hf_config_path(cfg), seq_len=seq_len)
+    check_shape(cfg)
+    llama = cfg.kind == "llama"
+    return ModelSpec(
+        key=f"builtin-{cfg.kind}",
+        name=f"built-in {cfg.kind} decoder ({cfg.n_layers}x{cfg.hidden})",
+        arch="decoder",
+        n_layers=cfg.n_layers,
+        hidden=cfg.hidden,
+        n_heads=cfg.n_heads,
+        n_kv_heads=kv_heads_of(cfg),
+        ffn_hidden=ffn_hidden_of(cfg),
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        max_positions=cfg.max_seq_len,
+        mlp="swiglu" if llama else "gelu",
+        norm="rmsnorm" if llama else "layernorm",
+        position="rope" if llama else "learned",
+        tied_embeddings=cfg.tie_embeddings,
+        attn_bias=not llama,
+        mlp_bias=not llama,
+        head_dim=cfg.hidden // cfg.n_heads,
+        source="flopwise built-in decoder (train/model.py)",
+    )
