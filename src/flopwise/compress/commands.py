@@ -1,9 +1,113 @@
-"""CLI commands of flopwise.compress (registered by flopwise.cli)."""
+"""CLI commands of flopwise.compress (registered by flopwise.cli).
+
+`flopwise compress CONFIG.yaml` | `flopwise compress RUN_DIR --method ...` |
+`flopwise compress --task digits-cnn --method int8-static`. torch is imported inside the
+command only.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from flopwise.errors import UserError
+
+BUILTIN_TASKS = ("digits-cnn", "digits-mlp")
+
+
+def _is_yaml(target: str) -> bool:
+    return target.endswith((".yaml", ".yml"))
+
+
+def resolve_config(target: Optional[str], options: dict):
+    """(CompressConfig, where the model comes from) from the target and the command-line options."""
+    from flopwise.compress.config import check_method, parse_compress_config
+
+    if options.get("method") is not None:
+        check_method(options["method"])
+    set_options = {k: v for k, v in options.items() if v is not None}
+    if target is not None and _is_yaml(target):
+        from flopwise.train.config_loading import load_config
+
+        run = load_config(Path(target))
+        if run.compress is None and run.training.pruning is None:
+            raise UserError(f"{target}: no `compress:` section and no `training.pruning` block; nothing to compress")
+        cfg = parse_compress_config({**(run.compress or {}), **set_options}, run.training.pruning, source=target)
+        source = run.logging.run_dir if (cfg.task or "lm") == "lm" else cfg.task
+        return cfg, source
+    if target in BUILTIN_TASKS:
+        set_options.setdefault("task", target)
+    if target is None and "task" not in set_options:
+        raise UserError("give a CONFIG.yaml, a RUN_DIR / model.safetensors, or --task (allowed: digits-cnn, digits-mlp)")
+    cfg = parse_compress_config(set_options, source="command line")
+    if cfg.task in BUILTIN_TASKS:
+        return cfg, cfg.task
+    return cfg.model_copy(update={"task": "lm"}), Path(target)
+
+
+def build_task(cfg, source):
+    """The Task to compress: a built-in digits task, or the LM of an exported run."""
+    from flopwise.compress.tasks import digits_task, lm_task
+
+    if cfg.task in BUILTIN_TASKS:
+        return digits_task(cfg.task)
+    return lm_task(Path(source), eval_batches=cfg.eval_batches, batch_size=min(cfg.batch_size, 8))
+
+
+def default_out(cfg, source) -> Path:
+    """runs/compress-<task>-<method> for built-in tasks; RUN_DIR/compressed/<method> for a run."""
+    method = cfg.method.replace(":", "-")
+    if cfg.task in BUILTIN_TASKS:
+        return Path("runs") / f"compress-{cfg.task}-{method}"
+    source = Path(source)
+    run_dir = source if source.is_dir() else source.parent
+    if run_dir.name == "export":
+        run_dir = run_dir.parent
+    return run_dir / "compressed" / method
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the top-level app."""
+
+    @app.command("compress")
+    def compress(
+        target: Optional[str] = typer.Argument(None, help="CONFIG.yaml, RUN_DIR (with export/model.safetensors), or digits-cnn / digits-mlp"),
+        method: Optional[str] = typer.Option(None, "--method", "-m", help="int8-static | int8-dynamic | qat | prune | 2:4"),
+        task: Optional[str] = typer.Option(None, "--task", help="built-in task: digits-cnn | digits-mlp"),
+        sparsity: Optional[float] = typer.Option(None, "--sparsity", help="prune: fraction of weights set to zero"),
+        scope: Optional[str] = typer.Option(None, "--scope", help="prune: layer | global"),
+        schedule: Optional[str] = typer.Option(None, "--schedule", help="prune: oneshot | gradual (needs --finetune-steps)"),
+        calib_batches: Optional[int] = typer.Option(None, "--calib-batches", help="int8-static/qat: calibration batches"),
+        observer: Optional[str] = typer.Option(None, "--observer", help="minmax | histogram | percentile"),
+        qat_steps: Optional[int] = typer.Option(None, "--qat-steps", help="qat: fine-tuning steps with fake quantization"),
+        finetune_steps: Optional[int] = typer.Option(None, "--finetune-steps", help="prune / 2:4: fine-tuning steps with masks"),
+        backend: Optional[str] = typer.Option(None, "--backend", help="auto | pt2e-x86 | torchao | eager"),
+        threads: Optional[int] = typer.Option(None, "--threads", help="intra-op threads for latency (default: torch's)"),
+        no_compile: bool = typer.Option(False, "--no-compile", help="measure the INT8 graph in eager mode (slow, no INT8 kernels)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="output folder"),
+        as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    ) -> None:
+        """Compress a model (INT8 PTQ/QAT, pruning, 2:4) and report what was measured before and after."""
+        options = dict(
+            method=method, task=task, sparsity=sparsity, scope=scope, schedule=schedule, calib_batches=calib_batches,
+            observer=observer, qat_steps=qat_steps, finetune_steps=finetune_steps, backend=backend, threads=threads,
+            compile=False if no_compile else None,
+        )
+        cfg, source = resolve_config(target, options)
+        out_dir = out or cfg.out or default_out(cfg, source)
+        import warnings
+
+        warnings.filterwarnings("ignore")  # torchao / export deprecation chatter; results carry the facts
+        from flopwise.compress.report import print_table, write_report
+        from flopwise.compress.run import compress_task
+
+        result = compress_task(build_task(cfg, source), cfg, Path(out_dir))
+        result["report"] = write_report(result, Path(out_dir))
+        if as_json:
+            print(json.dumps(result, indent=2, default=str))
+        else:
+            print_table(result)
+            print(f"compressed model: {out_dir} (load with flopwise.compress.load_compressed({str(out_dir)!r}))")

@@ -1,0 +1,117 @@
+"""The before/after report of a compression run: a rich table, JSON, and a PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MB = 1e6
+
+
+def rows(result: dict) -> list[dict]:
+    """One flat row per measured model (fp32 baselines, then the compressed one)."""
+    metric = result["quality_metric"]
+    out = []
+    for entry in result["baselines"] + [result["compressed"]]:
+        lat = entry["latency"]["by_batch"]
+        nonzero = entry.get("nonzero_parameters")
+        out.append({
+            "model": entry["label"],
+            "parameters": entry["parameters"],
+            "nonzero_parameters": nonzero if nonzero is not None else entry["parameters"],
+            "memory_mb": entry["bytes_in_memory"] / MB,
+            "disk_mb": entry["bytes_on_disk"] / MB,
+            "latency_b1_ms": lat[0]["median_ms"],
+            f"latency_b{lat[-1]['batch_size']}_ms": lat[-1]["median_ms"],
+            f"throughput_b{lat[-1]['batch_size']}_per_s": lat[-1]["throughput_per_s"],
+            metric: entry["quality"][metric],
+        })
+    return out
+
+
+def notes(result: dict) -> list[str]:
+    """Plain statements the numbers need: backend, threads, what does not get faster."""
+    details = result["details"]
+    lines = [f"task {result['task']}, method {result['method']}, backend {result['backend']}"
+             f"{' (torch.compile, Inductor freezing)' if result['compiled'] else ''}, {result['threads']} thread(s)"]
+    if "note" in details:
+        lines.append(details["note"])
+    if "kernel" in details:
+        lines.append(details["kernel"])
+    if "sparsity" in details:
+        lines.append(f"achieved sparsity {details['sparsity']['overall']:.3f} over prunable weights")
+    s = result["summary"]
+    speed = ", ".join(f"batch {b}: {v['vs_fp32_eager']:.2f}x vs fp32 eager, {v['vs_fastest_fp32']:.2f}x vs fastest fp32" for b, v in s["speedup"].items())
+    lines.append(f"speed-up {speed}")
+    lines.append(f"memory {s['memory_ratio']:.2f}x smaller, disk {s['disk_ratio']:.2f}x smaller; "
+                 f"{result['quality_metric']} {s['quality_before']:.4f} -> {s['quality_after']:.4f} "
+                 f"(relative loss {100 * s['relative_quality_loss']:.2f}%)")
+    if "qat_recovery" in s:
+        r = s["qat_recovery"]
+        recovered = (f"QAT recovers {100 * r['recovered_fraction']:.0f}% of the PTQ loss" if r["recovered_fraction"] is not None
+                     else "PTQ lost nothing measurable here, so there is nothing for QAT to recover")
+        lines.append(f"same settings, PTQ relative loss {100 * r['ptq_relative_loss']:.2f}%, QAT {100 * r['qat_relative_loss']:.2f}%: {recovered}")
+    return lines
+
+
+def print_table(result: dict) -> None:
+    """Print the before/after table and the notes with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"flopwise compress: {result['method']} on {result['task']}")
+    data = rows(result)
+    for key in data[0]:
+        header = key.replace("_parameters", "").replace("latency_", "").replace("throughput_", "").replace("_per_s", " /s")
+        table.add_column(header.replace("_ms", " ms").replace("_mb", " MB"), justify="left" if key == "model" else "right")
+    for row in data:
+        table.add_row(*[v if isinstance(v, str) else (f"{v:,}" if isinstance(v, int) else f"{v:.4g}") for v in row.values()])
+    console = Console(width=None if Console().is_terminal else 140)
+    console.print(table)
+    for line in notes(result):
+        console.print(f"- {line}")
+
+
+def write_json(result: dict, path: Path) -> Path:
+    """Write the full result (every measurement, per-layer sparsity) as JSON."""
+    path.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    return path
+
+
+def write_plot(result: dict, path: Path) -> Path:
+    """Three bars per model: latency at the large batch, size on disk, quality."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = rows(result)
+    names = [r["model"] for r in data]
+    keys = [k for k in data[0] if k.startswith("latency_b") and not k.startswith("latency_b1_")] or ["latency_b1_ms"]
+    panels = [(keys[0], "ms (median)"), ("disk_mb", "MB on disk"), (result["quality_metric"], result["quality_metric"])]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, (key, label) in zip(axes, panels):
+        values = [r[key] for r in data]
+        ax.bar(names, values, color=["#888888"] * (len(names) - 1) + ["#1f77b4"])
+        ax.set_title(key)
+        ax.set_ylabel(label)
+        ax.tick_params(axis="x", rotation=20)
+        for i, v in enumerate(values):
+            ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"{result['method']} on {result['task']} ({result['backend']}, {result['threads']} thread(s))")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(result: dict, out: Path) -> dict:
+    """report.json, report.md and report.png in `out`; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = rows(result)
+    lines = ["| " + " | ".join(data[0]) + " |", "|" + "---|" * len(data[0])]
+    for row in data:
+        lines.append("| " + " | ".join(str(v) if isinstance(v, (str, int)) else f"{v:.4g}" for v in row.values()) + " |")
+    md = out / "report.md"
+    md.write_text("\n".join(lines + [""] + [f"- {n}" for n in notes(result)]) + "\n", encoding="utf-8")
+    return {"json": str(write_json(result, out / "report.json")), "markdown": str(md), "plot": str(write_plot(result, out / "report.png"))}

@@ -1,0 +1,163 @@
+"""What is being compressed: a trained float model plus its data, loss and quality metric.
+
+Built-in tasks (`digits-cnn`, `digits-mlp`) train in seconds on scikit-learn's digits;
+the language-model task reads an exported run (`RUN_DIR/export/model.safetensors` +
+`RUN_DIR/config.yaml`) and measures validation loss / perplexity on its held-out split.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from flopwise.errors import UserError
+
+
+@dataclass
+class Task:
+    """A trained model and everything needed to calibrate, fine-tune and score it."""
+
+    name: str
+    model: nn.Module
+    make_input: Callable[[int], torch.Tensor]  # batch size -> a realistic input batch
+    train_batches: Callable[[int, int], Iterator[tuple[torch.Tensor, torch.Tensor]]]  # (batch, seed) -> endless (x, y)
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    quality: Callable[[nn.Module], dict]  # model -> {metric: value, ...}
+    quality_metric: str
+    higher_is_better: bool
+    rebuild: dict = field(default_factory=dict)  # how load_compressed rebuilds the float architecture
+    files: dict = field(default_factory=dict)  # file name -> text written next to the compressed model
+
+
+def relative_quality_loss(task: Task, before: float, after: float) -> float:
+    """Quality lost as a fraction of the float model's (positive = worse), for either metric direction."""
+    lost = (before - after) if task.higher_is_better else (after - before)
+    return lost / abs(before) if before else 0.0
+
+
+def digits_task(name: str, network_kwargs: dict | None = None, epochs: int | None = None, seed: int = 0) -> Task:
+    """Train the built-in digits network `name` for real accuracy (seconds on a CPU core)."""
+    from flopwise.compress.models import build_network, digits_accuracy, load_digits_data, train_digits
+
+    kwargs = dict(network_kwargs or {})
+    data = load_digits_data()
+    torch.manual_seed(seed)
+    model = build_network(name, **kwargs)
+    default_epochs = 20 if name == "digits-cnn" else 8
+    train_digits(model, data, epochs=epochs or default_epochs, seed=seed)
+
+    def make_input(batch: int) -> torch.Tensor:
+        reps = math.ceil(batch / len(data.test_x))
+        return data.test_x.repeat(reps, 1, 1, 1)[:batch].contiguous()
+
+    def train_batches(batch: int, batch_seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(batch_seed)
+        while True:
+            idx = torch.randint(len(data.train_y), (batch,), generator=generator)
+            yield data.train_x[idx], data.train_y[idx]
+
+    return Task(
+        name=name,
+        model=model,
+        make_input=make_input,
+        train_batches=train_batches,
+        loss=F.cross_entropy,
+        quality=lambda m: {"accuracy": digits_accuracy(m, data)},
+        quality_metric="accuracy",
+        higher_is_better=True,
+        rebuild={"task": name, "network_kwargs": kwargs},
+    )
+
+
+def find_export(source: Path) -> tuple[Path, Path]:
+    """(model.safetensors, config.yaml) of a run dir or of a model file next to its config, or a UserError."""
+    source = Path(source)
+    if not source.exists():
+        raise UserError(f"{source}: no such run directory or model file")
+    if source.is_dir():
+        weights, config = source / "export" / "model.safetensors", source / "config.yaml"
+        if not weights.exists():
+            weights = source / "model.safetensors"
+    else:
+        weights = source
+        config = source.parent / "config.yaml"
+        if not config.exists():
+            config = source.parent.parent / "config.yaml"
+    if weights.suffix != ".safetensors" or not weights.exists():
+        raise UserError(f"{source}: no exported checkpoint (expected {source}/export/model.safetensors; run `flopwise export {source}` first)")
+    if not config.exists():
+        raise UserError(f"{weights}: no config.yaml next to it or in the run directory (needed to rebuild the model)")
+    return weights, config
+
+
+def lm_task(source: Path, eval_batches: int = 8, batch_size: int = 8, model: nn.Module | None = None, run_config=None) -> Task:
+    """The trainer's language model from an exported run; quality = held-out validation loss and perplexity.
+
+    `model` and `run_config` let a caller pass an in-memory model instead of an export.
+    """
+    from flopwise.train.config_loading import dump_config, load_config
+    from flopwise.train.data import TokenLoader, prepare_data
+    from flopwise.train.model import build_model
+
+    config_path = None
+    if model is None:
+        weights, config_path = find_export(source)
+        run_config = load_config(config_path)
+    prepared = prepare_data(run_config.data)
+    if model is None:
+        from safetensors.torch import load_file
+
+        model = build_model(run_config.model, prepared.vocab_size)
+        try:
+            missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+        except (RuntimeError, OSError) as err:
+            raise UserError(f"{weights}: does not match the model in {config_path} ({str(err).splitlines()[0][:160]})") from None
+        if missing or unexpected:
+            raise UserError(f"{weights}: missing keys {missing[:3]} / unexpected keys {unexpected[:3]} for the model in {config_path}")
+    model.eval()
+    seq_len = run_config.data.seq_len
+
+    def loader(split: str, batch: int, seed: int):
+        return TokenLoader(prepared, split, seq_len, batch, rank=0, world_size=1, seed=seed, prefetch=0)
+
+    calib = loader("val", batch_size, 0)
+    sample_inputs, _ = next(iter(calib))
+
+    def make_input(batch: int) -> torch.Tensor:
+        reps = math.ceil(batch / sample_inputs.shape[0])
+        return sample_inputs.repeat(reps, 1)[:batch].contiguous()
+
+    def train_batches(batch: int, batch_seed: int):
+        yield from loader("train", batch, batch_seed)
+
+    def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def quality(m: nn.Module) -> dict:
+        val = iter(loader("val", batch_size, 0))
+        losses = []
+        with torch.no_grad():
+            for _ in range(eval_batches):
+                inputs, targets = next(val)
+                losses.append(float(lm_loss(m(inputs), targets)))
+        mean = sum(losses) / len(losses)
+        return {"val_loss": mean, "perplexity": math.exp(min(mean, 50.0))}
+
+    return Task(
+        name="lm",
+        model=model,
+        make_input=make_input,
+        train_batches=train_batches,
+        loss=lm_loss,
+        quality=quality,
+        quality_metric="val_loss",
+        higher_is_better=False,
+        rebuild={"task": "lm", "vocab_size": prepared.vocab_size},
+        files={"config.yaml": dump_config(run_config)},
+    )
