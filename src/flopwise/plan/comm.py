@@ -14,7 +14,9 @@ latency is ignored (large messages).
   s·b·h activations in the forward and 2 in the backward per layer (full recompute adds
   the forward's 2 again); sequence parallel swaps each for a reduce-scatter + all-gather
   of the same volume.
-- Pipeline: one s·b·h send forward and one gradient send backward per micro-batch.
+- Pipeline: one s·b·h send forward and one gradient send backward per micro-batch; the
+  interleaved schedule sends v times as often (v model chunks per device; Narayanan et
+  al. 2021 §2.2: "the amount of communication also increases by v").
 
 Placement: ranks are laid out TP innermost, then DP, then PP (Megatron order). A group
 uses the scale-up link (NVLink etc.) when it fits inside a node, else each device's
@@ -82,6 +84,7 @@ def estimate_comm(
     scale_up_gbs: float | None,
     scale_out_gbs: float | None,
     link_efficiency: float = LINK_EFFICIENCY,
+    virtual_stages: int = 1,
 ) -> CommEstimate:
     """Bytes and seconds of DP, TP and PP traffic for one optimizer step on one device.
 
@@ -97,7 +100,7 @@ def estimate_comm(
 
     tp_collectives = 4 + (2 if recompute == "full" else 0)
     tp_bytes = tp_collectives * ring_all_reduce_bytes(tp, activation_message_bytes) * layers_per_stage * micro_batches
-    pp_bytes = 2.0 * activation_message_bytes * micro_batches if pp > 1 else 0.0
+    pp_bytes = 2.0 * activation_message_bytes * micro_batches * virtual_stages if pp > 1 else 0.0
 
     dp_link = link_for_group(tp * dp, devices_per_node)
     tp_link = link_for_group(tp, devices_per_node)

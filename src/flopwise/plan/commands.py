@@ -10,10 +10,13 @@ from typing import Optional
 
 import typer
 
+from flopwise.plan import compare_cli
+
 
 def register(app: typer.Typer) -> None:
-    """Add `plan` to the top-level app."""
+    """Add `plan` and `compare` to the top-level app."""
     app.command(name="plan")(plan_command)
+    compare_cli.register(app)
 
 
 def plan_command(
@@ -44,6 +47,15 @@ def plan_command(
     calibrate: Optional[str] = typer.Option(None, "--calibrate", help="Run dir whose predicted_vs_measured.json MFU becomes the efficiency."),
     memory_reserve_gib: float = typer.Option(2.0, "--memory-reserve-gib", help="Device memory kept back (context, fragmentation)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    search: bool = typer.Option(False, "--search", help="Search every layout for --gpus devices and rank those that fit."),
+    objective: str = typer.Option("time", "--objective", help="--search ranks by time|cost|energy."),
+    top: int = typer.Option(5, "--top", help="--search shows this many layouts."),
+    spot: bool = typer.Option(False, "--spot", help="Plan spot instances: checkpoint interval, expected time and cost."),
+    preemptions_per_day: Optional[float] = typer.Option(None, "--preemptions-per-day", help="--spot: job interruptions per day."),
+    checkpoint_seconds: Optional[float] = typer.Option(None, "--checkpoint-seconds", help="--spot: seconds to write one checkpoint."),
+    restart_seconds: float = typer.Option(0.0, "--restart-seconds", help="--spot: seconds from preemption to training again."),
+    spot_price_per_hour: Optional[float] = typer.Option(None, "--spot-price-per-hour", help="--spot: USD per device-hour (overrides the catalog)."),
+    host_memory_gib: Optional[float] = typer.Option(None, "--host-memory-gib", help="--search: host RAM per node for offloaded states. [default: unchecked]"),
 ) -> None:
     """Predict FLOPs, memory, time, energy and cost of a training run (no GPU needed).
 
@@ -52,6 +64,9 @@ def plan_command(
     """
     from flopwise.plan.planner import build_runspec, plan
 
+    devices = gpus or ((dp * (tp or 1) * (pp or 1)) if dp else 8)
+    if search:  # the search picks the layout; one device keeps the global batch exactly as asked
+        gpus, dp, tp, pp, zero, micro_batch = 1, None, None, None, None, None
     spec = build_runspec(
         model=model, hardware=hardware, gpus=gpus, dp=dp, tp=tp, pp=pp, micro_batch=micro_batch,
         global_batch=global_batch, batch_tokens=batch_tokens, seq_len=seq_len, tokens=tokens,
@@ -60,6 +75,11 @@ def plan_command(
         flash_attention=not no_flash_attention, dropout=dropout, efficiency=efficiency,
         price_per_hour=price_per_hour, pue=pue, calibrate=calibrate, memory_reserve_gib=memory_reserve_gib,
     )
+    if search or spot:
+        from flopwise.plan.search_cli import run_search_and_spot
+
+        return run_search_and_spot(spec, devices, search, objective, top, spot, preemptions_per_day,
+                                   checkpoint_seconds, restart_seconds, spot_price_per_hour, as_json, host_memory_gib)
     result = plan(spec)
     if as_json:
         import json

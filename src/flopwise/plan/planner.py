@@ -174,27 +174,10 @@ def _evaluate(spec: RunSpec) -> Plan:
     flops = estimate_flops(model, pc, work.seq_len, lay.recompute, total_units)
 
     # Memory
+    memory = _memory(spec, pc, warnings)
     sb = mem.state_bytes(work.precision, work.optimizer)
     psi = pc.total / (lay.tp * lay.pp)
-    states = mem.model_states(psi, sb, lay.zero_stage, lay.dp, lay.offload)
     e = mem.activation_dtype_bytes(work.precision)
-    if cnn:
-        per_layer = inflight = activations = logits = 0.0
-        warnings.append("CNN activation memory is not modelled; memory covers model states only")
-    else:
-        activations, logits, per_layer, inflight = _activation_memory(spec, e)
-    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.dp, lay.tp, lay.offload)
-    total = states.weights + states.gradients + states.optimizer_states + states.master_weights
-    total += activations + logits + buffers
-    device_bytes = hw.memory_bytes or 0.0
-    capacity = device_bytes - cluster.memory_reserve_gib * GIB
-    if not device_bytes:
-        warnings.append(f"{hw.key} has no known memory size; the fit verdict assumes it does not fit")
-    memory = mem.MemoryEstimate(
-        states.weights, states.gradients, states.optimizer_states, states.master_weights,
-        activations, logits, buffers, total, capacity, device_bytes, states.cpu_bytes,
-        per_layer, inflight, bool(device_bytes) and total <= capacity,
-    )
 
     # Communication
     per_node = cluster.devices_per_node or hw.devices_per_node or 8
@@ -205,6 +188,7 @@ def _evaluate(spec: RunSpec) -> Plan:
         layers_per_stage=(model.n_layers / lay.pp) if not cnn else 0.0,
         activation_message_bytes=message, recompute=lay.recompute, devices_per_node=per_node,
         scale_up_gbs=hw.scale_up_gbs, scale_out_gbs=hw.scale_out_gbs,
+        virtual_stages=lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1,
     )
     if math.inf in (comm.dp_seconds, comm.tp_seconds, comm.pp_seconds):
         warnings.append(f"{hw.key}: link bandwidth unknown; that communication time is not counted")
@@ -237,6 +221,42 @@ def _evaluate(spec: RunSpec) -> Plan:
         warnings.append(f"{hw.key} has no known power (TDP); energy not estimated")
     cost = estimate_cost(time.device_hours, hw, cluster.price_per_device_hour)
     return Plan(spec, pc, flops, memory, comm, time, energy, cost, tuple(warnings))
+
+
+def plan_memory(spec: RunSpec, check: bool = True) -> mem.MemoryEstimate:
+    """The memory part of `plan()` alone (same formulas), for searches that reject layouts
+    which do not fit before timing them. `check=False` skips `validate` for callers that
+    only build valid layouts."""
+    if check:
+        validate(spec)
+    return _memory(spec, count_params(spec.model), [])
+
+
+def _memory(spec: RunSpec, pc: ParamCount, warnings: list[str]) -> mem.MemoryEstimate:
+    """Per-device memory of the busiest device and the fit verdict (appends warnings)."""
+    lay, work, cluster = spec.layout, spec.workload, spec.cluster
+    hw = cluster.hardware
+    sb = mem.state_bytes(work.precision, work.optimizer)
+    psi = pc.total / (lay.tp * lay.pp)
+    states = mem.model_states(psi, sb, lay.zero_stage, lay.dp, lay.offload)
+    e = mem.activation_dtype_bytes(work.precision)
+    if spec.model.arch == "cnn":
+        per_layer = inflight = activations = logits = 0.0
+        warnings.append("CNN activation memory is not modelled; memory covers model states only")
+    else:
+        activations, logits, per_layer, inflight = _activation_memory(spec, e)
+    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.dp, lay.tp, lay.offload)
+    total = states.weights + states.gradients + states.optimizer_states + states.master_weights
+    total += activations + logits + buffers
+    device_bytes = hw.memory_bytes or 0.0
+    capacity = device_bytes - cluster.memory_reserve_gib * GIB
+    if not device_bytes:
+        warnings.append(f"{hw.key} has no known memory size; the fit verdict assumes it does not fit")
+    return mem.MemoryEstimate(
+        states.weights, states.gradients, states.optimizer_states, states.master_weights,
+        activations, logits, buffers, total, capacity, device_bytes, states.cpu_bytes,
+        per_layer, inflight, bool(device_bytes) and total <= capacity,
+    )
 
 
 def _activation_memory(spec: RunSpec, e: float) -> tuple[float, float, float, float]:

@@ -1,0 +1,409 @@
+"""Layout search: every valid way to run one job on a given number of devices, ranked.
+
+A layout is dp × tp × pp = devices, a micro-batch size with the gradient accumulation
+that makes the global batch, a ZeRO stage, recompute, offload and a pipeline schedule.
+Each candidate is judged by the planner itself: `plan_memory` (the memory part of
+`plan()`) rejects those that do not fit before any time is computed, and every layout
+that fits is timed by `plan()`. There is no second model here, only enumeration,
+bookkeeping and ranking.
+
+Enumeration rules (what "valid" means):
+- tp divides the attention heads and the KV heads, and stays inside a node unless
+  `tp_within_node=False` (Megatron places TP on the scale-up link; Shoeybi et al. 2019).
+- pp divides the layers (the planner assumes balanced stages).
+- dp divides the global batch; the micro-batch divides the per-rank batch, so
+  accumulation gives exactly the global batch.
+- sequence parallelism is on whenever tp > 1: under the planner's model it moves the same
+  bytes as plain TP and keeps less activation memory (Korthikanti et al. 2022), so a
+  layout without it is never better.
+- ZeRO 0-3 with offload none/optimizer, and ZeRO-3 with parameter offload; with one
+  data-parallel rank ZeRO shards nothing, so only ZeRO-0 (+ optimizer offload) and
+  ZeRO-3 + parameter offload (ZeRO-Infinity style) are distinct.
+- schedule 1F1B, GPipe, or interleaved with v chunks per device (v dividing layers/pp,
+  2 ≤ v ≤ `max_virtual_stages`); with pp = 1 there is no schedule to choose.
+
+Ranking: the objective (job time, cost or energy), then — since the planner does not
+model the CPU time of offload or recompute's extra memory traffic — less offload, less
+recompute, and lower peak memory first among equals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from flopwise.errors import UserError
+from flopwise.plan.planner import GIB, Plan, plan, plan_memory
+from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
+from flopwise.plan.timing import bubble_fraction
+
+OBJECTIVES = ("time", "cost", "energy")
+MAX_MICRO_BATCH = 64
+MAX_VIRTUAL_STAGES = 8
+
+REASONS = {
+    "tp_heads": "tp does not divide the attention/KV heads",
+    "tp_node": "tp spans more than one node",
+    "pp_layers": "pp does not divide the layers",
+    "dp_batch": "dp does not divide the global batch",
+    "memory": "does not fit in device memory",
+    "host_memory": "offloaded states exceed the host memory per device",
+}
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The ranked layouts that fit, and an account of everything that was not kept.
+
+    `evaluated` counts layouts whose memory the planner computed; `timed` those it also
+    timed; `fitting` those that fit. `ranked` holds one layout per `family_key` (variants
+    that differ only in ZeRO stage or offload and score the same are shown once). `rejected` maps a reason key (see REASONS) to how many
+    candidates it removed: shape rejections count (tp, pp) pairs, "memory" counts layouts.
+    """
+
+    base: RunSpec
+    objective: str
+    devices: int
+    global_batch: int
+    evaluated: int
+    timed: int
+    fitting: int
+    rejected: dict[str, int]
+    ranked: tuple[Plan, ...]
+    smallest_memory_gib: float | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def best(self) -> Plan | None:
+        """The top-ranked plan, or None when nothing fits."""
+        return self.ranked[0] if self.ranked else None
+
+    def to_dict(self) -> dict:
+        """JSON-able summary with each ranked layout's full plan."""
+        return {
+            "objective": self.objective,
+            "devices": self.devices,
+            "hardware": self.base.cluster.hardware.key,
+            "model": self.base.model.key,
+            "global_batch": self.global_batch,
+            "evaluated": self.evaluated,
+            "timed": self.timed,
+            "fitting": self.fitting,
+            "rejected": {REASONS[k]: v for k, v in self.rejected.items()},
+            "notes": list(self.notes),
+            "ranked": [{"rank": i + 1, "objective_value": objective_value(p, self.objective), "plan": p.to_dict()}
+                       for i, p in enumerate(self.ranked)],
+        }
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n in ascending order."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def objective_value(result: Plan, objective: str) -> float:
+    """What the search minimises: job seconds, on-demand USD or kWh (per token when the job has no length)."""
+    if objective == "time":
+        return result.time.total_seconds or 1.0 / result.time.tokens_per_second
+    if objective == "cost":
+        per_hour = result.cost.on_demand_usd_per_device_hour
+        if per_hour is None:
+            raise UserError(f"--objective cost: no price for {result.spec.cluster.hardware.key}; "
+                            "pass --price-per-hour or use --objective time")
+        return per_hour * (result.time.device_hours or result.spec.layout.devices / 3600.0 / result.time.tokens_per_second)
+    if objective == "energy":
+        if result.energy.kwh is None:
+            raise UserError(f"--objective energy: {result.spec.cluster.hardware.key} has no known power (TDP); "
+                            "use --objective time")
+        return result.energy.kwh or result.energy.watts_per_device * result.spec.layout.devices / result.time.tokens_per_second
+    raise UserError(f"--objective '{objective}' is not one of {', '.join(OBJECTIVES)}")
+
+
+def rank_key(result: Plan, objective: str) -> tuple:
+    """Sort key: objective, then less offload, less recompute, less memory (unmodelled costs)."""
+    lay = result.spec.layout
+    return (objective_value(result, objective), OFFLOAD.index(lay.offload), RECOMPUTE.index(lay.recompute),
+            result.memory.total_bytes, lay.zero_stage, lay.pp, lay.tp)
+
+
+def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) -> tuple[list[tuple[int, int]], dict[str, int]]:
+    """(tp, pp) pairs whose product divides `devices` and that the model allows, plus rejection counts."""
+    model = spec.model
+    rejected = {"tp_heads": 0, "tp_node": 0, "pp_layers": 0}
+    if model.arch == "cnn":
+        return [(1, 1)], rejected
+    per_node = spec.cluster.devices_per_node or spec.cluster.hardware.devices_per_node or 8
+    kv = model.n_kv_heads or model.n_heads
+    shapes = []
+    for tp in divisors(devices):
+        pps = divisors(devices // tp)
+        if model.n_heads % tp or kv % tp:
+            rejected["tp_heads"] += len(pps)
+            continue
+        if tp_within_node and tp > per_node:
+            rejected["tp_node"] += len(pps)
+            continue
+        for pp in pps:
+            if model.n_layers % pp:
+                rejected["pp_layers"] += 1
+            else:
+                shapes.append((tp, pp))
+    return shapes, rejected
+
+
+def memory_options(dp: int) -> list[tuple[int, str]]:
+    """(ZeRO stage, offload) pairs that differ for this data-parallel size."""
+    if dp == 1:
+        return [(0, "none"), (0, "optimizer"), (3, "params")]
+    return [(z, o) for z in (0, 1, 2, 3) for o in ("none", "optimizer")] + [(3, "params")]
+
+
+def schedules(n_layers: int, pp: int, max_virtual_stages: int) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) choices for pp stages."""
+    if pp == 1:
+        return [("1f1b", 1)]
+    per_stage = n_layers // pp
+    interleaved = [("interleaved", v) for v in divisors(per_stage) if 2 <= v <= max_virtual_stages]
+    return [("1f1b", 1), ("gpipe", 1), *interleaved]
+
+
+def layout_families(spec: RunSpec, tp: int, pp: int, dp: int, max_virtual_stages: int):
+    """(schedule, v, zero, offload, recompute) choices for one (tp, pp, dp); micro-batch varies inside."""
+    recomputes = ("none",) if spec.model.arch == "cnn" else RECOMPUTE
+    for schedule, v in schedules(spec.model.n_layers, pp, max_virtual_stages):
+        for zero, offload in memory_options(dp):
+            for recompute in recomputes:
+                yield schedule, v, zero, offload, recompute
+
+
+def search_layouts(
+    spec: RunSpec,
+    devices: int | None = None,
+    objective: str = "time",
+    top: int = 5,
+    tp_within_node: bool = True,
+    max_micro_batch: int = MAX_MICRO_BATCH,
+    max_virtual_stages: int = MAX_VIRTUAL_STAGES,
+    first_fit_only: bool = False,
+    exhaustive: bool = False,
+    host_memory_per_device_gib: float | None = None,
+) -> SearchResult:
+    """Enumerate every valid layout of `spec`'s job on `devices`, keep those `plan()` says fit,
+    and return the best `top` by `objective`.
+
+    The model, hardware, workload and global batch come from `spec`; its layout is ignored
+    except for flash attention. `first_fit_only` stops at the first layout that fits (a
+    feasibility test for `compare`). `host_memory_per_device_gib` rejects layouts whose
+    offloaded states (the plan's `cpu_offload_bytes`) exceed it; None leaves host memory
+    unchecked, as `plan()` does. Two exact shortcuts keep it fast, `exhaustive=True`
+    turns them off (tests compare both):
+    - memory never shrinks as the micro-batch grows (activations ∝ micro-batch × in-flight
+      micro-batches, capped by the per-rank batch; model states do not depend on it), so
+      each family is bisected for its largest micro-batch that fits;
+    - a layout's step takes at least compute × (1 + bubble) (the planner's own compute time
+      and `bubble_fraction`; exposed communication is ≥ 0), so layouts are timed in order
+      of that bound and timing stops once the bound exceeds the k-th best found.
+    """
+    if objective not in OBJECTIVES:
+        raise UserError(f"--objective '{objective}' is not one of {', '.join(OBJECTIVES)}")
+    if top < 1:
+        raise UserError(f"--top must be >= 1, got {top}")
+    devices = devices or spec.layout.devices
+    global_batch = spec.layout.global_batch_size
+    shapes, rejected = parallel_shapes(spec, devices, tp_within_node)
+    rejected.update(dp_batch=0, memory=0, host_memory=0)
+    host_limit = None if host_memory_per_device_gib is None else host_memory_per_device_gib * GIB
+    evaluated = inferred = 0
+    fits: list[RunSpec] = []
+    smallest = None
+    flash = spec.layout.flash_attention
+    for tp, pp in shapes:
+        dp = devices // (tp * pp)
+        if global_batch % dp:
+            rejected["dp_batch"] += 1
+            continue
+        per_rank = global_batch // dp
+        micro_batches = [d for d in divisors(per_rank) if d <= max_micro_batch]
+        for schedule, v, zero, offload, recompute in layout_families(spec, tp, pp, dp, max_virtual_stages):
+            def candidate(mbs: int) -> RunSpec:
+                """This family's layout at one micro-batch size."""
+                return RunSpec(spec.model, Layout(
+                    dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
+                    sequence_parallel=tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
+                    virtual_stages=v, flash_attention=flash), spec.workload, spec.cluster)
+
+            if host_limit is not None:
+                # offloaded bytes do not depend on the micro-batch: one evaluation judges the family
+                probe = plan_memory(candidate(micro_batches[0]), check=False)
+                evaluated += 1
+                if probe.cpu_offload_bytes > host_limit:
+                    rejected["host_memory"] += len(micro_batches)
+                    continue
+            if exhaustive or first_fit_only:
+                for mbs in micro_batches:
+                    memory = plan_memory(candidate(mbs), check=False)
+                    evaluated += 1
+                    if memory.fits:
+                        fits.append(candidate(mbs))
+                        if first_fit_only:
+                            return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred,
+                                           [plan(fits[0])], 1, top, smallest, shapes)
+                    else:
+                        rejected["memory"] += 1
+                        smallest = memory.total_bytes if smallest is None else min(smallest, memory.total_bytes)
+                continue
+            # memory never shrinks as the micro-batch grows: bisect for the largest that fits
+            lo, hi = 0, len(micro_batches)  # micro_batches[:lo] fit, micro_batches[hi:] do not
+            inferred += len(micro_batches)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                memory = plan_memory(candidate(micro_batches[mid]), check=False)
+                evaluated += 1
+                inferred -= 1
+                if memory.fits:
+                    lo = mid + 1
+                else:
+                    hi = mid
+                    smallest = memory.total_bytes if smallest is None else min(smallest, memory.total_bytes)
+            fits.extend(candidate(mbs) for mbs in micro_batches[:lo])
+            rejected["memory"] += len(micro_batches) - lo
+    timed = _time_best(fits, objective, top, exhaustive)
+    return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, len(fits), top,
+                   smallest, shapes)
+
+
+def family_key(result: Plan, objective: str) -> tuple:
+    """Layouts equal but for ZeRO stage / offload that the planner gives the same objective
+    value share a key: the ranking shows the simplest of them once."""
+    lay = result.spec.layout
+    return (lay.dp, lay.tp, lay.pp, lay.micro_batch_size, lay.pipeline_schedule, lay.virtual_stages,
+            lay.recompute, float(f"{objective_value(result, objective):.12g}"))
+
+
+def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool) -> list[Plan]:
+    """Plan the layouts that fit, in order of their compute × (1 + bubble) bound, until none can enter the top k."""
+    if exhaustive or not fits:
+        return [plan(c) for c in fits]
+    compute: dict[str, float] = {}  # the planner's compute seconds per step, per recompute mode
+    first_of_mode = {}
+    for c in fits:
+        first_of_mode.setdefault(c.layout.recompute, c)
+    timed: list[Plan] = []
+    best: dict[tuple, float] = {}  # family -> best objective value timed so far
+    for candidate in first_of_mode.values():
+        result = plan(candidate)
+        timed.append(result)
+        compute[candidate.layout.recompute] = result.time.compute_seconds
+        _keep(best, result, objective)
+    ratio = objective_value(timed[0], objective) / timed[0].time.step_seconds
+    done = {id(c) for c in first_of_mode.values()}
+    pending = sorted((c for c in fits if id(c) not in done), key=lambda c: _step_bound(c, compute))
+    for candidate in pending:
+        if len(best) >= top:
+            kth = sorted(best.values())[top - 1]
+            if _step_bound(candidate, compute) * ratio > kth * (1 + 1e-9):
+                break
+        result = plan(candidate)
+        timed.append(result)
+        _keep(best, result, objective)
+    return timed
+
+
+def _keep(best: dict[tuple, float], result: Plan, objective: str) -> None:
+    best[family_key(result, objective)] = objective_value(result, objective)
+
+
+def _step_bound(candidate: RunSpec, compute: dict[str, float]) -> float:
+    """compute × (1 + bubble): no layout's step is shorter (exposed communication is >= 0)."""
+    lay = candidate.layout
+    return compute[lay.recompute] * (1.0 + bubble_fraction(lay.pp, lay.grad_accum, lay.pipeline_schedule,
+                                                          lay.virtual_stages))
+
+
+def _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, fitting, top, smallest,
+            shapes) -> SearchResult:
+    ranked: list[Plan] = []
+    seen: set[tuple] = set()
+    timed = [p for p in timed if p.fits]  # plan() has the last word on every layout shown
+    for result in sorted(timed, key=lambda p: rank_key(p, objective)):
+        key = family_key(result, objective)
+        if key not in seen:
+            seen.add(key)
+            ranked.append(result)
+        if len(ranked) == top:
+            break
+    notes = []
+    if not shapes:
+        notes.append(f"no (tp, pp) split of {devices} devices suits {spec.model.key}")
+    if inferred > 0:
+        notes.append(f"{inferred:,} layouts were judged without their own memory evaluation: memory grows with "
+                     "the micro-batch, so below one that fits all fit and above one that does not none do")
+    if len(timed) < fitting:
+        notes.append(f"{fitting - len(timed):,} layouts that fit were not timed: their compute x (1 + bubble) "
+                     f"already exceeds the top {top}")
+    return SearchResult(spec, objective, devices, global_batch, evaluated, len(timed), fitting,
+                        {k: v for k, v in rejected.items() if v}, tuple(ranked),
+                        None if smallest is None else smallest / GIB, tuple(notes))
+
+
+def fits_anywhere(spec: RunSpec, devices: int, tp_within_node: bool = True,
+                  host_memory_per_device_gib: float | None = None) -> Plan | None:
+    """The first layout on `devices` that `plan()` says fits, or None (a feasibility test)."""
+    result = search_layouts(spec, devices, first_fit_only=True, tp_within_node=tp_within_node,
+                            host_memory_per_device_gib=host_memory_per_device_gib)
+    return result.best
+
+
+def describe_layout(lay: Layout) -> str:
+    """One short line naming a layout, in the `flopwise plan` option vocabulary."""
+    text = f"dp {lay.dp} tp {lay.tp} pp {lay.pp}, micro-batch {lay.micro_batch_size} x {lay.grad_accum}, ZeRO-{lay.zero_stage}"
+    if lay.recompute != "none":
+        text += f", recompute {lay.recompute}"
+    if lay.offload != "none":
+        text += f", offload {lay.offload}"
+    if lay.pp > 1:
+        text += f", {lay.pipeline_schedule}" + (f" v{lay.virtual_stages}" if lay.pipeline_schedule == "interleaved" else "")
+    return text
+
+
+def nothing_fits_message(result: SearchResult, tp_within_node: bool = True, max_factor: int = 64,
+                         host_memory_per_device_gib: float | None = None) -> str:
+    """One line for a search where no layout fits: what was needed, and the nearest changes that fit.
+
+    Offload and recompute are already part of the search, so the changes tried are more
+    devices (2x ... `max_factor`x, the same global batch) and shorter sequences (same tokens
+    per step).
+    """
+    spec, devices = result.base, result.devices
+    hw = spec.cluster.hardware
+    usable = ((hw.memory_bytes or 0.0) - spec.cluster.memory_reserve_gib * GIB) / GIB
+    line = f"no layout of {spec.model.key} fits on {devices} x {hw.key}"
+    if result.smallest_memory_gib is not None:
+        line += (f": the leanest layout tried needs {result.smallest_memory_gib:.1f} GiB of {usable:.1f} GiB "
+                 "usable per device")
+    if result.rejected.get("host_memory"):
+        line += f" ({result.rejected['host_memory']:,} layouts offloading more than the host memory were excluded)"
+    options = []
+    factor = 2
+    while factor <= max_factor:
+        found = fits_anywhere(spec, devices * factor, tp_within_node, host_memory_per_device_gib)
+        if found is not None:
+            options.append(f"--gpus {devices * factor} ({describe_layout(found.spec.layout)})")
+            break
+        factor *= 2
+    seq = spec.workload.seq_len
+    if spec.model.arch != "cnn":
+        while seq > 128:
+            seq //= 2
+            scale = spec.workload.seq_len // seq
+            shorter = dataclasses.replace(
+                spec, workload=dataclasses.replace(spec.workload, seq_len=seq),
+                layout=dataclasses.replace(spec.layout, grad_accum=spec.layout.grad_accum * scale))
+            found = fits_anywhere(shorter, devices, tp_within_node, host_memory_per_device_gib)
+            if found is not None:
+                options.append(f"--seq-len {seq} ({describe_layout(found.spec.layout)})")
+                break
+    if not options:
+        return line + f"; nothing fits with up to {devices * max_factor} devices or sequences down to 128 tokens either"
+    return line + "; nearest that fits: " + " or ".join(options)

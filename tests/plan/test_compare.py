@@ -1,0 +1,108 @@
+"""Device comparison: fewest devices that fit, deadline/budget modes, the Pareto front, and
+`flopwise compare` writing PNG / JSON / CSV as a real process."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flopwise.catalog.hardware import get_hardware
+from flopwise.errors import UserError
+from flopwise.plan.compare import DEFAULT_HOST_MEMORY_GIB, compare_devices, device_counts, pareto_front
+from flopwise.plan.planner import build_runspec
+from flopwise.plan.search import fits_anywhere
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+
+
+def run_compare(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flopwise", "compare", *args], capture_output=True, text=True,
+                          env=ENV, timeout=120)
+
+
+def test_device_counts_are_powers_of_two_then_whole_nodes():
+    assert device_counts(get_hardware("h100-sxm"), 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert device_counts(get_hardware("tpu-v4"), 32) == [1, 2, 4, 8, 16, 32]
+
+
+def test_fewest_devices_is_the_first_count_that_fits():
+    result = compare_devices("llama2-13b", "100B", ["a100-40gb", "rtx4090"], max_devices=64)
+    for verdict in result.verdicts:
+        chosen = verdict.chosen
+        assert chosen is not None and chosen.plan.fits
+        hw = get_hardware(verdict.hardware)
+        smaller = [n for n in device_counts(hw, 64) if n < chosen.devices]
+        spec = build_runspec(model="llama2-13b", hardware=hw.key, gpus=1, tokens="100B")
+        host = DEFAULT_HOST_MEMORY_GIB / hw.devices_per_node  # compare's default host-memory check
+        assert all(fits_anywhere(spec, n, host_memory_per_device_gib=host) is None for n in smaller)
+        assert chosen.plan.memory.cpu_offload_bytes <= host * 2**30
+        assert chosen.layout.startswith(f"dp {chosen.plan.spec.layout.dp} ")
+    assert any("no published price" in line and "rtx4090" in line for line in result.advice)
+
+
+def test_deadline_picks_enough_devices_and_budget_the_fastest_within():
+    deadline = compare_devices("gpt3-1.3b", "100B", ["a100-80gb", "h100-sxm"], deadline_days=3, max_devices=512)
+    for verdict in deadline.verdicts:
+        assert verdict.chosen.days <= 3
+        slower = [o for o in verdict.options if o.devices < verdict.chosen.devices]
+        assert all(o.days > 3 for o in slower)
+    budget = compare_devices("gpt3-1.3b", "100B", ["a100-80gb"], budget_usd=20_000, max_devices=512)
+    chosen = budget.verdicts[0].chosen
+    assert chosen.on_demand_usd <= 20_000
+    assert all(o.days >= chosen.days for o in budget.verdicts[0].options if o.on_demand_usd <= 20_000)
+
+
+def test_pareto_front_has_no_dominated_option():
+    result = compare_devices("gpt3-1.3b", "50B", ["a100-80gb", "h100-sxm", "a100-40gb", "v100-32gb"], max_devices=64)
+    options = [o for v in result.verdicts for o in v.options if o.priced]
+    front = pareto_front(options)
+    assert front and [(o.hardware, o.devices) for o in front] == [(o.hardware, o.devices) for o in result.pareto]
+    for f in front:
+        assert not any(o.days <= f.days and o.on_demand_usd <= f.on_demand_usd
+                       and (o.days < f.days or o.on_demand_usd < f.on_demand_usd) for o in options)
+    for o in options:
+        if o not in front:
+            assert any(f.days <= o.days and f.on_demand_usd <= o.on_demand_usd for f in front)
+
+
+def test_cnn_gets_a_sample_batch_and_the_cv_rule_of_thumb():
+    result = compare_devices("resnet50", "10M", ["a100-80gb", "tpu-v4"], gpus=8)
+    assert all(v.chosen is not None for v in result.verdicts)
+    assert result.verdicts[0].chosen.plan.spec.layout.global_batch_size == 256
+    assert result.rules_of_thumb[0].startswith("seed rule of thumb: CV tasks -> TPU | 8 x tpu-v4")
+
+
+def test_budget_too_small_is_a_user_error():
+    with pytest.raises(UserError, match="too small"):
+        compare_devices("gpt3-1.3b", "100B", ["a100-80gb"], budget_usd=1.0, max_devices=64)
+
+
+def test_cli_writes_png_json_csv(tmp_path):
+    out = run_compare("--model", "gpt3-1.3b", "--tokens", "50B", "--hardware", "a100-80gb,h100-sxm,ascend-910b2",
+                      "--max-devices", "64", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "seed rule of thumb: NLP tasks -> H100" in out.stdout and "ascend-910b2 (no price)" in out.stdout
+    png = (tmp_path / "pareto.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert {d["hardware"] for d in data["devices"]} == {"a100-80gb", "h100-sxm", "ascend-910b2"}
+    assert data["pareto_front"]
+    rows = list(csv.DictReader((tmp_path / "compare.csv").open()))
+    ascend = [r for r in rows if r["hardware"] == "ascend-910b2"]
+    assert ascend and all(r["on_demand_usd"] == "" and "no published price" in r["note"] for r in ascend)
+    assert sum(r["chosen"] == "True" for r in rows) == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--hardware", "nosuchchip"), "error: unknown hardware 'nosuchchip'"),
+    (("--model", "gpt3-1.3b", "--hardware", "a100-80gb", "--budget-usd", "5"), "error: --budget-usd 5 is too small"),
+    (("--gpus", "8", "--deadline-days", "3"), "error: give at most one of --gpus, --budget-usd, --deadline-days"),
+])
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, args, message):
+    out = run_compare(*args, "--max-devices", "64", "--out", str(tmp_path))
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), out.stderr
