@@ -179,6 +179,8 @@ def print_plan(result) -> None:
         ("spot", "n/a" if cost.spot_usd is None else f"${cost.spot_usd:,.0f} (${cost.spot_usd_per_device_hour:g}/h)"),
         ("price source", cost.price_source or cost.note),
     ])
+    if cost.price_source and "does not pay" in cost.note:
+        console.print(f"[yellow]note:[/yellow] {cost.note.split('; ', 1)[1]}")
     console.print(f"[dim]efficiency source: {tm.efficiency_source}[/dim]")
     console.print("[dim]assumptions: 6N + 12·L·s·d FLOPs/token (no causal halving); activations per "
                   "Korthikanti et al. 2022; ring collectives at 80% of link bandwidth; DP comm overlapped "

@@ -79,12 +79,19 @@ def estimate_cost(device_hours: float, hardware: HardwareSpec, price_per_device_
         best = min(on_demand, key=lambda p: p.on_demand_usd_per_hour)
         od_price = best.on_demand_usd_per_hour
         sources.append(f"on-demand: {best.provider} {best.sku} {best.region} ({best.date})".replace("  ", " "))
+    note = "cheapest dated catalog price"
     if spot:
         best = min(spot, key=lambda p: p.spot_usd_per_hour)
         sp_price = best.spot_usd_per_hour
         sources.append(f"spot: {best.provider} {best.sku} {best.region} ({best.date})".replace("  ", " "))
+        # Spot and on-demand rows often come from different providers: a hyperscaler's spot
+        # price can exceed a GPU cloud's on-demand price. Say so rather than imply a saving.
+        if best.on_demand_usd_per_hour and od_price is not None and sp_price >= od_price:
+            saving = 1.0 - sp_price / best.on_demand_usd_per_hour
+            note += (f"; the only spot price ({best.provider}) is {saving:.0%} below {best.provider}'s own "
+                     f"on-demand but above the cheapest on-demand ({od_price:.2f}/h): spot does not pay here")
     return CostEstimate(
         None if od_price is None else device_hours * od_price,
         None if sp_price is None else device_hours * sp_price,
-        od_price, sp_price, "; ".join(sources), "cheapest dated catalog price",
+        od_price, sp_price, "; ".join(sources), note,
     )
