@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Section(BaseModel):
@@ -25,8 +25,8 @@ class ModelConfig(Section):
     hf_config: Path | None = None
     trust_remote_code: bool = False
     n_layers: int = Field(4, ge=1)
-    hidden: int = Field(256, ge=8)
-    n_heads: int = Field(8, ge=1)
+    hidden: int = Field(192, ge=8)
+    n_heads: int = Field(6, ge=1)
     n_kv_heads: int | None = Field(None, ge=1)
     ffn_hidden: int | None = Field(None, ge=1)
     max_seq_len: int = Field(256, ge=8)
@@ -45,10 +45,11 @@ class DataConfig(Section):
     token_dtype: Literal["uint16", "uint32"] = "uint16"
     tokenizer: Path | None = None
     vocab_size: int = Field(4096, ge=260)
-    seq_len: int = Field(256, ge=8)
+    seq_len: int = Field(128, ge=8)
     val_fraction: float = Field(0.02, gt=0.0, lt=0.5)
     cache_dir: Path = Path(".cache/flopwise")
-    max_bytes: int | None = Field(None, ge=1)
+    max_bytes: int | None = Field(None, ge=1)  # cap on the text (or token bytes) read; None = all
+    tokenizer_train_bytes: int = Field(4_000_000, ge=1)  # BPE is learned on a sample this large
     prefetch: int = Field(4, ge=0)
 
 
@@ -92,14 +93,14 @@ class PruningConfig(Section):
 class TrainingConfig(Section):
     """The optimisation loop."""
 
-    max_steps: int = Field(200, ge=1)
+    max_steps: int = Field(150, ge=1)
     seed: int = 1234
     micro_batch_size: int = Field(8, ge=1)
     global_batch_size: int | None = Field(None, ge=1)
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(3e-3, gt=0)
     min_lr: float = Field(3e-4, ge=0)
-    warmup_steps: int = Field(20, ge=0)
+    warmup_steps: int = Field(15, ge=0)
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
     momentum: float = Field(0.9, ge=0)
@@ -110,6 +111,27 @@ class TrainingConfig(Section):
     eval_every: int = Field(50, ge=1)
     eval_batches: int = Field(8, ge=1)
     pruning: PruningConfig | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingConfig":
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr: {self.min_lr} is above lr {self.lr} (allowed: 0 <= min_lr <= lr)")
+        if self.gradient_checkpointing is not True and self.gradient_checkpointing is not False:
+            if self.gradient_checkpointing < 0:
+                raise ValueError("gradient_checkpointing: must be true, false or k >= 0 (checkpoint every k-th block)")
+        for beta in self.betas:
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"betas: {beta} is outside [0, 1)")
+        return self
+
+    @property
+    def checkpoint_every(self) -> int:
+        """Checkpoint every k-th block: 0 = off, 1 = every block (`true`)."""
+        if self.gradient_checkpointing is True:
+            return 1
+        if self.gradient_checkpointing is False:
+            return 0
+        return int(self.gradient_checkpointing)
 
 
 class CheckpointConfig(Section):
@@ -143,3 +165,17 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     compress: dict | None = None  # validated by flopwise.compress.config
+
+    @model_validator(mode="after")
+    def _check_across_sections(self) -> "RunConfig":
+        if self.model.kind != "hf" and self.data.seq_len > self.model.max_seq_len:
+            raise ValueError(
+                f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len {self.model.max_seq_len} "
+                "(allowed: seq_len <= max_seq_len)"
+            )
+        if self.precision.mode.endswith("-params") and self.parallel.strategy != "fsdp":
+            raise ValueError(
+                f"precision.mode: {self.precision.mode} keeps 16-bit parameters through FSDP2 and needs "
+                f"parallel.strategy=fsdp (got {self.parallel.strategy}; allowed otherwise: fp32, bf16, fp16)"
+            )
+        return self

@@ -1,0 +1,103 @@
+"""The one place that turns a config into the module the loop trains.
+
+Techniques are applied in this fixed order, each by its own unit and each only when its
+switch is on (turning one off leaves no trace):
+
+1. build the fp32 model            `model.build_model`
+2. fp32 norms                      `precision.apply_fp32_norm`            (precision.fp32_norm)
+3. activation checkpointing        `checkpointing.apply_activation_checkpointing`
+                                                                         (training.gradient_checkpointing)
+4. activation compression (int8)   `activation_compression.int8_saved_activations`
+                                   entered around each forward          (training.activation_compression)
+5. torch.compile, per block        `nn.Module.compile`                    (training.compile)
+6. data parallelism                `parallel.wrap_model`: DDP or FSDP2   (parallel.strategy)
+
+Why this order: norms must be patched before anything wraps the blocks; checkpointing
+wraps whole blocks, and compression only affects what checkpointing still saves;
+compile sees the final block code; FSDP2 shards last so that each checkpointed,
+compiled block is one FSDP unit (as in torchtitan's `parallelize_llama`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
+
+from torch import nn
+
+from flopwise.train.config import RunConfig
+from flopwise.train.model import build_model, transformer_blocks
+from flopwise.train.parallel import DistEnv, unwrap, wrap_model
+
+
+@dataclass
+class BuiltModel:
+    """The trainable module and what the loop needs to know about how it was built.
+
+    `model` is what the loop calls (DDP wrapper or FSDP2 module); `module` is the user's
+    module underneath (for parameter counts and, later, checkpoints). `forward_context`
+    is entered around every forward (activation compression), and `saved_tensor_hooks`
+    is its (pack, unpack) pair so memory measurement can count the packed form.
+    """
+
+    model: nn.Module
+    module: nn.Module
+    blocks: nn.ModuleList
+    forward_context: Callable[[], ContextManager] = contextlib.nullcontext
+    saved_tensor_hooks: tuple[Callable, Callable] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> BuiltModel:
+    """Build the model and apply every enabled technique in the documented order."""
+    from flopwise.train.precision import apply_fp32_norm, fsdp_mixed_precision_policy
+
+    notes: list[str] = []
+    model = build_model(cfg.model, vocab_size)
+
+    if cfg.precision.fp32_norm:
+        changed = apply_fp32_norm(model)
+        notes.append(f"fp32 norms: {changed} norm layers compute in fp32")
+
+    every = cfg.training.checkpoint_every
+    if every:
+        from flopwise.train.checkpointing import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, every)
+        notes.append(f"activation checkpointing: every {every} block(s)")
+
+    forward_context: Callable[[], ContextManager] = contextlib.nullcontext
+    hooks = None
+    if cfg.training.activation_compression == "int8":
+        forward_context, hooks = _int8_activation_compression()
+        notes.append("activation compression: int8 saved activations")
+
+    blocks = transformer_blocks(model)
+    if cfg.training.compile:
+        for block in blocks:
+            block.compile()
+        notes.append("torch.compile: each transformer block")
+
+    mp_policy = fsdp_mixed_precision_policy(cfg.precision.mode) if cfg.parallel.strategy == "fsdp" else None
+    wrapped = wrap_model(model, blocks, cfg.parallel, env, mp_policy=mp_policy)
+    notes.append(f"strategy: {cfg.parallel.strategy} on {env.world_size} process(es), {env.device.type}")
+    return BuiltModel(
+        model=wrapped,
+        module=unwrap(wrapped),
+        blocks=blocks,
+        forward_context=forward_context,
+        saved_tensor_hooks=hooks,
+        notes=notes,
+    )
+
+
+def _int8_activation_compression() -> tuple[Callable[[], ContextManager], tuple[Callable, Callable] | None]:
+    """The compression unit's context, and its pack/unpack pair when the unit exposes one."""
+    from flopwise.train import activation_compression
+
+    context = activation_compression.int8_saved_activations
+    pack = getattr(activation_compression, "pack_int8", None)
+    unpack = getattr(activation_compression, "unpack_int8", None)
+    hooks = (pack, unpack) if pack is not None and unpack is not None else None
+    return context, hooks

@@ -1,0 +1,308 @@
+"""What a run measures and where it goes: memory, per-rank JSONL, progress bar, TensorBoard, W&B.
+
+Metrics files: ONE FILE PER RANK, `runs/<name>/metrics.rank<R>.jsonl`, one JSON object
+per optimizer step. Per-rank files need no lock, never interleave, and work unchanged
+across nodes on a shared file system; readers glob `metrics.rank*.jsonl`.
+
+Memory on CPU is counted exactly, per rank: bytes of this rank's parameters, gradients
+and optimizer state (the local shards under FSDP2), and the bytes of tensors saved for
+backward, measured with `torch.autograd.graph.saved_tensors_hooks` over unique storages
+(parameters and buffers excluded). On CUDA the allocator's peak is recorded as well.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from flopwise.train.parallel import local_tensor
+
+
+@dataclass
+class MemoryBytes:
+    """This rank's memory, by component (bytes). `cuda_peak_allocated` is None on CPU."""
+
+    parameters: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    saved_activations: int = 0
+    cuda_peak_allocated: int | None = None
+
+
+def _unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    seen: set[int] = set()
+    total = 0
+    for tensor in tensors:
+        local = local_tensor(tensor)
+        storage = local.untyped_storage()
+        key = storage.data_ptr()
+        if key in seen or storage.nbytes() == 0:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Bytes of parameters this rank holds (FSDP2: its shards; tied weights counted once)."""
+    return _unique_storage_bytes(p for p in model.parameters())
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    """Bytes of gradients this rank holds right now (FSDP2: sharded after reduce-scatter)."""
+    return _unique_storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of optimizer state tensors (AdamW exp_avg/exp_avg_sq, SGD momentum), local shards."""
+    return _unique_storage_bytes(
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.dim() > 0
+    )
+
+
+class SavedActivationMeter:
+    """Counts the bytes autograd keeps for backward during a forward pass.
+
+    Each saved tensor's storage is counted once; storages of parameters and buffers (and
+    views of them, such as a transposed weight) are not activations and are skipped.
+    Activation checkpointing's own hooks run inside checkpointed regions, so what it
+    drops is not seen here, which is exactly what makes the saving measurable. `inner`
+    is an optional (pack, unpack) pair to compose with, such as int8 activation
+    compression; then the packed form is what is counted.
+    """
+
+    def __init__(self, model: nn.Module, inner: tuple[Callable, Callable] | None = None):
+        self._excluded = {t.untyped_storage().data_ptr() for t in _params_and_buffers(model)}
+        self._inner = inner
+        self._seen: set[int] = set()
+        self.bytes = 0
+
+    def _count(self, obj) -> None:
+        tensors = obj if isinstance(obj, (tuple, list)) else (obj,)
+        for tensor in tensors:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            base = tensor._base if tensor._base is not None else tensor
+            if base.is_leaf and base.requires_grad:  # an (unsharded FSDP2) parameter
+                continue
+            storage = local_tensor(tensor).untyped_storage()
+            key = storage.data_ptr()
+            if key in self._excluded or key in self._seen:
+                continue
+            self._seen.add(key)
+            self.bytes += storage.nbytes()
+
+    def _pack(self, tensor: torch.Tensor):
+        if self._inner is None:
+            self._count(tensor)
+            return tensor
+        if tensor._base is not None and tensor._base.is_leaf and tensor._base.requires_grad:
+            return self._inner[0](tensor)
+        packed = self._inner[0](tensor)
+        self._count(packed)
+        return packed
+
+    def _unpack(self, packed):
+        return packed if self._inner is None else self._inner[1](packed)
+
+    @contextmanager
+    def measuring(self) -> Iterator["SavedActivationMeter"]:
+        """Install the hooks for the forward pass run inside this block."""
+        self._seen.clear()
+        self.bytes = 0
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield self
+
+
+def _params_and_buffers(model: nn.Module) -> Iterator[torch.Tensor]:
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        yield local_tensor(tensor)
+
+
+def measure_memory(
+    model: nn.Module, optimizer: torch.optim.Optimizer, saved_activation_bytes: int, device: torch.device
+) -> MemoryBytes:
+    """This rank's memory right after backward (gradients present, before they are zeroed)."""
+    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return MemoryBytes(
+        parameters=parameter_bytes(model),
+        gradients=gradient_bytes(model),
+        optimizer=optimizer_state_bytes(optimizer),
+        saved_activations=saved_activation_bytes,
+        cuda_peak_allocated=cuda_peak,
+    )
+
+
+def metrics_path(run_dir: Path, rank: int) -> Path:
+    """`runs/<name>/metrics.rank<R>.jsonl`."""
+    return Path(run_dir) / f"metrics.rank{rank}.jsonl"
+
+
+class MetricsWriter:
+    """One JSON line per step in this rank's file, flushed so a crash loses nothing.
+
+    A fresh run truncates the file; a resumed run (`append=True`) continues it.
+    """
+
+    def __init__(self, run_dir: Path, rank: int, append: bool = False):
+        self.path = metrics_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        """Write a record; non-finite floats become null so every line stays valid JSON."""
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+
+def step_record(
+    *,
+    step: int,
+    rank: int,
+    loss: float,
+    lr: float,
+    grad_norm: float,
+    tokens_per_second: float,
+    step_seconds: float,
+    data_seconds: float,
+    compute_seconds: float,
+    optimizer_seconds: float,
+    tokens_seen: int,
+    memory: MemoryBytes,
+    mfu: float | None = None,
+    skipped: bool = False,
+    loss_scale: float | None = None,
+    val_loss: float | None = None,
+) -> dict:
+    """One metrics line. Names are stable: the report and `diagnose` read them.
+
+    Times are this rank's, in seconds: `step_seconds` = `data_seconds` (waiting for the
+    batch) + `compute_seconds` (forward + backward, gradient reduction included) +
+    `optimizer_seconds` (unscale, clip, step, zero_grad, schedule). `tokens_per_second` is
+    the whole job's tokens per step over this rank's step time; `mfu` divides it by all
+    devices' peak. Memory is `memory_<component>_bytes` for this rank.
+    """
+    record = {
+        "step": step,
+        "rank": rank,
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "tokens_per_second": tokens_per_second,
+        "step_seconds": step_seconds,
+        "data_seconds": data_seconds,
+        "compute_seconds": compute_seconds,
+        "optimizer_seconds": optimizer_seconds,
+        "tokens_seen": tokens_seen,
+        "mfu": mfu,
+        "skipped_step": skipped,
+    }
+    if loss_scale is not None:
+        record["loss_scale"] = loss_scale
+    if val_loss is not None:
+        record["val_loss"] = val_loss
+    record.update({f"memory_{k}_bytes": v for k, v in asdict(memory).items() if v is not None})
+    return record
+
+
+class RunDisplay:
+    """Rank 0's live view and shared logs: rich progress bar, TensorBoard, Weights & Biases.
+
+    Other ranks get a silent instance, so the loop never branches on rank to log.
+    """
+
+    def __init__(self, *, enabled: bool, total_steps: int, run_dir: Path, progress: bool,
+                 tensorboard: bool, wandb_project: str | None, config: dict):
+        self.enabled = enabled
+        self._total_steps = total_steps
+        self._progress = None
+        self._task = None
+        self._tb = None
+        self._wandb = None
+        if not enabled:
+            return
+        if progress:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), transient=False,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, stats="")
+            self._progress.start()
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        if wandb_project:
+            import wandb
+
+            # Offline unless the user configured otherwise: works with no network.
+            mode = os.environ.get("WANDB_MODE", "offline")
+            self._wandb = wandb.init(project=wandb_project, dir=str(run_dir), mode=mode, config=config,
+                                     name=Path(run_dir).name)
+
+    def step(self, record: dict, log: bool) -> None:
+        """Advance the bar; every `log` step also update the text and push scalars."""
+        if not self.enabled:
+            return
+        if log:
+            mfu = record.get("mfu")
+            mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
+            stats = f"loss {record['loss']:.3f}  {record['tokens_per_second']:,.0f} tok/s  MFU {mfu_text}"
+            if self._progress is None:  # plain lines for logs and non-interactive runs
+                print(f"step {record['step']}/{self._total_steps}  {stats}", flush=True)
+        if self._progress is not None:
+            fields = {"stats": stats} if log else {}
+            self._progress.update(self._task, completed=record["step"], **fields)
+        if log:
+            scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step", "rank")}
+            if self._tb is not None:
+                for key, value in scalars.items():
+                    self._tb.add_scalar(f"train/{key}", value, record["step"])
+            if self._wandb is not None:
+                self._wandb.log(scalars, step=record["step"])
+
+    def eval(self, step: int, val_loss: float) -> None:
+        """Record a validation loss."""
+        if not self.enabled:
+            return
+        self.print(f"step {step}: val loss {val_loss:.4f}")
+        if self._tb is not None:
+            self._tb.add_scalar("val/loss", val_loss, step)
+        if self._wandb is not None:
+            self._wandb.log({"val_loss": val_loss}, step=step)
+
+    def print(self, text: str) -> None:
+        """A message above the bar (rank 0 only)."""
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        """Stop the bar and flush the loggers."""
+        if self._progress is not None:
+            self._progress.stop()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -1,0 +1,402 @@
+"""Predicted vs measured: the planner's forecast for this very run, and the comparison at the end.
+
+Before step 1 the run writes `plan.json` (the planner's `plan(RunSpec).to_dict()` for the
+same model, layout, precision and device). At the end it writes and prints
+`predicted_vs_measured.json`: memory per component, tokens/s and MFU, side by side.
+
+The device's peak FLOP/s decides MFU. On CUDA it is the catalog's dense peak for the
+detected device; a device the catalog does not know gives no MFU and says why (never
+another chip's peak). On CPU there is no catalog entry, so a timed large matmul on each
+rank stands in for the peak and is labelled "measured CPU peak".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from flopwise.catalog.hardware import HardwareSpec
+from flopwise.train.config import RunConfig
+from flopwise.train.parallel import DistEnv, all_reduce_mean
+
+CPU_KEY = "cpu-measured"
+# Square matmul sizes for the CPU peak: cache behaviour makes either one faster on a given
+# machine, so the peak is the best of both.
+CALIBRATION_SIZES = (512, 1024)
+# Device memory as reported by CUDA vs the catalog's figure (GB vs GiB, reserved memory).
+MEMORY_TOLERANCE = 0.15
+
+
+@dataclass
+class Forecast:
+    """What the planner expects for this run, and the peak that MFU divides by."""
+
+    plan: dict | None
+    hardware_key: str
+    hardware_name: str
+    peak_flops: float | None  # per device, in the run's compute dtype
+    peak_source: str
+    flops_per_token: float | None  # model FLOPs (forward + backward), as the planner counts them
+    world_size: int
+    notes: list[str] = field(default_factory=list)
+
+    def mfu(self, tokens_per_second: float) -> float | None:
+        """Model FLOPs utilisation (Chowdhery et al. 2022, PaLM, App. B): achieved / (devices x peak)."""
+        if not self.peak_flops or not self.flops_per_token or not tokens_per_second:
+            return None
+        return self.flops_per_token * tokens_per_second / (self.world_size * self.peak_flops)
+
+    def compare(self, measured: dict) -> dict:
+        """The predicted-vs-measured record; `measured.mfu` / `measured.hardware` feed `plan --calibrate`."""
+        predicted_memory = _planned_memory(self.plan)
+        measured_memory = {
+            "weights": measured["parameters"],
+            "gradients": measured["gradients"],
+            "optimizer": measured["optimizer"],
+            "activations": measured["activations"],
+        }
+        measured_memory["total"] = sum(measured_memory.values())
+        if measured.get("cuda_peak_allocated") is not None:
+            measured_memory["cuda_peak_allocated"] = measured["cuda_peak_allocated"]
+        plan_time = (self.plan or {}).get("time") or {}
+        predicted = {
+            "memory_bytes": predicted_memory,
+            "tokens_per_second": plan_time.get("tokens_per_second"),
+            "step_seconds": plan_time.get("step_seconds"),
+            "mfu": plan_time.get("mfu"),
+        }
+        measured_out = {
+            "memory_bytes": measured_memory,
+            "tokens_per_second": measured["tokens_per_second"],
+            "step_seconds": measured["step_seconds"],
+            "mfu": self.mfu(measured["tokens_per_second"]),
+            "hardware": self.hardware_key,
+            "final_train_loss": measured.get("final_train_loss"),
+            "val_losses": [{"step": s, "loss": v} for s, v in measured.get("val_losses", [])],
+            "steps": measured.get("steps"),
+        }
+        ratio = {}
+        for key in ("weights", "gradients", "optimizer", "activations", "total"):
+            ratio[f"memory_{key}"] = _ratio(measured_memory.get(key), predicted_memory.get(key))
+        ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
+        ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
+        return {
+            "hardware": {
+                "key": self.hardware_key,
+                "name": self.hardware_name,
+                "peak_flops": self.peak_flops,
+                "peak_source": self.peak_source,
+                "devices": self.world_size,
+            },
+            "predicted": predicted,
+            "measured": measured_out,
+            "measured_over_predicted": ratio,
+            "notes": list(self.notes) + [
+                "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
+                "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
+                "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
+                "measured activations are the tensors saved for backward at the end of forward (logits "
+                "included); with recompute the planner also counts one layer's recomputed activations, "
+                "which exist only during its backward",
+            ],
+        }
+
+
+def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv, grad_accum: int) -> Forecast:
+    """Find the device peak, plan the run, and write `plan.json` (rank 0) before the first step."""
+    from flopwise.train.model import model_spec
+
+    hardware, peak_source, reason = detect_hardware(cfg, env)
+    dtype = planner_precision(cfg.precision.mode)
+    notes: list[str] = []
+    every = cfg.training.checkpoint_every
+    if every > 1:
+        notes.append(f"prediction: checkpointing every {every} blocks is planned as no recompute "
+                     "(the planner models none, selective or every block)")
+    if cfg.training.activation_compression != "none":
+        notes.append("prediction: int8 activation compression is not modelled by the planner")
+    spec = model_spec(cfg.model, vocab_size, cfg.data.seq_len)
+    plan_dict, plan_error = None, None
+    if hardware is None:
+        plan_error = f"no prediction: {reason}"
+    else:
+        try:
+            from flopwise.plan.planner import plan
+
+            plan_dict = plan(runspec_for(cfg, spec, hardware, env.world_size, grad_accum)).to_dict()
+        except Exception as err:  # a forecast that fails must not stop the training run
+            plan_error = f"no prediction: the planner could not plan this run ({err.__class__.__name__}: {err})"
+    if plan_error:
+        notes.append(plan_error)
+    peak = hardware.peak_flops(dtype) if hardware is not None else None
+    if hardware is not None and peak is None:
+        reason = f"the catalog has no {dtype} peak for {hardware.name}"
+    if reason:
+        notes.append(f"no MFU: {reason}")
+    flops_per_token = planned_flops_per_token(plan_dict) or model_flops_per_token(spec)
+    forecast = Forecast(
+        plan=plan_dict,
+        hardware_key=hardware.key if hardware is not None else "unknown",
+        hardware_name=hardware.name if hardware is not None else _device_name(env),
+        peak_flops=peak,
+        peak_source=peak_source,
+        flops_per_token=flops_per_token,
+        world_size=env.world_size,
+        notes=notes,
+    )
+    if env.is_main:
+        run_dir = Path(cfg.logging.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        payload = plan_dict if plan_dict is not None else {"error": plan_error}
+        (run_dir / "plan.json").write_text(json.dumps(payload, indent=2, default=str))
+    return forecast
+
+
+def planner_precision(mode: str) -> str:
+    """The planner's precision name for a `precision.mode`."""
+    return "fp32" if mode == "fp32" else ("bf16" if mode.startswith("bf16") else "fp16")
+
+
+def runspec_for(cfg: RunConfig, spec, hardware: HardwareSpec, world_size: int, grad_accum: int):
+    """The RunSpec of this run: same model, layout, precision, optimizer and token budget."""
+    from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
+
+    every = cfg.training.checkpoint_every
+    layout = Layout(
+        dp=world_size,
+        micro_batch_size=cfg.training.micro_batch_size,
+        grad_accum=grad_accum,
+        zero_stage=3 if cfg.parallel.strategy == "fsdp" else 0,
+        recompute="full" if every == 1 else "none",
+        flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA
+    )
+    tokens = cfg.training.max_steps * layout.global_batch_size * cfg.data.seq_len
+    workload = Workload(
+        precision=planner_precision(cfg.precision.mode),
+        optimizer=cfg.training.optimizer,
+        seq_len=cfg.data.seq_len,
+        total_tokens=float(tokens),
+    )
+    return RunSpec(model=spec, layout=layout, workload=workload, cluster=Cluster(hardware=hardware))
+
+
+def model_flops_per_token(spec) -> float:
+    """Fallback when the planner is unavailable: 6N + 12·L·s·h (PaLM, Chowdhery et al. 2022, App. B)."""
+    h, L, s = spec.hidden, spec.n_layers, spec.seq_len
+    kv = spec.n_kv_heads or spec.n_heads
+    head_dim = spec.head_dim or h // max(1, spec.n_heads)
+    attn = h * spec.n_heads * head_dim * 2 + h * kv * head_dim * 2
+    mlp = (3 if spec.mlp == "swiglu" else 2) * h * spec.ffn_hidden
+    n = L * (attn + mlp) + spec.vocab_size * h
+    return 6.0 * n + 12.0 * L * s * h
+
+
+# ------------------------------------------------------------------------- the device and its peak
+
+
+def detect_hardware(cfg: RunConfig, env: DistEnv) -> tuple[HardwareSpec | None, str, str | None]:
+    """(hardware, where its peak comes from, why there is no MFU or None)."""
+    if env.device.type == "cuda":
+        name = torch.cuda.get_device_name(env.device)
+        return cuda_hardware(name, torch.cuda.get_device_properties(env.device).total_memory)
+    dtypes = {"fp32"}
+    dtypes.add(planner_precision(cfg.precision.mode))
+    peaks = {}
+    for dtype in sorted(dtypes):
+        local = max(measure_matmul_flops(_torch_dtype(dtype), n) for n in CALIBRATION_SIZES)
+        peaks[dtype] = all_reduce_mean([local], env)[0]
+    threads = torch.get_num_threads()
+    sizes = "/".join(str(n) for n in CALIBRATION_SIZES)
+    label = (f"measured CPU peak: fastest timed square matmul (n={sizes}) per process, "
+             f"{threads} thread(s), mean over {env.world_size} rank(s)")
+    return cpu_hardware(peaks, env.world_size, label), label, None
+
+
+def cuda_hardware(device_name: str, total_memory_bytes: int | None) -> tuple[HardwareSpec | None, str, str | None]:
+    """(catalog entry, peak source, None) for a known GPU; (None, "none", why) for an unknown one."""
+    spec = catalog_entry_for_cuda(device_name, total_memory_bytes)
+    if spec is None:
+        return None, "none", f"'{device_name}' is not in the hardware catalog (see `flopwise hardware`)"
+    return spec, f"catalog entry '{spec.key}' (dense peak, datasheet)", None
+
+
+def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.4) -> float:
+    """FLOP/s of the fastest of repeated n x n matmuls (2·n³ FLOPs each) with this process's threads."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.mm(a, b)  # warm-up: first call pays for allocation and kernel selection
+    best = math.inf
+    deadline = time.perf_counter() + seconds
+    reps = 0
+    while reps < 3 or time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+        reps += 1
+    return 2.0 * n**3 / best
+
+
+def cpu_hardware(peaks_flops: dict[str, float], processes: int, label: str) -> HardwareSpec:
+    """A HardwareSpec for this CPU, one 'device' per process, peaks from `measure_matmul_flops`."""
+    memory_gib = None
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / processes
+    except (ValueError, OSError, AttributeError):
+        pass
+    return HardwareSpec(
+        key=CPU_KEY,
+        name=f"CPU ({platform.processor() or platform.machine()}), measured",
+        vendor="cpu",
+        peak_tflops={dtype: value / 1e12 for dtype, value in peaks_flops.items()},
+        sparse_factor=None,
+        memory_gb=memory_gib,
+        memory_unit="GiB",
+        memory_bandwidth_gbs=None,
+        scale_up_gbs=None,
+        devices_per_node=processes,
+        scale_out_gbs=None,
+        tdp_w=None,
+        sources={"peak_tflops": label, "memory_gb": "physical memory / processes"},
+        confidence={"peak_tflops": "measured", "memory_gb": "measured"},
+        notes="stands in for a catalog entry on CPU runs",
+    )
+
+
+def catalog_entry_for_cuda(device_name: str, total_memory_bytes: int | None = None) -> HardwareSpec | None:
+    """The catalog entry for a CUDA device name such as 'NVIDIA H100 80GB HBM3', or None.
+
+    Candidates share the chip's model token (h100, a100, l40s, ...); the form factor in
+    the name (pcie or not) filters them; the one whose key parts (`40gb`, `80gb`) appear
+    in the name wins. When the device reports its memory, the entry's memory must agree
+    within MEMORY_TOLERANCE (an H100 NVL is not an H100 SXM). No match, no entry.
+    """
+    try:
+        from flopwise.catalog.hardware import load_hardware
+    except ImportError:
+        return None
+    name = device_name.lower()
+    tokens = set(re.findall(r"[a-z]*\d+[a-z]*", name))
+    candidates = []
+    for key, spec in load_hardware().items():
+        if key.split("-")[0] in tokens or any(alias.lower() in tokens for alias in spec.aliases):
+            candidates.append(spec)
+    pcie = "pcie" in name
+    candidates = [s for s in candidates if ("pcie" in s.key) == pcie]
+    if total_memory_bytes:
+        candidates = [s for s in candidates if s.memory_bytes is None
+                      or abs(s.memory_bytes - total_memory_bytes) <= MEMORY_TOLERANCE * s.memory_bytes]
+    if not candidates:
+        return None
+
+    def score(spec: HardwareSpec) -> tuple:
+        named = sum(part in tokens for part in spec.key.split("-"))
+        memory_gap = abs((spec.memory_bytes or 0) - (total_memory_bytes or 0)) if total_memory_bytes else 0
+        return (-named, memory_gap)
+
+    return min(candidates, key=score)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def _device_name(env: DistEnv) -> str:
+    return torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
+
+
+# ------------------------------------------------------------------------- output
+
+
+def _planned_memory(plan: dict | None) -> dict:
+    """The plan's per-device memory in the trainer's components.
+
+    Reads `memory.per_device_bytes` when the plan has it, else the planner's flat fields:
+    optimizer = optimizer states + fp32 master weights; activations = per-layer
+    activations + logits (the measured saved tensors include the loss's logits).
+    """
+    memory = (plan or {}).get("memory") or {}
+    per_device = memory.get("per_device_bytes")
+    if isinstance(per_device, dict):
+        keys = ("weights", "gradients", "optimizer", "activations", "other", "total")
+        return {key: per_device.get(key) for key in keys if key in per_device}
+    if "weights" not in memory:
+        return {}
+    return {
+        "weights": memory.get("weights"),
+        "gradients": memory.get("gradients"),
+        "optimizer": (memory.get("optimizer_states") or 0) + (memory.get("master_weights") or 0),
+        "activations": (memory.get("activations") or 0) + (memory.get("logits") or 0),
+        "other": memory.get("comm_buffers"),
+        "total": memory.get("total_bytes"),
+    }
+
+
+def planned_flops_per_token(plan: dict | None) -> float | None:
+    """Model FLOPs per token from a plan (`flops_per_token`, or `flops.model_per_unit` per token)."""
+    if not plan:
+        return None
+    if plan.get("flops_per_token"):
+        return float(plan["flops_per_token"])
+    flops = plan.get("flops") or {}
+    if flops.get("unit", "token") == "token" and flops.get("model_per_unit"):
+        return float(flops["model_per_unit"])
+    return None
+
+
+def _ratio(measured, predicted) -> float | None:
+    if measured is None or not predicted:
+        return None
+    return measured / predicted
+
+
+def write_comparison(run_dir: Path, comparison: dict) -> Path:
+    """Write `predicted_vs_measured.json` atomically (tmp + rename)."""
+    path = Path(run_dir) / "predicted_vs_measured.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(comparison, indent=2))
+    tmp.replace(path)
+    return path
+
+
+def format_comparison(comparison: dict) -> str:
+    """A small predicted-vs-measured table for the terminal."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    hw = comparison["hardware"]
+    table = Table(title=f"predicted vs measured, per device ({hw['name']}, {hw['devices']} device(s))")
+    for column in ("", "predicted", "measured", "measured / predicted"):
+        table.add_column(column, justify="right" if column else "left")
+    pred, meas, ratio = comparison["predicted"], comparison["measured"], comparison["measured_over_predicted"]
+    for key in ("weights", "gradients", "optimizer", "activations", "total"):
+        table.add_row(f"memory: {key}", _mib(pred["memory_bytes"].get(key)), _mib(meas["memory_bytes"].get(key)),
+                      _num(ratio.get(f"memory_{key}"), "{:.2f}"))
+    table.add_row("tokens/s", _num(pred["tokens_per_second"], "{:,.0f}"), _num(meas["tokens_per_second"], "{:,.0f}"),
+                  _num(ratio.get("tokens_per_second"), "{:.2f}"))
+    table.add_row("MFU", _num(pred["mfu"], "{:.1%}"), _num(meas["mfu"], "{:.1%}"), _num(ratio.get("mfu"), "{:.2f}"))
+    buffer = StringIO()
+    console = Console(file=buffer, width=100, force_terminal=False)
+    console.print(table)
+    console.print(f"peak: {hw['peak_source']}")
+    for note in comparison["notes"]:
+        if note.startswith(("no MFU", "no prediction")):
+            console.print(note)
+    return buffer.getvalue().rstrip()
+
+
+def _mib(value) -> str:
+    return "n/a" if value is None else f"{value / 2**20:,.2f} MiB"
+
+
+def _num(value, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)

@@ -1,0 +1,43 @@
+"""The per-process entry torchrun starts: `python -m flopwise.train.worker CONFIG.yaml`.
+
+The config is the resolved one `flopwise train` wrote into the run directory. A
+mistake found here (a data path, a model config) ends this rank with one line and exit
+code 2; under `flopwise train` the line goes to the launcher, which prints it once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from flopwise.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Load the config and run this rank."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m flopwise.train.worker CONFIG.yaml", file=sys.stderr)
+        sys.exit(2)
+    try:
+        from flopwise.train.config_loading import load_config
+        from flopwise.train.launch import run_here
+
+        run_here(load_config(args[0]))
+    except UserError as err:
+        _report(str(err))
+        sys.exit(err.exit_code)
+
+
+def _report(message: str) -> None:
+    error_file = os.environ.get("FLOPWISE_ERROR_FILE")
+    rank = os.environ.get("RANK", "0")
+    if error_file:
+        with open(f"{error_file}.rank{int(rank):05d}", "w", encoding="utf-8") as handle:
+            handle.write(message)
+    else:
+        print(f"error: {message}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Predicted vs measured: the device's peak, plan.json, and the end-of-run comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from flopwise.train.config_loading import load_config
+from flopwise.train.parallel import DistEnv
+from flopwise.train.prediction import (
+    CPU_KEY,
+    Forecast,
+    catalog_entry_for_cuda,
+    cpu_hardware,
+    cuda_hardware,
+    format_comparison,
+    measure_matmul_flops,
+    prepare,
+    runspec_for,
+)
+
+GIB = 2**30
+CPU_ENV = DistEnv(rank=0, world_size=1, local_rank=0, backend=None, device=torch.device("cpu"), distributed=False)
+
+
+@pytest.mark.parametrize(
+    "name, memory_gib, key",
+    [
+        ("NVIDIA H100 80GB HBM3", 79.6, "h100-sxm"),
+        ("NVIDIA H100 PCIe", 79.6, "h100-pcie"),
+        ("NVIDIA H200", 139.8, "h200"),
+        ("NVIDIA A100-SXM4-40GB", 39.4, "a100-40gb"),
+        ("NVIDIA A100-SXM4-80GB", 79.2, "a100-80gb"),
+        ("NVIDIA A100 80GB PCIe", 79.2, "a100-80gb-pcie"),
+        ("Tesla V100-SXM2-32GB", 31.7, "v100-32gb"),
+        ("NVIDIA GeForce RTX 4090", 23.6, "rtx4090"),
+        ("NVIDIA L40S", 44.5, "l40s"),
+    ],
+)
+def test_cuda_device_names_map_to_their_catalog_entry(name, memory_gib, key):
+    spec = catalog_entry_for_cuda(name, int(memory_gib * GIB))
+    assert spec is not None and spec.key == key
+
+
+@pytest.mark.parametrize("name, memory_gib", [("Tesla T4", 14.7), ("NVIDIA H100 NVL", 93.1), ("Radeon Pro", 16.0)])
+def test_unknown_gpu_gives_no_mfu_and_says_why(name, memory_gib):
+    spec, source, reason = cuda_hardware(name, int(memory_gib * GIB))
+    assert spec is None and source == "none"
+    assert name in reason and "not in the hardware catalog" in reason
+    forecast = Forecast(plan=None, hardware_key="unknown", hardware_name=name, peak_flops=None, peak_source=source,
+                        flops_per_token=1e6, world_size=1, notes=[f"no MFU: {reason}"])
+    assert forecast.mfu(1000.0) is None
+    comparison = forecast.compare(_measured())
+    assert comparison["measured"]["mfu"] is None
+    assert "no MFU" in format_comparison(comparison)
+
+
+def test_cpu_peak_is_measured_and_labelled():
+    flops = measure_matmul_flops(torch.float32, n=256, seconds=0.05)
+    assert math.isfinite(flops) and flops > 1e8
+    spec = cpu_hardware({"fp32": flops}, 2, "measured CPU peak: test")
+    assert spec.key == CPU_KEY
+    assert spec.peak_flops("fp32") == pytest.approx(flops)
+    assert spec.peak_flops("bf16") is None  # never borrowed from another dtype or chip
+    assert spec.sources["peak_tflops"].startswith("measured CPU peak")
+    assert spec.devices_per_node == 2
+
+
+def _measured(tokens_per_second: float = 1000.0) -> dict:
+    return {"parameters": 100, "gradients": 100, "optimizer": 200, "activations": 700, "cuda_peak_allocated": None,
+            "tokens_per_second": tokens_per_second, "step_seconds": 1.0, "final_train_loss": 3.0,
+            "val_losses": [(0, 8.0), (10, 4.0)], "steps": 10}
+
+
+def test_comparison_puts_prediction_beside_measurement_for_calibration():
+    plan = {"memory": {"weights": 100.0, "gradients": 100.0, "optimizer_states": 150.0, "master_weights": 50.0,
+                       "activations": 600.0, "logits": 100.0, "comm_buffers": 0.0, "total_bytes": 1100.0},
+            "time": {"tokens_per_second": 2000.0, "step_seconds": 0.5, "mfu": 0.4}}
+    forecast = Forecast(plan=plan, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=1e10,
+                        peak_source="measured CPU peak", flops_per_token=2e6, world_size=2)
+    comparison = forecast.compare(_measured(1000.0))
+    predicted, measured, ratio = comparison["predicted"], comparison["measured"], comparison["measured_over_predicted"]
+    assert predicted["memory_bytes"]["optimizer"] == 200.0  # optimizer states + fp32 master weights
+    assert predicted["memory_bytes"]["activations"] == 700.0  # activations + logits
+    assert measured["memory_bytes"]["total"] == 1100
+    assert measured["mfu"] == pytest.approx(2e6 * 1000.0 / (2 * 1e10))
+    assert measured["hardware"] == CPU_KEY  # read by `flopwise plan --calibrate`
+    assert ratio["tokens_per_second"] == pytest.approx(0.5)
+    assert ratio["memory_weights"] == pytest.approx(1.0)
+    assert "predicted vs measured" in format_comparison(comparison)
+
+
+def test_plan_json_is_the_planners_output_for_this_run(tmp_path):
+    from flopwise.plan.planner import plan
+    from flopwise.train.model import model_spec
+
+    cfg = load_config(None, ["model.n_layers=2", "model.hidden=64", "model.n_heads=4", "data.seq_len=64",
+                             "parallel.strategy=single", "parallel.nproc_per_node=1",
+                             "training.gradient_checkpointing=true", f"logging.run_dir={tmp_path / 'run'}"])
+    forecast = prepare(cfg, 512, CPU_ENV, grad_accum=1)
+    written = json.loads((tmp_path / "run" / "plan.json").read_text())
+    hardware = cpu_hardware({"fp32": forecast.peak_flops}, 1, forecast.peak_source)
+    expected = plan(runspec_for(cfg, model_spec(cfg.model, 512, 64), hardware, 1, 1)).to_dict()
+    assert written == json.loads(json.dumps(expected, default=str))
+    assert written["inputs"]["layout"]["recompute"] == "full"
+    assert written["inputs"]["workload"]["precision"] == "fp32"
+    assert forecast.peak_source.startswith("measured CPU peak")
+    assert forecast.flops_per_token == written["flops"]["model_per_unit"]
+    assert forecast.mfu(1000.0) > 0
