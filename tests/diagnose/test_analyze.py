@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from synthetic_runs import write_run_dir
+from tests.diagnose.synthetic_runs import write_run_dir
 
 from flopwise.cli import main
 from flopwise.diagnose.analyze import diagnose_run_dir, load_run

@@ -2,7 +2,7 @@
 
 import matplotlib.image
 import pytest
-from synthetic_runs import write_run_dir
+from tests.diagnose.synthetic_runs import write_run_dir
 
 from flopwise.cli import main
 from flopwise.report.run_report import write_report

@@ -1,6 +1,0 @@
-"""The report tests reuse the diagnose tests' synthetic run directories."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagnose"))
