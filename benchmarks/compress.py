@@ -27,22 +27,13 @@ from pathlib import Path
 
 import torch
 
+from machine import cpu_name
+
 from flopwise.compress.config import CompressConfig
 from flopwise.compress.run import compress_task
 from flopwise.compress.tasks import digits_task
 
 CASES = ("mlp-int8-static", "mlp-int8-dynamic", "mlp-int8-eager", "cnn-int8-static", "cnn-qat", "cnn-prune", "cnn-prune-gradual", "mlp-prune", "mlp-2:4")
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (Linux), else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def compact(result: dict) -> dict:

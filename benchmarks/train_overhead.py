@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -30,16 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (Linux), else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+from machine import cpu_name
 
 
 def baseline_step(model, optimizer, scheduler, loader, grad_clip: float | None) -> float:
