@@ -1,0 +1,225 @@
+"""DeepSpeed ZeRO as a trainer strategy (`parallel.strategy: deepspeed`).
+
+ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054) partitions the optimizer states (stage 1),
+the gradients (stage 2) and the parameters (stage 3) over the data-parallel ranks;
+ZeRO-Offload (Ren et al. 2021, arXiv:2101.06840) moves optimizer states, and with stage 3
+the parameters, to CPU memory. flopwise does not re-implement any of it: it writes a
+DeepSpeed config from the RunConfig, hands the model, its own AdamW/SGD and its own LR
+schedule to `deepspeed.initialize`, and drives the engine's forward / `backward` /
+`step` from the trainer's step. DeepSpeed itself scales the loss by the accumulation
+count, reduces (or reduce-scatters) gradients on the boundary micro-step, clips, steps
+the optimizer and the LR schedule, and keeps the fp16 loss scale.
+
+On CPU (gloo, `DS_ACCELERATOR=cpu`, set here when no GPU is visible) this runs fp32 and
+bf16; the optimizer is the torch one (`zero_force_ds_cpu_optimizer: false`), so no C++
+Adam build is needed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+
+from flopwise.errors import UserError
+from flopwise.train.config import ParallelConfig, RunConfig
+from flopwise.train.metrics import MemoryBytes, SavedActivationMeter, _unique_storage_bytes
+from flopwise.train.parallel import DistEnv, simulated_straggler_delay, wait_for_other_ranks
+
+NEVER_PRINT = 2**31 - 1  # DeepSpeed's own step log; flopwise logs the steps itself
+
+
+def check_deepspeed_config(cfg: ParallelConfig) -> None:
+    """Reject ZeRO / offload combinations DeepSpeed cannot run, before any process starts."""
+    if cfg.offload == "params" and cfg.zero_stage != 3:
+        raise UserError(
+            f"parallel.offload: params offloads ZeRO-3 parameter shards and needs parallel.zero_stage=3 "
+            f"(got {cfg.zero_stage}; allowed with stage {cfg.zero_stage}: none"
+            f"{', optimizer' if cfg.zero_stage else ''})"
+        )
+    if cfg.offload == "optimizer" and cfg.zero_stage == 0:
+        raise UserError("parallel.offload: optimizer offload needs parallel.zero_stage >= 1 (allowed at stage 0: none)")
+
+
+def deepspeed_config(cfg: RunConfig, grad_accum: int, device_type: str) -> dict:
+    """The DeepSpeed config (a dict, as `deepspeed.initialize(config=...)` takes) for this run.
+
+    Keys follow DeepSpeed's config reference: `zero_optimization.stage`,
+    `offload_optimizer` / `offload_param` with `device: cpu`, `bf16` / `fp16` (dynamic loss
+    scale starting at 2^`initial_scale_power`, Micikevicius et al. 2018), `gradient_clipping`
+    and `gradient_accumulation_steps`. The optimizer and LR schedule are passed as objects.
+    """
+    p, mode = cfg.parallel, cfg.precision.mode
+    zero: dict = {"stage": p.zero_stage}
+    if p.offload in ("optimizer", "params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device_type == "cuda"}
+    if p.offload == "params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": device_type == "cuda"}
+    if p.zero_stage == 3:
+        zero["stage3_param_persistence_threshold"] = p.zero3_persistence_threshold
+    config: dict = {
+        "train_micro_batch_size_per_gpu": cfg.training.micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": cfg.training.grad_clip or 0.0,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,  # the trainer's own torch AdamW / SGD
+        "zero_force_ds_cpu_optimizer": False,  # no DeepSpeedCPUAdam (a C++ build) for offload
+        "steps_per_print": NEVER_PRINT,
+        "wall_clock_breakdown": False,
+    }
+    if mode == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif mode == "fp16":
+        initial_power = round(math.log2(cfg.precision.initial_scale))
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": initial_power,
+                          "loss_scale_window": cfg.precision.growth_interval}
+    return config
+
+
+def select_cpu_accelerator() -> None:
+    """Tell DeepSpeed to use its CPU accelerator when no GPU is visible (before it is imported)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+class DeepSpeedRunner:
+    """Drives a DeepSpeed engine through one optimizer step, measuring as the loop does."""
+
+    def __init__(self, state, cfg: RunConfig, env: DistEnv):
+        from flopwise.train.loop import batch_layout
+
+        if cfg.precision.mode == "fp16" and env.device.type == "cpu":
+            raise UserError("precision.mode: fp16 with parallel.strategy=deepspeed runs on GPUs only "
+                            "(DeepSpeed's CPU fp16 needs oneDNN fp16 hardware; allowed on CPU: fp32, bf16)")
+        select_cpu_accelerator()
+        # DeepSpeed reads torchrun's variables; a single process started without torchrun has none.
+        for name, value in (("LOCAL_RANK", env.local_rank), ("RANK", env.rank), ("WORLD_SIZE", env.world_size)):
+            os.environ.setdefault(name, str(value))
+        import deepspeed
+
+        _, grad_accum = batch_layout(cfg.training, env.world_size)
+        self.zero_stage = cfg.parallel.zero_stage
+        self.config = deepspeed_config(cfg, grad_accum, env.device.type)
+        built = state.built
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=built.module, optimizer=state.optimizer, lr_scheduler=state.scheduler,
+            config=self.config, dist_init_required=False,
+        )
+        built.model = self.engine
+        built.notes.append(
+            f"DeepSpeed ZeRO-{self.zero_stage}, offload {cfg.parallel.offload}, "
+            f"{'bf16' if cfg.precision.mode == 'bf16' else 'fp16' if cfg.precision.mode == 'fp16' else 'fp32'} "
+            f"({type(self.optimizer).__name__})"
+        )
+
+    def train_step(self, state, cfg: RunConfig, env: DistEnv, grad_accum: int, measure: bool = True):
+        """One optimizer step: `grad_accum` engine forward/backward/step calls (DeepSpeed steps on the last)."""
+        from flopwise.train.loop import StepResult, loss_fn, measure_sync_wait
+
+        engine, built = self.engine, state.built
+        engine.train()
+        t_start = time.perf_counter()
+        data_s = compute_s = 0.0
+        loss_sum = 0.0
+        saved_bytes = 0
+        wait_s = None
+        memory = MemoryBytes()
+        lr = engine.get_lr()[0]
+        skipped_before = engine.skipped_steps
+        for micro in range(grad_accum):
+            last = micro == grad_accum - 1
+            t0 = time.perf_counter()
+            inputs, targets = next(state.train_loader)
+            inputs, targets = inputs.to(env.device), targets.to(env.device)
+            t1 = time.perf_counter()
+            meter = SavedActivationMeter(built.module) if measure and micro == 0 else None
+            if last:
+                simulated_straggler_delay(env)
+            with meter.measuring() if meter is not None else built.forward_context():
+                loss = loss_fn(engine(inputs), targets)
+            if last:
+                wait_s = wait_for_other_ranks(env, measure_sync_wait(cfg, env))
+            engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps
+            if meter is not None:
+                saved_bytes = meter.bytes
+            loss_sum += loss.detach().item() / grad_accum
+            _synchronize(env)
+            t2 = time.perf_counter()
+            data_s += t1 - t0
+            compute_s += t2 - t1 - (wait_s if last and wait_s else 0.0)
+            if last and measure:
+                memory = self.memory(built.module, saved_bytes)
+            t3 = time.perf_counter()
+            engine.step()  # a no-op until the accumulation boundary
+        _synchronize(env)
+        t4 = time.perf_counter()
+        grad_norm = engine.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        scale = getattr(self.optimizer, "cur_scale", None) if cfg.precision.mode == "fp16" else None
+        state.step += 1
+        return StepResult(
+            loss=loss_sum, grad_norm=grad_norm, lr=lr, skipped=engine.skipped_steps > skipped_before,
+            data_seconds=data_s, compute_seconds=compute_s, optimizer_seconds=t4 - t3,
+            step_seconds=t4 - t_start, memory=memory, loss_scale=float(scale) if scale is not None else None,
+            sync_wait_seconds=wait_s,
+        )
+
+    @torch.no_grad()
+    def evaluate(self, loader, batches: int, cfg: RunConfig, env: DistEnv) -> float:
+        """Mean validation loss through the engine (ZeRO-3 gathers parameters as it goes), over ranks."""
+        from flopwise.train.loop import loss_fn
+        from flopwise.train.parallel import all_reduce_mean
+
+        self.engine.eval()
+        total = 0.0
+        for inputs, targets in loader.val_batches(batches):
+            total += loss_fn(self.engine(inputs.to(env.device)), targets.to(env.device)).item()
+        self.engine.train()
+        return all_reduce_mean([total / batches], env)[0]
+
+    def memory(self, module, saved_activation_bytes: int) -> MemoryBytes:
+        """This rank's bytes after the last backward of a step, before DeepSpeed's optimizer step.
+
+        Parameters: ZeRO-3 keeps this rank's partition in `param.ds_tensor` (plus whole
+        copies of parameters under `zero3_persistence_threshold`); stages 0-2 hold whole
+        parameters. Gradients: stage 3's flat partition buffer, stage 2's partition
+        buffer, stage 1/2's averaged partitions, the fp32 partitions' `.grad` under offload,
+        and any `.grad` still on parameters. Optimizer: the torch optimizer's
+        state plus DeepSpeed's fp32 master partitions where it keeps them.
+        """
+        params = list(module.parameters())
+        held = [p.ds_tensor for p in params if hasattr(p, "ds_tensor")]
+        held += [p.data for p in params if p.data.numel() > 0]
+        zero_opt = self.optimizer
+        grads = [p.grad for p in params if p.grad is not None]
+        for name in ("grad_partitions_flat_buffer", "grads_in_partition"):  # stage 3, stage 2 (contiguous)
+            flat = getattr(zero_opt, name, None)
+            if isinstance(flat, torch.Tensor):
+                grads.append(flat)
+        averaged = getattr(zero_opt, "averaged_gradients", None)
+        if isinstance(averaged, dict):
+            grads += [g for group in averaged.values() for g in (group or []) if isinstance(g, torch.Tensor)]
+        inner = getattr(zero_opt, "optimizer", zero_opt)
+        states = [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups", "fp32_groups_flat_partition"):
+            masters = getattr(zero_opt, name, None)
+            if isinstance(masters, list):
+                states += [t for t in masters if isinstance(t, torch.Tensor)]
+                grads += [t.grad for t in masters if isinstance(t, torch.Tensor) and t.grad is not None]  # offload
+        param_storages = {t.untyped_storage().data_ptr() for t in held}
+        states = [t for t in states if t.untyped_storage().data_ptr() not in param_storages]
+        return MemoryBytes(
+            parameters=_unique_storage_bytes(held),
+            gradients=_unique_storage_bytes(grads),
+            optimizer=_unique_storage_bytes(states),
+            saved_activations=saved_activation_bytes,
+            cuda_peak_allocated=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+        )
+
+
+def _synchronize(env: DistEnv) -> None:
+    """Wait for queued GPU work so host timers measure it (no-op on CPU)."""
+    if env.device.type == "cuda":
+        torch.cuda.synchronize(env.device)

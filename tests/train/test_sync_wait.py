@@ -1,0 +1,59 @@
+"""`sync_wait_seconds`: the time a rank waits for the others before the gradient sync.
+
+A real 2-process DDP run (gloo) where rank 1 sleeps 0.3 s before its last forward of every step
+(`FLOPWISE_TEST_SLOW_RANK`): rank 0 records the wait, rank 1 (arriving last) barely
+waits, the sleep stays out of rank 0's compute time, and `flopwise diagnose` names rank 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from flopwise.train.config_loading import load_config
+from flopwise.train.loop import measure_sync_wait
+from flopwise.train.parallel import DistEnv, SLOW_RANK_ENV
+from tests.train.test_distributed import base_config, corpus, metrics  # noqa: F401  (fixtures)
+
+SLEEP = 0.3
+
+
+def test_measured_by_default_only_with_several_ranks():
+    import torch
+
+    cpu = torch.device("cpu")
+    one, two = DistEnv(0, 1, 0, None, cpu, False), DistEnv(0, 2, 0, "gloo", cpu, True)
+    assert not measure_sync_wait(load_config(None, []), one)
+    assert measure_sync_wait(load_config(None, []), two)
+    assert not measure_sync_wait(load_config(None, ["training.measure_sync_wait=false"]), two)
+
+
+@pytest.mark.distributed
+def test_a_slowed_rank_is_named_by_diagnose(corpus, tmp_path):
+    run_dir = tmp_path / "straggler"
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(base_config(corpus, run_dir, 4, strategy="ddp", nproc_per_node=2)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
+    env.update(OMP_NUM_THREADS="1", **{SLOW_RANK_ENV: f"1:{SLEEP}"})
+    result = subprocess.run([sys.executable, "-m", "flopwise", "train", str(path)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    # Steps 1-2 are warm-up: DDP rebuilds its buckets in the second forward, a collective of its own.
+    fast, slow = metrics(run_dir, 0)[2:], metrics(run_dir, 1)[2:]
+    median = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
+    assert median(fast, "sync_wait_seconds") > 0.8 * SLEEP > median(slow, "sync_wait_seconds")
+    # the wait is not counted as rank 0's compute
+    assert median(fast, "compute_seconds") + 0.5 * SLEEP < median(slow, "compute_seconds")
+
+    diagnosis = subprocess.run([sys.executable, "-m", "flopwise", "diagnose", str(run_dir), "--json"],
+                               capture_output=True, text=True, timeout=120)
+    assert diagnosis.returncode == 0, diagnosis.stderr
+    stragglers = [f for f in json.loads(diagnosis.stdout)["findings"] if f["kind"] == "straggler"]
+    assert stragglers and {f["rank"] for f in stragglers} == {1}
