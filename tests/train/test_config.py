@@ -116,7 +116,8 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (["training.max_steps=lots"], "training.max_steps: input should be a valid integer"),
         (["parallel.strategy=magic"], "parallel.strategy: input should be 'single', 'ddp', 'fsdp'"),
         (["missing.yaml"], "missing.yaml: config file not found"),
-        (["parallel.strategy=deepspeed"], "parallel.strategy: deepspeed is not available in this version"),
+        (["parallel.strategy=deepspeed", "parallel.zero_stage=2", "parallel.offload=params"],
+         "parallel.offload: params offloads ZeRO-3 parameter shards and needs parallel.zero_stage=3"),
     ],
 )
 def test_cli_bad_config_is_one_line_and_exit_2(tmp_path, args, expected):

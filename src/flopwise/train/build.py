@@ -10,7 +10,10 @@ switch is on (turning one off leaves no trace):
 4. activation compression (int8)   `activation_compression.int8_saved_activations`
                                    entered around each forward          (training.activation_compression)
 5. torch.compile, per block        `nn.Module.compile`                    (training.compile)
-6. data parallelism                `parallel.wrap_model`: DDP or FSDP2   (parallel.strategy)
+6. parallelism                     `parallel.wrap_model`: DDP, FSDP2, or  (parallel.strategy)
+                                   this rank's pipeline stage; DeepSpeed's engine and the
+                                   pipeline schedule are attached after the optimizer exists
+                                   (`parallel.attach_step_runner`)
 
 Why this order: norms must be patched before anything wraps the blocks; checkpointing
 wraps whole blocks, and compression only affects what checkpointing still saves;
@@ -47,6 +50,7 @@ class BuiltModel:
     forward_context: Callable[[], ContextManager] = contextlib.nullcontext
     saved_tensor_hooks: tuple[Callable, Callable] | None = None
     notes: list[str] = field(default_factory=list)
+    runner: object | None = None  # DeepSpeed engine / pipeline schedule driver (`parallel.attach_step_runner`)
 
 
 def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> BuiltModel:

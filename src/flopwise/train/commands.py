@@ -1,4 +1,4 @@
-"""CLI commands of flopwise.train (registered by flopwise.cli): `flopwise train`."""
+"""CLI commands of flopwise.train (registered by flopwise.cli): `flopwise train`, `flopwise export`."""
 
 from __future__ import annotations
 
@@ -24,13 +24,20 @@ def register(app: typer.Typer) -> None:
         args: Optional[list[str]] = typer.Argument(
             None, metavar="[CONFIG.yaml] [KEY=VALUE]...", help="A YAML config and/or dotted overrides."
         ),
+        resume_from: Optional[str] = typer.Option(
+            None, "--resume-from", help="Continue from this checkpoint: step-N, N, or a checkpoint folder."
+        ),
     ) -> None:
         """Load the config (one-line errors, exit 2) and start the run."""
         from flopwise.train.config_loading import load_config
         from flopwise.train.launch import launch
 
         config_path, overrides = split_arguments(args or [])
+        if resume_from:
+            overrides.append(f"checkpoint.resume_from={resume_from}")
         launch(load_config(config_path, overrides))
+
+    register_export(app)
 
 
 def split_arguments(args: list[str]) -> tuple[str | None, list[str]]:
@@ -38,3 +45,37 @@ def split_arguments(args: list[str]) -> tuple[str | None, list[str]]:
     if args and "=" not in args[0]:
         return args[0], list(args[1:])
     return None, list(args)
+
+
+EXPORT_HELP = (
+    "Consolidate a run's checkpoint into one model.safetensors (+ config.yaml; + an HF folder for HF "
+    "models) in RUN_DIR/export/, the input of `flopwise compress RUN_DIR`.\n\n"
+    "Examples: `flopwise export runs/default` | `flopwise export runs/default --step 1200 --out /tmp/model`"
+)
+
+
+def register_export(app: typer.Typer) -> None:
+    """`flopwise export RUN_DIR [--step N] [--out DIR]`."""
+
+    @app.command(name="export", help=EXPORT_HELP)
+    def export(
+        run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory with checkpoints/."),
+        step: Optional[int] = typer.Option(None, "--step", help="Export this step (default: the latest valid)."),
+        out: Optional[str] = typer.Option(None, "--out", help="Output folder (default: RUN_DIR/export)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Verify and consolidate one checkpoint."""
+        import json
+
+        from flopwise.train.export import export_checkpoint
+
+        result = export_checkpoint(run_dir, step, out)
+        if as_json:
+            print(json.dumps({"checkpoint": str(result.checkpoint), "out": str(result.out), "step": result.step,
+                              "tensors": result.tensors, "parameters": result.parameters,
+                              "hf_folder": str(result.hf_folder) if result.hf_folder else None}))
+            return
+        print(f"exported {result.checkpoint} (step {result.step}, {result.parameters:,} parameters in "
+              f"{result.tensors} tensors) to {result.out / 'model.safetensors'}")
+        if result.hf_folder:
+            print(f"HF folder: {result.hf_folder}")

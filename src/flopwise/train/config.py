@@ -69,6 +69,8 @@ class ParallelConfig(Section):
     zero_stage: int = Field(3, ge=0, le=3)
     offload: Literal["none", "optimizer", "params"] = "none"
     pipeline_microbatches: int = Field(4, ge=1)
+    pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    zero3_persistence_threshold: int = Field(100_000, ge=0)  # DeepSpeed: smaller parameters stay whole on every rank
     timeout_minutes: float = Field(10.0, gt=0)
     max_restarts: int = Field(0, ge=0)
 
@@ -110,6 +112,7 @@ class TrainingConfig(Section):
     compile: bool = False
     eval_every: int = Field(50, ge=1)
     eval_batches: int = Field(8, ge=1)
+    measure_sync_wait: bool | None = None  # time the wait for other ranks before gradient sync; None = when > 1 rank
     pruning: PruningConfig | None = None
 
     @model_validator(mode="after")
@@ -135,12 +138,26 @@ class TrainingConfig(Section):
 
 
 class CheckpointConfig(Section):
-    """When and where checkpoints are written."""
+    """When checkpoints are written into `run_dir/checkpoints/`, how many are kept, and how faults are met.
+
+    Intervals by steps and/or minutes (the first due wins; ranks agree). `resume` picks up the
+    latest valid checkpoint automatically; `resume_from` names one (`step-1200`, `1200` or a path).
+    On SIGTERM/SIGUSR1 a checkpoint is written at the next step boundary and the run exits with
+    code 75; `grace_seconds` is the time the scheduler allows for that (a warning when exceeded).
+    `nan_patience`: consecutive non-finite losses tolerated under an fp16 loss scaler before the
+    run stops (without a scaler the first one stops it).
+    """
 
     every_steps: int | None = Field(None, ge=1)
     every_minutes: float | None = Field(None, gt=0)
+    at_end: bool = True
     keep_last: int = Field(3, ge=1)
+    pin: list[int] = Field(default_factory=list)
     resume: bool = True
+    resume_from: str | None = None
+    grace_seconds: float = Field(25.0, gt=0)
+    nan_patience: int = Field(3, ge=1)
+    verify_on_save: bool = True
 
 
 class LoggingConfig(Section):

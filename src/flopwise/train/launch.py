@@ -12,6 +12,10 @@ rank ends as one line instead of the launcher's traceback). Inside torchrun or S
 (RANK/WORLD_SIZE or SLURM_PROCID set) the run happens directly in this process. A
 rank that dies makes torchrun stop the others at once; a rank on another node that
 waits on it fails after `parallel.timeout_minutes` (the process-group timeout).
+
+Restarts (`parallel.max_restarts`): on one node flopwise starts a fresh torchrun after a
+preemption (exit 75) or a failed rank; on several nodes torchrun's own `--max-restarts`
+does it. Each start resumes from the latest valid checkpoint (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -48,7 +52,10 @@ def torchrun_args(cfg: RunConfig, config_path: Path) -> list[str]:
             f"--rdzv-endpoint={p.rdzv_endpoint}",
             f"--rdzv-id={p.rdzv_id}",
         ]
-    args += [f"--max-restarts={p.max_restarts}", "-m", "flopwise.train.worker", str(config_path)]
+    # One node: flopwise restarts a fresh torchrun itself (`_run_torchrun_with_restarts`); torchrun's
+    # in-place restarts can fail to reconnect a gloo group (pytorch#167288). Several nodes: torchrun's.
+    restarts = p.max_restarts if p.nnodes > 1 else 0
+    args += [f"--max-restarts={restarts}", "-m", "flopwise.train.worker", str(config_path)]
     return args
 
 
@@ -57,15 +64,18 @@ def launch(cfg: RunConfig) -> None:
     from flopwise.train.parallel import check_strategy, launched_externally
 
     check_strategy(cfg.parallel)
-    if world_size_of(cfg) == 1 or launched_externally():
-        run_here(cfg)
+    if launched_externally():
+        run_here(cfg)  # torchrun or Slurm restarts this process; no retry loop of our own
+        return
+    if world_size_of(cfg) == 1:
+        _run_here_with_restarts(cfg)
         return
     run_dir = Path(cfg.logging.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     config_path.write_text(dump_config(cfg))
     _prepare_data_once(cfg)
-    _run_torchrun(torchrun_args(cfg, config_path))
+    _run_torchrun_with_restarts(cfg, config_path)
 
 
 def run_here(cfg: RunConfig) -> None:
@@ -78,6 +88,40 @@ def run_here(cfg: RunConfig) -> None:
         run_training(cfg, env)
     finally:
         shutdown(env)
+
+
+def _run_here_with_restarts(cfg: RunConfig) -> None:
+    """One process: after a preemption (checkpoint saved, exit code 75) start again, up to `parallel.max_restarts` times."""
+    from flopwise.train.faults import Preempted
+
+    for attempt in range(cfg.parallel.max_restarts + 1):
+        try:
+            run_here(cfg)
+            return
+        except Preempted as stop:
+            if attempt == cfg.parallel.max_restarts:
+                raise
+            print(f"{stop}; restart {attempt + 1} of {cfg.parallel.max_restarts}", file=sys.stderr, flush=True)
+
+
+def _run_torchrun_with_restarts(cfg: RunConfig, config_path: Path) -> None:
+    """One node: after a preemption (exit 75) or a failed rank, start a fresh torchrun (new rendezvous),
+    up to `parallel.max_restarts` times; every start resumes from the latest valid checkpoint."""
+    from flopwise.train.faults import Preempted
+
+    restarts = cfg.parallel.max_restarts if cfg.parallel.nnodes == 1 else 0
+    for attempt in range(restarts + 1):
+        try:
+            _run_torchrun(torchrun_args(cfg, config_path))
+            return
+        except Preempted as stop:
+            if attempt == restarts:
+                raise
+            print(f"{stop}; restart {attempt + 1} of {restarts}", file=sys.stderr, flush=True)
+        except SystemExit as failed:  # a rank crashed (its output is above)
+            if attempt == restarts or failed.code != 1:
+                raise
+            print(f"restart {attempt + 1} of {restarts} after a failed rank", file=sys.stderr, flush=True)
 
 
 def _prepare_data_once(cfg: RunConfig) -> None:
@@ -100,10 +144,14 @@ def _run_torchrun(args: list[str]) -> None:
         try:
             run(get_args_parser().parse_args(args))
         except ChildFailedError as failed:
+            from flopwise.train.faults import PREEMPTED_EXIT_CODE, Preempted
+
             message = _first_user_error(Path(errors))
+            rank, failure = failed.get_first_failure()
+            if message and failure.exitcode == PREEMPTED_EXIT_CODE:
+                raise Preempted(message) from None  # exit code 75: the scheduler may requeue
             if message:
                 raise UserError(message) from None
-            rank, failure = failed.get_first_failure()
             print(f"error: rank {rank} failed with exit code {failure.exitcode}; see its output above",
                   file=sys.stderr)
             raise SystemExit(1) from None

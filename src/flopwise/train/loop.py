@@ -25,6 +25,7 @@ from torch import nn
 from flopwise.errors import UserError
 from flopwise.train.build import BuiltModel, build_training_model
 from flopwise.train.config import RunConfig, TrainingConfig
+from flopwise.train.faults import StepBoundary
 from flopwise.train.metrics import (
     MemoryBytes,
     MetricsWriter,
@@ -33,7 +34,17 @@ from flopwise.train.metrics import (
     measure_memory,
     step_record,
 )
-from flopwise.train.parallel import DistEnv, all_reduce_max, all_reduce_mean, barrier, gradient_sync
+from flopwise.train.parallel import (
+    DistEnv,
+    all_reduce_max,
+    all_reduce_mean,
+    attach_step_runner,
+    barrier,
+    data_parallel_shape,
+    gradient_sync,
+    simulated_straggler_delay,
+    wait_for_other_ranks,
+)
 
 
 @dataclass
@@ -63,6 +74,7 @@ class StepResult:
     step_seconds: float
     memory: MemoryBytes
     loss_scale: float | None = None
+    sync_wait_seconds: float | None = None
 
 
 @dataclass
@@ -77,14 +89,20 @@ class RunResult:
     tokens_per_step: int = 0
 
 
-def batch_layout(cfg: TrainingConfig, world_size: int) -> tuple[int, int]:
-    """(global batch in sequences, accumulation micro-steps); the global batch defaults to micro x ranks."""
-    per_pass = cfg.micro_batch_size * world_size
+def batch_layout(cfg: TrainingConfig, world_size: int, micro_batches_per_pass: int = 1) -> tuple[int, int]:
+    """(global batch in sequences, accumulation passes); the global batch defaults to one pass.
+
+    A pass is one micro-batch on each of `world_size` data-parallel ranks, or, for a
+    pipeline, `micro_batches_per_pass` micro-batches through the stages.
+    """
+    per_pass = cfg.micro_batch_size * world_size * micro_batches_per_pass
     global_batch = cfg.global_batch_size or per_pass
     if global_batch % per_pass:
+        what = "processes" if micro_batches_per_pass == 1 else "parallel.pipeline_microbatches"
+        count = world_size if micro_batches_per_pass == 1 else micro_batches_per_pass
         raise UserError(
-            f"training.global_batch_size: {global_batch} is not a multiple of micro_batch_size x processes "
-            f"= {cfg.micro_batch_size} x {world_size} (allowed e.g. {per_pass}, {2 * per_pass}, {4 * per_pass})"
+            f"training.global_batch_size: {global_batch} is not a multiple of micro_batch_size x {what} "
+            f"= {cfg.micro_batch_size} x {count} (allowed e.g. {per_pass}, {2 * per_pass}, {4 * per_pass})"
         )
     return global_batch, global_batch // per_pass
 
@@ -131,6 +149,8 @@ def train_step(state: TrainState, cfg: RunConfig, env: DistEnv, grad_accum: int,
     """One optimizer step over `grad_accum` micro-batches; returns this rank's measurements."""
     from flopwise.train.precision import autocast_context
 
+    if state.built.runner is not None:  # DeepSpeed's engine or a pipeline schedule drives the step
+        return state.built.runner.train_step(state, cfg, env, grad_accum, measure)
     built, optimizer, scaler = state.built, state.optimizer, state.scaler
     model = built.model
     model.train()
@@ -141,15 +161,21 @@ def train_step(state: TrainState, cfg: RunConfig, env: DistEnv, grad_accum: int,
     data_s = compute_s = 0.0
     loss_sum = 0.0
     saved_bytes = 0
+    wait_s = None
     for micro in range(grad_accum):
         t0 = time.perf_counter()
         inputs, targets = next(state.train_loader)
         inputs, targets = inputs.to(env.device, non_blocking=True), targets.to(env.device, non_blocking=True)
         t1 = time.perf_counter()
         meter = SavedActivationMeter(built.module, built.saved_tensor_hooks) if measure and micro == 0 else None
-        with gradient_sync(model, enabled=micro == grad_accum - 1):
+        last = micro == grad_accum - 1
+        with gradient_sync(model, enabled=last):
+            if last:
+                simulated_straggler_delay(env)
             with _forward_context(built, meter), autocast_context(cfg.precision.mode, env.device.type):
                 loss = loss_fn(model(inputs), targets) / grad_accum
+            if last:
+                wait_s = wait_for_other_ranks(env, measure_sync_wait(cfg, env))
             (scaler.scale(loss) if scaler is not None else loss).backward()
         if meter is not None:
             saved_bytes = meter.bytes
@@ -157,7 +183,7 @@ def train_step(state: TrainState, cfg: RunConfig, env: DistEnv, grad_accum: int,
         sync()
         t2 = time.perf_counter()
         data_s += t1 - t0
-        compute_s += t2 - t1
+        compute_s += t2 - t1 - (wait_s if last and wait_s else 0.0)
 
     t3 = time.perf_counter()
     skipped, grad_norm, scale = _optimizer_step(state, cfg.training)
@@ -184,7 +210,14 @@ def train_step(state: TrainState, cfg: RunConfig, env: DistEnv, grad_accum: int,
         step_seconds=t4 - t_start,
         memory=memory,
         loss_scale=scale,
+        sync_wait_seconds=wait_s,
     )
+
+
+def measure_sync_wait(cfg: RunConfig, env: DistEnv) -> bool:
+    """`training.measure_sync_wait`, defaulting to on when there is more than one rank."""
+    flag = cfg.training.measure_sync_wait
+    return env.world_size > 1 if flag is None else flag
 
 
 def _optimizer_step(state: TrainState, cfg: TrainingConfig) -> tuple[bool, float, float | None]:
@@ -224,6 +257,8 @@ def evaluate(built: BuiltModel, loader, batches: int, cfg: RunConfig, env: DistE
     """Mean validation loss over the first `batches` batches of the held-out split, averaged over ranks."""
     from flopwise.train.precision import autocast_context
 
+    if built.runner is not None:
+        return built.runner.evaluate(loader, batches, cfg, env)
     model = built.model
     model.eval()
     total = 0.0
@@ -239,9 +274,10 @@ def make_loader(cfg: RunConfig, env: DistEnv, prepared, split: str):
     """This rank's loader for 'train' (prefetching) or 'val' (synchronous, repeatable)."""
     from flopwise.train.data import TokenLoader
 
+    dp_rank, dp_size, _ = data_parallel_shape(cfg.parallel, env)
     return TokenLoader(
         prepared, split, seq_len=cfg.data.seq_len, micro_batch_size=cfg.training.micro_batch_size,
-        rank=env.rank, world_size=env.world_size, seed=cfg.training.seed,
+        rank=dp_rank, world_size=dp_size, seed=cfg.training.seed,
         prefetch=cfg.data.prefetch if split == "train" else 0,
     )
 
@@ -253,13 +289,15 @@ def build_state(cfg: RunConfig, env: DistEnv, prepared) -> TrainState:
     torch.manual_seed(cfg.training.seed)  # same initial weights on every rank
     built = build_training_model(cfg, prepared.vocab_size, env)
     optimizer = make_optimizer(built.module, cfg.training)
-    return TrainState(
+    state = TrainState(
         built=built,
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, cfg.training),
         scaler=make_grad_scaler(cfg.precision, env.device.type),
         train_loader=make_loader(cfg, env, prepared, "train"),
     )
+    built.runner = attach_step_runner(state, cfg, env)
+    return state
 
 
 def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
@@ -279,7 +317,8 @@ def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
     if prepared is None:
         prepared = prepare_data(cfg.data)
 
-    global_batch, grad_accum = batch_layout(cfg.training, env.world_size)
+    _, dp_size, micro_per_pass = data_parallel_shape(cfg.parallel, env)
+    global_batch, grad_accum = batch_layout(cfg.training, dp_size, micro_per_pass)
     state = build_state(cfg, env, prepared)
     built = state.built
     val_loader = make_loader(cfg, env, prepared, "val")
@@ -293,6 +332,9 @@ def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
         config=cfg.model_dump(mode="json"),
     )
     for line in _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast):
+        display.print(line)
+    boundary = StepBoundary(cfg, env, prepared.vocab_size, global_batch, report=display.print)
+    for line in boundary.resume(state):  # the one place a run continues from a checkpoint
         display.print(line)
 
     writer = MetricsWriter(run_dir, env.rank, append=state.step > 0)
@@ -316,7 +358,7 @@ def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
                 data_seconds=step.data_seconds, compute_seconds=step.compute_seconds,
                 optimizer_seconds=step.optimizer_seconds, tokens_seen=state.tokens_seen, memory=step.memory,
                 mfu=forecast.mfu(tokens_per_second), skipped=step.skipped, loss_scale=step.loss_scale,
-                val_loss=val_loss,
+                val_loss=val_loss, sync_wait_seconds=step.sync_wait_seconds,
             )
             writer.write(record)
             log = state.step % cfg.logging.log_every == 0 or state.step == cfg.training.max_steps
@@ -325,10 +367,15 @@ def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
             result.step_seconds.append(step.step_seconds)
             result.memory = step.memory
             result.steps = state.step
+            boundary.after_step(state, step.loss)  # saves when due; stops on a signal or a NaN loss
+        boundary.finish(state)
     finally:
+        boundary.close()
         writer.close()
         display.close()
         state.train_loader.close()
+    if not result.train_losses:  # resumed at or past max_steps: nothing was trained
+        return result
     summary = _measured_summary(result, env)
     comparison = forecast.compare(summary)
     if env.is_main:
@@ -361,7 +408,9 @@ def _measured_summary(result: RunResult, env: DistEnv) -> dict:
 
 
 def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -> list[str]:
-    n_params = sum(p.numel() for p in built.module.parameters())  # FSDP2 DTensors report global sizes
+    # FSDP2 DTensors report global sizes; DeepSpeed ZeRO-3 keeps them in `ds_numel`
+    n_params = getattr(built.module, "total_parameters", None) or sum(  # a pipeline stage knows the whole
+        getattr(p, "ds_numel", p.numel()) for p in built.module.parameters())
     lines = [
         f"run dir: {cfg.logging.run_dir}",
         f"data: {prepared.train_tokens:,} train / {prepared.val_tokens:,} val tokens, vocab {prepared.vocab_size}",

@@ -189,6 +189,7 @@ def step_record(
     skipped: bool = False,
     loss_scale: float | None = None,
     val_loss: float | None = None,
+    sync_wait_seconds: float | None = None,
 ) -> dict:
     """One metrics line. Names are stable: the report and `diagnose` read them.
 
@@ -196,7 +197,9 @@ def step_record(
     batch) + `compute_seconds` (forward + backward, gradient reduction included) +
     `optimizer_seconds` (unscale, clip, step, zero_grad, schedule). `tokens_per_second` is
     the whole job's tokens per step over this rank's step time; `mfu` divides it by all
-    devices' peak. Memory is `memory_<component>_bytes` for this rank.
+    devices' peak. Memory is `memory_<component>_bytes` for this rank. `sync_wait_seconds`
+    (when measured) is the time this rank waited for the others before the gradient
+    sync; it is taken out of `compute_seconds`.
     """
     record = {
         "step": step,
@@ -217,6 +220,8 @@ def step_record(
         record["loss_scale"] = loss_scale
     if val_loss is not None:
         record["val_loss"] = val_loss
+    if sync_wait_seconds is not None:
+        record["sync_wait_seconds"] = sync_wait_seconds
     record.update({f"memory_{k}_bytes": v for k, v in asdict(memory).items() if v is not None})
     return record
 

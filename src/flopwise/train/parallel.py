@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterator
@@ -22,7 +23,7 @@ from torch import nn
 from flopwise.errors import UserError
 from flopwise.train.config import ParallelConfig
 
-STRATEGIES_AVAILABLE = ("single", "ddp", "fsdp")
+STRATEGIES_AVAILABLE = ("single", "ddp", "fsdp", "deepspeed", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,22 @@ def check_strategy(cfg: ParallelConfig) -> None:
             f"parallel.strategy: {cfg.strategy} is not available in this version "
             f"(allowed: {', '.join(STRATEGIES_AVAILABLE)})"
         )
+    if cfg.strategy == "deepspeed":
+        from flopwise.train.strategy_deepspeed import check_deepspeed_config
+
+        check_deepspeed_config(cfg)
+
+
+def data_parallel_shape(cfg: ParallelConfig, env: "DistEnv") -> tuple[int, int, int]:
+    """(data-parallel rank, data-parallel size, micro-batches per pass) of this process.
+
+    Data-parallel strategies split each batch over all ranks, one micro-batch per rank per
+    pass. A pipeline splits the model instead: every stage sees the same batch, and one
+    pass feeds `pipeline_microbatches` micro-batches through the stages.
+    """
+    if cfg.strategy == "pipeline":
+        return 0, 1, cfg.pipeline_microbatches
+    return env.rank, env.world_size, 1
 
 
 def init_distributed(cfg: ParallelConfig) -> DistEnv:
@@ -86,7 +103,7 @@ def init_distributed(cfg: ParallelConfig) -> DistEnv:
     device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    needs_group = world_size > 1 or cfg.strategy in ("ddp", "fsdp")
+    needs_group = world_size > 1 or cfg.strategy in ("ddp", "fsdp", "deepspeed", "pipeline")
     if not needs_group:
         return DistEnv(rank, world_size, local_rank, None, device, False)
     if not dist.is_initialized():
@@ -155,9 +172,18 @@ def wrap_model(
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [env.device.index] if env.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.ddp_bucket_mb)
+        # Non-persistent buffers (RoPE tables) are derived from the config and equal on every rank:
+        # broadcasting them before each forward would only add a collective (and a hidden wait).
+        return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.ddp_bucket_mb,
+                                       broadcast_buffers=_has_persistent_buffers(model))
     if cfg.strategy == "fsdp":
         return _apply_fsdp(model, blocks, cfg, env, mp_policy)
+    if cfg.strategy == "deepspeed":
+        return model  # the DeepSpeed engine needs the optimizer: `attach_step_runner` builds it
+    if cfg.strategy == "pipeline":
+        from flopwise.train.strategy_pipeline import stage_module
+
+        return stage_module(model, env)
     raise UserError(f"parallel.strategy: {cfg.strategy} is not available (allowed: {', '.join(STRATEGIES_AVAILABLE)})")
 
 
@@ -183,12 +209,60 @@ def _apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, en
     return model
 
 
+def _has_persistent_buffers(model: nn.Module) -> bool:
+    """Whether any buffer is state (e.g. running statistics) rather than a table derived from the config."""
+    return any(
+        name not in module._non_persistent_buffers_set
+        for module in model.modules()
+        for name, _ in module.named_buffers(recurse=False)
+    )
+
+
 def _shared_parameter_ids(model: nn.Module) -> set[int]:
     owners: dict[int, int] = {}
     for module in model.modules():
         for param in module.parameters(recurse=False):
             owners[id(param)] = owners.get(id(param), 0) + 1
     return {pid for pid, count in owners.items() if count > 1}
+
+
+def attach_step_runner(state, cfg, env: DistEnv):
+    """The strategy's own step runner, for strategies that drive forward, backward and the
+    optimizer step themselves (DeepSpeed's engine, a pipeline schedule); None for the rest.
+
+    A runner has `train_step(state, cfg, env, grad_accum, measure)` returning the loop's
+    `StepResult`, and `evaluate(loader, batches, cfg, env)` returning the mean loss.
+    """
+    if cfg.parallel.strategy == "deepspeed":
+        from flopwise.train.strategy_deepspeed import DeepSpeedRunner
+
+        return DeepSpeedRunner(state, cfg, env)
+    if cfg.parallel.strategy == "pipeline":
+        from flopwise.train.strategy_pipeline import PipelineRunner
+
+        return PipelineRunner(state, cfg, env)
+    return None
+
+
+def wait_for_other_ranks(env: DistEnv, enabled: bool) -> float | None:
+    """Seconds this rank waits for the others just before the gradient-synchronising backward.
+
+    A tiny all-reduce every rank must reach: the last rank to arrive waits ~0, the others
+    wait for it, which is how a straggler becomes visible to `flopwise diagnose`. Cost:
+    one extra small collective per optimizer step (microseconds on NVLink, ~0.1-1 ms on
+    gloo), plus, on CUDA, a device synchronisation before it that stops the host from
+    running ahead of the GPU. None when off or with a single process.
+    """
+    if not enabled or not env.distributed or env.world_size == 1:
+        return None
+    if env.device.type == "cuda":
+        torch.cuda.synchronize(env.device)
+    flag = torch.zeros(1, device=env.device)
+    start = time.perf_counter()
+    dist.all_reduce(flag)
+    if env.device.type == "cuda":
+        torch.cuda.synchronize(env.device)
+    return time.perf_counter() - start
 
 
 @contextlib.contextmanager
@@ -251,3 +325,20 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+SLOW_RANK_ENV = "FLOPWISE_TEST_SLOW_RANK"
+
+
+def simulated_straggler_delay(env: DistEnv) -> None:
+    """Sleep on one rank, to make a straggler on purpose (tests, diagnose demos).
+
+    `FLOPWISE_TEST_SLOW_RANK=R:SECONDS` makes rank R sleep SECONDS before its final
+    forward of each optimizer step; unset (always, in real runs) it does nothing.
+    """
+    value = os.environ.get(SLOW_RANK_ENV)
+    if not value:
+        return
+    rank, _, seconds = value.partition(":")
+    if int(rank) == env.rank:
+        time.sleep(float(seconds or 0.1))

@@ -170,11 +170,17 @@ def runspec_for(cfg: RunConfig, spec, hardware: HardwareSpec, world_size: int, g
     from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
 
     every = cfg.training.checkpoint_every
+    strategy = cfg.parallel.strategy
+    pipeline = strategy == "pipeline"
     layout = Layout(
-        dp=world_size,
+        dp=1 if pipeline else world_size,
+        pp=world_size if pipeline else 1,
         micro_batch_size=cfg.training.micro_batch_size,
-        grad_accum=grad_accum,
-        zero_stage=3 if cfg.parallel.strategy == "fsdp" else 0,
+        # a pipeline pass is `pipeline_microbatches` micro-batches: the planner's accumulation count
+        grad_accum=grad_accum * (cfg.parallel.pipeline_microbatches if pipeline else 1),
+        zero_stage=3 if strategy == "fsdp" else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
+        offload=cfg.parallel.offload if strategy == "deepspeed" else "none",
+        pipeline_schedule=cfg.parallel.pipeline_schedule,
         recompute="full" if every == 1 else "none",
         flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA
     )

@@ -3,6 +3,7 @@
 The config is the resolved one `flopwise train` wrote into the run directory. A
 mistake found here (a data path, a model config) ends this rank with one line and exit
 code 2; under `flopwise train` the line goes to the launcher, which prints it once.
+A preemption (SIGTERM/SIGUSR1, checkpoint saved) exits with 75, a diverged loss with 3.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 1:
         print("usage: python -m flopwise.train.worker CONFIG.yaml", file=sys.stderr)
         sys.exit(2)
+    _clear_report()  # a message left by an earlier attempt (before a restart) is not this one's
     try:
         from flopwise.train.config_loading import load_config
         from flopwise.train.launch import run_here
@@ -27,6 +29,16 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as err:
         _report(str(err))
         sys.exit(err.exit_code)
+
+
+def _clear_report() -> None:
+    error_file = os.environ.get("FLOPWISE_ERROR_FILE")
+    if error_file:
+        rank = int(os.environ.get("RANK", "0"))
+        try:
+            os.unlink(f"{error_file}.rank{rank:05d}")
+        except FileNotFoundError:
+            pass
 
 
 def _report(message: str) -> None:

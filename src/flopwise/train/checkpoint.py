@@ -1,0 +1,553 @@
+"""Checkpoints you can trust: sharded save, atomic publish, verified resume, retention.
+
+Layout of `run_dir/checkpoints/`:
+
+    step-120/                 one published checkpoint
+      .metadata, __0_0.distcp, __1_0.distcp, ...   model + optimizer, torch.distributed.checkpoint (DCP)
+      trainer.rank00000.json  step, tokens, loader position, RNGs, scheduler, scaler (per rank; JSON)
+      manifest.json           config, world size, vocab, and bytes + sha256 of every file above
+    .tmp-step-140/            being written; never read
+    latest                    "step-120", replaced atomically after step-120 was verified
+
+Save: every rank writes its DCP shard and its trainer file into `.tmp-step-N` (fsynced);
+rank 0 then hashes the files into the manifest, renames the folder to `step-N`, fsyncs the
+parent, re-verifies, and only then moves `latest` and prunes old checkpoints (the newest
+`keep_last` plus `pin` stay). Any failure (disk full, permission) is agreed over ranks, the
+temporary folder is removed, and the run stops with one line; published checkpoints are
+never touched by a failed save.
+
+Model and optimizer go through `torch.distributed.checkpoint.state_dict.get_state_dict /
+set_state_dict`, so keys are the plain module names whatever the wrapping (single, DDP,
+FSDP2) and DCP reshards on load: a checkpoint written by N processes loads into M. The data
+position is the loader's global sample count, so it maps to any world size too.
+
+Loading never unpickles untrusted data: tensors come through `torch.load(weights_only=True)`
+(inside DCP), the DCP `.metadata` through an unpickler that admits only DCP's own metadata
+classes, everything else is JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import os
+import pickle
+import random
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+from flopwise.errors import UserError
+from flopwise.train.parallel import DistEnv, barrier
+
+FORMAT_VERSION = 1
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+MANIFEST = "manifest.json"
+STEP_PREFIX = "step-"
+TMP_PREFIX = ".tmp-step-"
+HASH_CHUNK = 8 << 20
+RESHARD_SEED = 1_000_003  # per-rank torch seeds after a world-size change: distinct, reproducible
+
+
+def trainer_file(rank: int) -> str:
+    """Name of rank `rank`'s trainer-state file."""
+    return f"trainer.rank{rank:05d}.json"
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    """`run_dir/checkpoints`."""
+    return Path(run_dir) / CHECKPOINTS
+
+
+def published_steps(run_dir: Path) -> list[tuple[int, Path]]:
+    """Published checkpoints (step, folder), oldest first; temporary folders are not listed."""
+    folder = checkpoints_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    found = []
+    for entry in folder.iterdir():
+        if entry.is_dir() and entry.name.startswith(STEP_PREFIX) and entry.name[len(STEP_PREFIX):].isdigit():
+            found.append((int(entry.name[len(STEP_PREFIX):]), entry))
+    return sorted(found)
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None when every file in the manifest is there with its size and sha256; else what is wrong, in a few words."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return "no manifest.json (incomplete save)"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable manifest.json ({exc})"
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"missing file {name}"
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            return f"{name} has {size} bytes, the manifest says {expected['bytes']} (truncated?)"
+        if _sha256(file) != expected["sha256"]:
+            return f"{name} fails its sha256 checksum (corrupted)"
+    return None
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of a checkpoint folder (JSON)."""
+    return json.loads((Path(path) / MANIFEST).read_text())
+
+
+def latest_valid(run_dir: Path, report=print) -> Path | None:
+    """The newest published checkpoint that verifies; each one skipped is reported in one line.
+
+    The newest verified folder wins even when `latest` still names an older one (a crash
+    between the rename and the pointer update leaves exactly that state).
+    """
+    for step, path in reversed(published_steps(run_dir)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        report(f"checkpoint {path}: {problem}; falling back to the previous one")
+    return None
+
+
+def resolve_checkpoint(run_dir: Path, spec: str | int, what: str = "checkpoint.resume_from") -> Path:
+    """A named checkpoint (`step-1200`, `1200`, or a folder path) that must exist and verify; `what` names the input."""
+    text = str(spec).strip()
+    if text.isdigit():
+        text = f"{STEP_PREFIX}{int(text)}"
+    candidate = Path(text)
+    if not candidate.is_dir():
+        candidate = checkpoints_dir(run_dir) / text
+    if not candidate.is_dir():
+        steps = ", ".join(p.name for _, p in published_steps(run_dir)) or "none"
+        raise UserError(f"{what}: {spec} not found (available in {checkpoints_dir(run_dir)}: {steps})")
+    problem = verify_checkpoint(candidate)
+    if problem is not None:
+        raise UserError(f"checkpoint {candidate}: {problem}; pick another ({what} step-N)")
+    return candidate
+
+
+# --------------------------------------------------------------------------- saving
+
+
+@dataclass
+class SaveContext:
+    """What a checkpoint records besides the TrainState: the run's identity."""
+
+    run_dir: Path
+    config: dict
+    vocab_size: int
+    global_batch: int
+    strategy: str
+
+
+def save_checkpoint(state, ctx: SaveContext, env: DistEnv, verify: bool = True) -> Path:
+    """Write, verify and publish `checkpoints/step-N` for `state`; a UserError (all ranks) if it cannot.
+
+    Collective: every rank calls it at the same step.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    root = checkpoints_dir(ctx.run_dir)
+    step = state.step
+    tmp = root / f"{TMP_PREFIX}{step}"
+    final = root / f"{STEP_PREFIX}{step}"
+    previous = _previous_name(ctx.run_dir)
+    failure = ""
+    if env.is_main:
+        failure = _attempt(lambda: (root.mkdir(parents=True, exist_ok=True), shutil.rmtree(tmp, ignore_errors=True),
+                                    tmp.mkdir()))
+    failure = _agree_failure(failure, env)
+    if not failure:
+        model_sd, optim_sd = get_state_dict(state.built.model, state.optimizer)
+        with quiet_single_process_notice():
+            failure = _attempt(lambda: dcp.save({"model": model_sd, "optim": optim_sd},
+                                                storage_writer=FileSystemWriter(tmp, sync_files=True)))
+        if not failure:
+            failure = _attempt(lambda: _write_json(tmp / trainer_file(env.rank), trainer_state(state, env)))
+        failure = _agree_failure(failure, env)
+    if not failure and env.is_main:
+        failure = _attempt(lambda: _publish(tmp, final, step, state, ctx, env, verify))
+    failure = _agree_failure(failure, env)
+    if failure:
+        if env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        raise UserError(f"checkpoint step-{step} could not be written to {root}: {failure}; {kept}")
+    barrier(env)
+    return final
+
+
+def _publish(tmp: Path, final: Path, step: int, state, ctx: SaveContext, env: DistEnv, verify: bool) -> None:
+    files = {}
+    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        files[str(file.relative_to(tmp))] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
+    manifest = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "tokens_seen": state.tokens_seen,
+        "world_size": env.world_size,
+        "strategy": ctx.strategy,
+        "global_batch": ctx.global_batch,
+        "vocab_size": ctx.vocab_size,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "torch": torch.__version__,
+        "config": ctx.config,
+        "files": files,
+    }
+    _write_json(tmp / MANIFEST, manifest)
+    _fsync_dir(tmp)
+    if final.exists():  # an earlier, unverifiable attempt at the same step: replace it
+        trash = final.with_name(f".trash-{final.name}")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    problem = verify_checkpoint(final) if verify else None
+    if problem is not None:
+        raise OSError(errno.EIO, f"verification after writing failed: {problem}")
+    _write_text_atomic(final.parent / LATEST, final.name + "\n")
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, pin: list[int]) -> list[Path]:
+    """Delete published checkpoints beyond the newest `keep_last`, except pinned steps and `latest`; returns those deleted."""
+    published = published_steps(run_dir)
+    keep = {step for step, _ in published[-keep_last:]} | set(pin)
+    latest = _previous_name(run_dir)
+    deleted = []
+    for step, path in published:
+        if step in keep or path.name == latest:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    return deleted
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Drop `.tmp-step-*` folders left by a save that was killed (they were never published)."""
+    folder = checkpoints_dir(run_dir)
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if entry.name.startswith((TMP_PREFIX, ".trash-")):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+RESUMED_FROM = "resumed_from.json"
+
+
+def resume_from_done(run_dir: Path, spec: str) -> bool:
+    """True once this run dir has continued from `spec`: a restart (torchrun, requeue) then takes
+    the run's own latest checkpoint instead of going back to `spec` again."""
+    try:
+        return json.loads((checkpoints_dir(run_dir) / RESUMED_FROM).read_text()).get("spec") == str(spec)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def mark_resume_from_done(run_dir: Path, spec: str) -> None:
+    """Record that `checkpoint.resume_from` was honoured (see `resume_from_done`)."""
+    checkpoints_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    _write_text_atomic(checkpoints_dir(run_dir) / RESUMED_FROM, json.dumps({"spec": str(spec)}))
+
+
+def supersede_newer(run_dir: Path, chosen: Path, report=print) -> None:
+    """Going back to an older checkpoint of this run: move the newer ones to `checkpoints/superseded/`
+    (kept, not deleted) so that a later automatic resume cannot jump forward onto the abandoned branch."""
+    if Path(chosen).parent.resolve() != checkpoints_dir(run_dir).resolve():
+        return
+    step = int(read_manifest(chosen)["step"])
+    newer = [path for s, path in published_steps(run_dir) if s > step]
+    if not newer:
+        return
+    folder = checkpoints_dir(run_dir) / "superseded" / time.strftime("%Y%m%dT%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in newer:
+        os.rename(path, folder / path.name)
+    _write_text_atomic(checkpoints_dir(run_dir) / LATEST, Path(chosen).name + "\n")
+    report(f"checkpoints after step {step} moved to {folder} (resuming from an earlier step)")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_checkpoint(state, path: Path, env: DistEnv) -> list[str]:
+    """Restore `state` (model, optimizer, schedule, scaler, loader, RNGs) from `path`; returns notes for the log.
+
+    Collective: every rank calls it. Model and optimizer are resharded by DCP when the
+    world size or strategy differs from the saving run.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest.get("format") != FORMAT_VERSION:
+        raise UserError(f"checkpoint {path}: format {manifest.get('format')} is not supported (allowed: {FORMAT_VERSION})")
+    model_sd, optim_sd = get_state_dict(state.built.model, state.optimizer)
+    try:
+        with quiet_single_process_notice():
+            dcp.load({"model": model_sd, "optim": optim_sd}, storage_reader=SafeFileSystemReader(path))
+    except Exception as exc:  # a shape or key mismatch: a different model than the one saved
+        raise UserError(f"checkpoint {path} does not fit this model/optimizer: {_first_line(exc)}") from None
+    set_state_dict(state.built.model, state.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+    notes = []
+    saved_world = int(manifest["world_size"])
+    own = path / trainer_file(env.rank)
+    exact_rng = saved_world == env.world_size and own.is_file()
+    trainer = json.loads((own if exact_rng else path / trainer_file(0)).read_text())
+    state.step = int(trainer["step"])
+    state.tokens_seen = int(trainer["tokens_seen"])
+    state.train_loader.load_state_dict(trainer["loader"])
+    state.scheduler.load_state_dict(trainer["scheduler"])
+    if state.scaler is not None and trainer.get("scaler"):
+        state.scaler.load_state_dict(trainer["scaler"])
+    if exact_rng:
+        restore_rng(trainer["rng"])
+    else:
+        restore_rng(trainer["rng"])  # rank 0's streams, then torch's made distinct per rank
+        torch.manual_seed(RESHARD_SEED * (state.step + 1) + env.rank)
+        notes.append(
+            f"resharded: saved by {saved_world} process(es), resumed on {env.world_size}; model and optimizer "
+            "were resharded by DCP and the data position (global samples consumed) maps exactly, but "
+            "per-rank random streams (dropout) restart from a fresh seed"
+        )
+    return notes
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file reader with a `.metadata` unpickler restricted to DCP's own metadata classes."""
+
+    def read_metadata(self, *args, **kwargs):
+        rank = kwargs.get("rank")
+        path = self._get_metadata_path(rank)
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = _MetadataUnpickler(io.BytesIO(stream.read())).load()
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits only the plain-data classes DCP writes into `.metadata`; anything else is refused."""
+
+    ALLOWED_MODULES = ("torch.distributed.checkpoint.", "collections", "builtins")
+    ALLOWED_TORCH = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                     ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath")}
+    REFUSED_BUILTINS = {"eval", "exec", "compile", "open", "getattr", "__import__", "globals", "locals", "vars"}
+
+    def find_class(self, module: str, name: str):
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) in self.ALLOWED_TORCH:
+            return super().find_class(module, name)
+        if module == "builtins" and name in self.REFUSED_BUILTINS:
+            raise pickle.UnpicklingError(f"checkpoint metadata refers to builtins.{name}; refused")
+        if module.startswith(self.ALLOWED_MODULES):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}; refused (not DCP metadata)")
+
+
+# --------------------------------------------------------------------------- trainer state
+
+
+def trainer_state(state, env: DistEnv) -> dict:
+    """This rank's non-tensor state as JSON-able data."""
+    return {
+        "format": FORMAT_VERSION,
+        "step": state.step,
+        "tokens_seen": state.tokens_seen,
+        "rank": env.rank,
+        "world_size": env.world_size,
+        "loader": state.train_loader.state_dict(),
+        "scheduler": _jsonable(state.scheduler.state_dict()),
+        "scaler": _jsonable(state.scaler.state_dict()) if state.scaler is not None else None,
+        "rng": capture_rng(env),
+    }
+
+
+def capture_rng(env: DistEnv) -> dict:
+    """Every random stream this rank uses: python, numpy, torch CPU (and CUDA on GPUs)."""
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    rng = {
+        "python": [version, list(internal), gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": _b64(torch.get_rng_state()),
+    }
+    if env.device.type == "cuda":
+        rng["cuda"] = _b64(torch.cuda.get_rng_state(env.device))
+    return rng
+
+
+def restore_rng(rng: dict) -> None:
+    """Put every random stream back where `capture_rng` found it."""
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_from_b64(rng["torch"]))
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_from_b64(rng["cuda"]))
+
+
+def trim_metrics(metrics_file: Path, step: int) -> None:
+    """Drop metric lines after `step` (written by the interrupted run after its last checkpoint)."""
+    if not metrics_file.is_file():
+        return
+    kept = []
+    for line in metrics_file.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        except ValueError:
+            continue  # a line cut by the kill
+    _write_text_atomic(metrics_file, "".join(f"{line}\n" for line in kept))
+
+
+# --------------------------------------------------------------------------- small pieces
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The root cause of a save failure in a few words (DCP wraps each rank's error in a CheckpointException).
+
+    An OSError anywhere in the chain wins (its strerror and file name); torch's zip writer
+    sometimes turns a failed write into "unexpected pos", which is reported as a failed write.
+    """
+    seen: set[int] = set()
+    found: list[BaseException] = []
+    stack: list = [exc]
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        found.append(current)
+        if isinstance(current, OSError):
+            where = f" ({current.filename})" if current.filename else ""
+            return f"{current.strerror or current}{where}"
+        failures = getattr(current, "failures", None)
+        if isinstance(failures, dict):
+            stack += [value[0] if isinstance(value, tuple) else value for value in failures.values()]
+        stack += [current.__cause__, current.__context__]
+    innermost = _first_line(found[-1])
+    if "unexpected pos" in innermost:
+        return f"a write failed part-way ({innermost}); is the disk full or the folder not writable?"
+    return innermost
+
+
+@contextlib.contextmanager
+def quiet_single_process_notice():
+    """DCP warns that it assumes one process when no process group exists; that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _attempt(action) -> str:
+    """Run `action`; '' on success, else the reason (DCP's CheckpointException is a BaseException)."""
+    try:
+        action()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        return describe_failure(exc)
+    return ""
+
+
+def _agree_failure(failure: str, env: DistEnv) -> str:
+    """All ranks learn whether any rank failed (a one-int all-reduce); the local text, or a generic one."""
+    if not env.distributed or env.world_size == 1:
+        return failure
+    flag = torch.tensor([1 if failure else 0], dtype=torch.int64, device=env.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() and not failure:
+        return "another rank failed to write its part (see its message)"
+    return failure
+
+
+def _previous_name(run_dir: Path) -> str | None:
+    pointer = checkpoints_dir(run_dir) / LATEST
+    try:
+        return pointer.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_json(path: Path, value: dict) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(value, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return None  # e.g. a lambda in LambdaLR's state: rebuilt from the config, not stored
+
+
+def _b64(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
+
+
+def _from_b64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

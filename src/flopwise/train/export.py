@@ -1,0 +1,106 @@
+"""Consolidate a sharded checkpoint into one `model.safetensors` for inference and `flopwise compress`.
+
+`flopwise export RUN_DIR [--step N] [--out DIR]` writes, by default into `RUN_DIR/export/`:
+
+    model.safetensors   every model tensor, full (unsharded), keyed like `build_model(...)`'s state_dict
+    config.yaml         the run's resolved config (to rebuild the model)
+    hf/                 for `model.kind=hf`: config.json + model.safetensors, loadable with
+                        `AutoModelForCausalLM.from_pretrained(path)`
+
+The checkpoint is verified first (sha256), and only the model part of the DCP checkpoint is
+read (the optimizer state is never loaded). DCP reassembles the shards of any world size
+into the plain tensors of a freshly built model on the CPU, in this process alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from flopwise.errors import UserError
+
+
+@dataclass
+class ExportResult:
+    """Where the export went and what it holds."""
+
+    checkpoint: Path
+    out: Path
+    step: int
+    tensors: int
+    parameters: int
+    hf_folder: Path | None = None
+
+
+def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None = None) -> ExportResult:
+    """Export the latest valid checkpoint of `run_dir` (or step `step`) as safetensors into `out`."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    from flopwise.train.checkpoint import (
+        SafeFileSystemReader, latest_valid, quiet_single_process_notice, read_manifest, resolve_checkpoint,
+    )
+    from flopwise.train.config import RunConfig
+    from flopwise.train.config_loading import dump_config
+    from flopwise.train.model import build_model
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    if step is not None:
+        path = resolve_checkpoint(run_dir, step, what="--step")
+    else:
+        path = latest_valid(run_dir, report=lambda line: print(line, flush=True))
+        if path is None:
+            raise UserError(
+                f"{run_dir}: no valid checkpoint under {run_dir / 'checkpoints'} "
+                "(train with checkpoint.at_end=true or checkpoint.every_steps=N)"
+            )
+    manifest = read_manifest(path)
+    cfg = RunConfig.model_validate(manifest["config"])
+    model = build_model(cfg.model, int(manifest["vocab_size"]))
+    state = model.state_dict()
+    try:
+        with quiet_single_process_notice():
+            dcp.load({"model": state}, storage_reader=SafeFileSystemReader(path))
+    except Exception as exc:
+        raise UserError(f"checkpoint {path} does not fit the model in its manifest: {str(exc).splitlines()[0][:160]}") from None
+    model.load_state_dict(state)
+
+    out = Path(out) if out is not None else run_dir / "export"
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = _unshared(model.state_dict())
+    metadata = {"format": "pt", "step": str(manifest["step"]), "checkpoint": str(path),
+                "tokens_seen": str(manifest.get("tokens_seen", ""))}
+    tmp = out / ".model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(out / "model.safetensors")
+    config_text = dump_config(cfg)
+    (out / "config.yaml").write_text(config_text)
+    if not (run_dir / "config.yaml").exists():
+        (run_dir / "config.yaml").write_text(config_text)
+    hf_folder = _export_hf(model, out / "hf") if cfg.model.kind == "hf" else None
+    return ExportResult(
+        checkpoint=path, out=out, step=int(manifest["step"]), tensors=len(tensors),
+        parameters=sum(p.numel() for p in model.parameters()), hf_folder=hf_folder,
+    )
+
+
+def _unshared(state: dict) -> dict:
+    """safetensors refuses tensors that share memory (tied embeddings): give each its own copy."""
+    seen = set()
+    result = {}
+    for name, tensor in state.items():
+        tensor = tensor.detach().cpu()
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        result[name] = tensor.clone().contiguous() if key in seen else tensor.contiguous()
+        seen.add(key)
+    return result
+
+
+def _export_hf(model, folder: Path) -> Path:
+    """The HF model's own folder (config.json + model.safetensors), readable by `from_pretrained`."""
+    shutil.rmtree(folder, ignore_errors=True)
+    model.hf.save_pretrained(str(folder), safe_serialization=True)
+    return folder

@@ -1,0 +1,312 @@
+"""Faults met at step boundaries: preemption signals and non-finite losses.
+
+Preemption: SIGTERM (torchrun's and Kubernetes' stop signal) or SIGUSR1 (Slurm's
+`--signal=USR1@90` warning) only sets a flag here; the loop checks it at the next step
+boundary, where all ranks agree through one small all-reduce (a signal delivered to a
+single rank stops them all), a checkpoint is written and the process exits with
+`PREEMPTED_EXIT_CODE`. A handler that saved from inside the signal would run in the
+middle of a collective and deadlock the other ranks.
+
+Non-finite loss: under an fp16 loss scaler a NaN/Inf step is skipped by the scaler and
+tolerated `nan_patience` times in a row; without a scaler the first one stops the run,
+before any checkpoint of the diverged weights is written.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from flopwise.errors import UserError
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): "try again later"; torchrun/Slurm relaunch on it
+DIVERGED_EXIT_CODE = 3
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(UserError):
+    """The run stopped on a signal after saving; rerunning the same command continues it."""
+
+    exit_code = PREEMPTED_EXIT_CODE
+
+
+class TrainingDiverged(UserError):
+    """The loss became NaN/Inf and stayed so; no checkpoint of the diverged weights exists."""
+
+    exit_code = DIVERGED_EXIT_CODE
+
+
+class StopSignals:
+    """Record SIGTERM/SIGUSR1 instead of dying, so the loop can save at a step boundary."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.received_at: float | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> "StopSignals":
+        """Take over the stop signals (main thread only; elsewhere signals are left alone)."""
+        try:
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread: the caller's handlers stay
+            self._previous.clear()
+        return self
+
+    def restore(self) -> None:
+        """Give the signals back to whoever had them before."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def note_agreed(self) -> None:
+        """A signal reached another rank: this rank's clock for the grace period starts now."""
+        if self.received_at is None:
+            self.received_at = time.monotonic()
+
+    def seconds_since(self) -> float:
+        """Seconds since the first signal arrived (0 when none)."""
+        return 0.0 if self.received_at is None else time.monotonic() - self.received_at
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            self.received_at = time.monotonic()
+
+
+class NonFiniteGuard:
+    """Counts consecutive non-finite losses and says when the run must stop."""
+
+    def __init__(self, patience: int, scaler_present: bool):
+        self.limit = patience if scaler_present else 1
+        self.consecutive = 0
+        self.first_bad_step: int | None = None
+
+    def observe(self, step: int, any_nonfinite: bool) -> bool:
+        """Record this step (agreed over ranks); True when the run must stop now."""
+        if not any_nonfinite:
+            self.consecutive = 0
+            self.first_bad_step = None
+            return False
+        self.consecutive += 1
+        if self.first_bad_step is None:
+            self.first_bad_step = step
+        return self.consecutive >= self.limit
+
+    @property
+    def healthy(self) -> bool:
+        """False while non-finite steps are being tolerated (no checkpoint is written then)."""
+        return self.consecutive == 0
+
+
+class StepBoundary:
+    """Everything the loop does between two steps about checkpoints and faults, in one call.
+
+    `resume(state)` once at the start; `after_step(state, loss)` after every step (agrees
+    over ranks on signals, due saves and non-finite losses with one all-reduce, saves,
+    raises `Preempted` / `TrainingDiverged`); `finish(state)` at the end; `close()` always.
+    """
+
+    SUPPORTED = ("single", "ddp", "fsdp")
+    NO_CHECKPOINT_ERROR = 2**62  # rank 0 failed to pick one; larger than any step, so MAX carries it
+
+    def __init__(self, cfg, env, vocab_size: int, global_batch: int, report=print):
+        from pathlib import Path
+
+        from flopwise.train.checkpoint import SaveContext
+
+        self.cfg = cfg.checkpoint
+        self.env = env
+        self.report = report
+        self.run_dir = Path(cfg.logging.run_dir)
+        self.ctx = SaveContext(self.run_dir, cfg.model_dump(mode="json"), vocab_size, global_batch,
+                               cfg.parallel.strategy)
+        self.strategy = cfg.parallel.strategy
+        self.max_steps = cfg.training.max_steps
+        self.guard = NonFiniteGuard(self.cfg.nan_patience, scaler_present=cfg.precision.mode.startswith("fp16"))
+        self.signals = StopSignals().install()
+        self.last_save_time = time.monotonic()
+        self.last_saved_step: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Checkpoints exist for the torch.distributed strategies only."""
+        return self.strategy in self.SUPPORTED
+
+    def resume(self, state) -> list[str]:
+        """Load the checkpoint to continue from (named, or the latest valid one); notes for the log."""
+        try:
+            return self._resume(state)
+        except BaseException:
+            self.close()
+            raise
+
+    def _resume(self, state) -> list[str]:
+        from flopwise.train.checkpoint import (
+            checkpoints_dir, load_checkpoint, mark_resume_from_done, published_steps, remove_stale_temporaries,
+            trim_metrics,
+        )
+        from flopwise.train.metrics import metrics_path
+        from flopwise.train.parallel import barrier
+
+        if not self.enabled:
+            self._refuse_unsupported(bool(published_steps(self.run_dir)))
+            return []
+        if self.env.is_main:
+            remove_stale_temporaries(self.run_dir)
+        step = self._agreed_resume_step()
+        barrier(self.env)
+        if step < 0:
+            return []
+        path = self._resume_path(step)
+        notes = load_checkpoint(state, path, self.env)
+        if self.env.is_main and self.cfg.resume_from:
+            mark_resume_from_done(self.run_dir, self.cfg.resume_from)
+        trim_metrics(metrics_path(self.run_dir, self.env.rank), state.step)
+        self.last_saved_step = state.step
+        where = path if path.parent != checkpoints_dir(self.run_dir) else path.name
+        if state.step >= self.max_steps:
+            notes.append(f"nothing to train: training.max_steps={self.max_steps} is already reached "
+                         "(raise it to continue, or use a fresh logging.run_dir)")
+        return [f"resumed from checkpoint {where}: step {state.step}, {state.tokens_seen:,} tokens seen", *notes]
+
+    def after_step(self, state, loss: float) -> None:
+        """Agree over ranks, then stop on divergence, save when due, or save and stop on a signal."""
+        import math
+
+        due = self.enabled and (
+            (self.cfg.every_steps is not None and state.step % self.cfg.every_steps == 0)
+            or (self.cfg.every_minutes is not None
+                and time.monotonic() - self.last_save_time >= self.cfg.every_minutes * 60)
+        )
+        nonfinite = not math.isfinite(loss)
+        signal_any, due_any, bad_rank = self._agree(self.signals.received is not None, due,
+                                                    self.env.rank if nonfinite else -1)
+        if self.guard.observe(state.step, bad_rank >= 0):
+            raise TrainingDiverged(self._divergence_message(state.step, bad_rank))
+        if not self.guard.healthy:
+            return  # never checkpoint weights that may already be damaged
+        if signal_any:
+            self.signals.note_agreed()
+            path = self._save(state) if self.enabled else None
+            message = self._preemption_message(state.step, path)
+            if self.env.is_main:
+                self.report(message)
+            raise Preempted(message)
+        if due_any:
+            self._save(state)
+
+    def finish(self, state) -> None:
+        """The final checkpoint (`checkpoint.at_end`), unless this step is already saved."""
+        if self.enabled and self.cfg.at_end and self.guard.healthy and self.last_saved_step != state.step:
+            self._save(state)
+
+    def close(self) -> None:
+        """Give the signal handlers back."""
+        self.signals.restore()
+
+    # ----------------------------------------------------------------------------------
+
+    def _save(self, state):
+        from flopwise.train.checkpoint import prune_checkpoints, save_checkpoint
+
+        if self.last_saved_step == state.step:
+            from flopwise.train.checkpoint import checkpoints_dir
+
+            return checkpoints_dir(self.run_dir) / f"step-{state.step}"
+        started = time.monotonic()
+        path = save_checkpoint(state, self.ctx, self.env, verify=self.cfg.verify_on_save)
+        if self.env.is_main:
+            prune_checkpoints(self.run_dir, self.cfg.keep_last, self.cfg.pin)
+            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            self.report(f"checkpoint {path.name}: {size / 2**20:.1f} MiB in {time.monotonic() - started:.2f} s")
+        self.last_save_time = time.monotonic()
+        self.last_saved_step = state.step
+        return path
+
+    def _agree(self, signal_seen: bool, due: bool, bad_rank: int) -> tuple[bool, bool, int]:
+        if not self.env.distributed or self.env.world_size == 1:
+            return signal_seen, due, bad_rank
+        import torch
+        import torch.distributed as dist
+
+        flags = torch.tensor([int(signal_seen), int(due), bad_rank], dtype=torch.int64, device=self.env.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0]), bool(flags[1]), int(flags[2])
+
+    def _agreed_resume_step(self) -> int:
+        """Rank 0 picks (and verifies) the checkpoint; every rank learns its step, or the error."""
+        from flopwise.train.checkpoint import (
+            latest_valid, read_manifest, resolve_checkpoint, resume_from_done, supersede_newer,
+        )
+
+        step, error = -1, None
+        if self.env.is_main:
+            try:
+                path = None
+                spec = self.cfg.resume_from
+                if spec and resume_from_done(self.run_dir, spec):
+                    path = latest_valid(self.run_dir, report=self.report)  # continued here since
+                if spec and path is None:
+                    path = resolve_checkpoint(self.run_dir, spec)
+                    supersede_newer(self.run_dir, path, report=self.report)
+                elif not spec and self.cfg.resume:
+                    path = latest_valid(self.run_dir, report=self.report)
+                step = int(read_manifest(path)["step"]) if path is not None else -1
+            except UserError as err:
+                error, step = err, self.NO_CHECKPOINT_ERROR
+        agreed = self._agree(False, False, step)[2]  # MAX over ranks: rank 0's answer (others say -1)
+        if error is not None:
+            raise error
+        if agreed == self.NO_CHECKPOINT_ERROR:
+            raise UserError("rank 0 could not pick a checkpoint to resume from (see its message)")
+        return agreed
+
+    def _resume_path(self, step: int):
+        from pathlib import Path
+
+        from flopwise.train.checkpoint import checkpoints_dir
+
+        own = checkpoints_dir(self.run_dir) / f"step-{step}"
+        spec = self.cfg.resume_from
+        if spec and Path(spec).is_dir() and not own.is_dir():
+            return Path(spec)  # a checkpoint of another run, not yet continued here
+        return own
+
+    def _refuse_unsupported(self, has_checkpoints: bool) -> None:
+        asked = self.cfg.resume_from or self.cfg.every_steps or self.cfg.every_minutes or (
+            self.cfg.resume and has_checkpoints)
+        if asked:
+            raise UserError(
+                f"checkpoint: saving and resuming are not supported with parallel.strategy={self.strategy} "
+                f"(supported: {', '.join(self.SUPPORTED)}); unset checkpoint.every_steps/every_minutes/"
+                "resume_from and set checkpoint.resume=false, or use a fresh logging.run_dir"
+            )
+
+    def _latest_name(self) -> str:
+        from flopwise.train.checkpoint import checkpoints_dir
+
+        try:
+            name = (checkpoints_dir(self.run_dir) / "latest").read_text().strip()
+            return str(checkpoints_dir(self.run_dir) / name)
+        except OSError:
+            return "none"
+
+    def _divergence_message(self, step: int, bad_rank: int) -> str:
+        first = self.guard.first_bad_step
+        scaler = " under the fp16 loss scaler" if self.guard.limit > 1 else ""
+        return (
+            f"training stopped: the loss is NaN/Inf at step {step} on rank {bad_rank} "
+            f"({self.guard.consecutive} non-finite step(s) in a row{scaler}, first at step {first}); "
+            f"last good checkpoint: {self._latest_name()} (nothing was saved after the loss went bad); "
+            "lower training.lr, keep training.grad_clip on, or use precision.mode=bf16"
+        )
+
+    def _preemption_message(self, step: int, path) -> str:
+        took = self.signals.seconds_since()
+        late = (f"; it took {took:.1f} s, more than checkpoint.grace_seconds={self.cfg.grace_seconds:g}"
+                if took > self.cfg.grace_seconds else "")
+        saved = (f"checkpoint {path} written {took:.1f} s after the signal (as seen by this rank){late}" if path
+                 else f"no checkpoint (not supported with parallel.strategy={self.strategy})")
+        return (f"preempted by {self.signals.received or 'a signal on another rank'} at step {step}: {saved}; "
+                f"run the same command again to continue (exit code {PREEMPTED_EXIT_CODE})")
