@@ -238,18 +238,27 @@ def _optimizer_step(state: TrainState, cfg: TrainingConfig) -> tuple[bool, float
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     grad_norm = float(norm)
-    finite = math.isfinite(grad_norm)
+    skipped, scale = apply_update(optimizer, scaler, math.isfinite(grad_norm))
+    return skipped, grad_norm, scale
+
+
+def apply_update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+                 finite: bool) -> tuple[bool, float | None]:
+    """Step the optimizer if the (global) gradient norm is finite; update the loss scale.
+
+    Returns (skipped, loss scale or None). A non-finite step is skipped and the scale backs
+    off (Micikevicius et al. 2018, sec. 3.2). Shared by every strategy that owns its step.
+    """
     if scaler is None:
         if finite:
             optimizer.step()
-        return not finite, grad_norm, None
+        return not finite, None
     if finite:
         scaler.step(optimizer)
         scaler.update()
     else:
-        # Skip the update and back off the scale (Micikevicius et al. 2018, sec. 3.2).
         scaler.update(new_scale=scaler.get_scale() * scaler.get_backoff_factor())
-    return not finite, grad_norm, float(scaler.get_scale())
+    return not finite, float(scaler.get_scale())
 
 
 @torch.no_grad()

@@ -221,16 +221,10 @@ class PipelineRunner:
         if finite and cfg.training.grad_clip is not None and params:
             torch.nn.utils.clip_grads_with_norm_(params, cfg.training.grad_clip,
                                                  torch.tensor(grad_norm, device=self.env.device), foreach=True)
-        if scaler is None:
-            if finite:
-                optimizer.step()
-            return not finite, grad_norm, None
-        if finite:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            scaler.update(new_scale=scaler.get_scale() * scaler.get_backoff_factor())
-        return not finite, grad_norm, float(scaler.get_scale())
+        from flopwise.train.loop import apply_update
+
+        skipped, scale = apply_update(optimizer, scaler, finite)
+        return skipped, grad_norm, scale
 
     @torch.no_grad()
     def evaluate(self, loader, batches: int, cfg: RunConfig, env: DistEnv) -> float:
