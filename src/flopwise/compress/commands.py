@@ -98,9 +98,17 @@ def register(app: typer.Typer) -> None:
         )
         cfg, source = resolve_config(target, options)
         out_dir = out or cfg.out or default_out(cfg, source)
+        import logging
         import warnings
 
         warnings.filterwarnings("ignore")  # torchao / export deprecation chatter; results carry the facts
+        import torch
+
+        if not torch.cuda.is_available():
+            # torchao tries to load its CUDA-only kernel libraries on import and logs each failure;
+            # on a CPU they are never used.
+            logging.getLogger("torchao").setLevel(logging.ERROR)
+        logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's enum registration notice
         from flopwise.compress.report import print_table, write_report
         from flopwise.compress.run import compress_task
 
