@@ -498,8 +498,13 @@ class TokenLoader:
     def val_batches(self, n: int) -> Iterator:
         """The first `n` batches of this split, the same ones on every call."""
         self.reset()
-        for _ in range(n):
-            yield next(self)
+        try:
+            for _ in range(n):
+                yield next(self)
+        finally:
+            # No prefetching between evaluations: a producer thread left running could be
+            # inside a torch call when the interpreter exits, which aborts the process.
+            self._stop_thread()
 
     def state_dict(self) -> dict:
         """Where the loader stands, as JSON-able data; world-size independent."""

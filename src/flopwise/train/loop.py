@@ -383,6 +383,7 @@ def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
         writer.close()
         display.close()
         state.train_loader.close()
+        val_loader.close()
     if not result.train_losses:  # resumed at or past max_steps: nothing was trained
         return result
     summary = _measured_summary(result, env)

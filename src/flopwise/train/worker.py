@@ -10,16 +10,31 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 from flopwise.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Load the config and run this rank."""
-    args = sys.argv[1:] if argv is None else argv
+    """Load the config and run this rank, then leave without interpreter teardown.
+
+    The rank has closed its files, loaders and process group by then. Skipping the
+    teardown (`os._exit`) avoids a known abort ("terminate called without an active
+    exception") when C++ threads of torch/gloo or a daemon thread inside a torch call are
+    torn down during interpreter finalization, which would turn a finished run into a
+    failed rank.
+    """
+    code = run(sys.argv[1:] if argv is None else argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(args: list[str]) -> int:
+    """This rank's work; returns its exit code (0, 2 for a user error, 75 preempted, 3 diverged)."""
     if len(args) != 1:
         print("usage: python -m flopwise.train.worker CONFIG.yaml", file=sys.stderr)
-        sys.exit(2)
+        return 2
     _clear_report()  # a message left by an earlier attempt (before a restart) is not this one's
     try:
         from flopwise.train.config_loading import load_config
@@ -28,7 +43,13 @@ def main(argv: list[str] | None = None) -> None:
         run_here(load_config(args[0]))
     except UserError as err:
         _report(str(err))
-        sys.exit(err.exit_code)
+        return err.exit_code
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # a bug: show it, fail this rank
+        traceback.print_exc()
+        return 1
+    return 0
 
 
 def _clear_report() -> None:
