@@ -15,6 +15,7 @@ import torch
 
 from flopwise.errors import UserError
 from flopwise.train import checkpoint as ckpt
+from flopwise.train.checkpoint_safe_read import MetadataUnpickler, SafeFileSystemReader, safe_dcp_load
 from flopwise.train.config_loading import load_config
 from flopwise.train.faults import TrainingDiverged
 from flopwise.train.loop import run_training
@@ -138,10 +139,10 @@ def test_the_metadata_loader_refuses_anything_but_dcp_metadata(saved, tmp_path):
 
     (folder / ".metadata").write_bytes(pickle.dumps(Payload()))
     with pytest.raises(pickle.UnpicklingError, match="refused"):
-        ckpt.SafeFileSystemReader(folder).read_metadata()
+        SafeFileSystemReader(folder).read_metadata()
     with pytest.raises(pickle.UnpicklingError, match="refused"):
-        ckpt._MetadataUnpickler(io.BytesIO(pickle.dumps(eval))).load()
-    real = ckpt.SafeFileSystemReader(saved / "checkpoints" / "step-2").read_metadata()
+        MetadataUnpickler(io.BytesIO(pickle.dumps(eval))).load()
+    real = SafeFileSystemReader(saved / "checkpoints" / "step-2").read_metadata()
     assert "model.output.weight" in real.state_dict_metadata or len(real.state_dict_metadata) > 10
 
 
@@ -201,11 +202,9 @@ def test_export_writes_one_safetensors_file_that_compress_can_read(saved, tmp_pa
     model.load_state_dict(load_file(str(weights)), strict=True)
 
     # The exported tensors are the checkpoint's: resume the checkpointed weights and compare.
-    import torch.distributed.checkpoint as dcp
-
     fresh = build_model(cfg.model, 320).state_dict()
     with ckpt.quiet_single_process_notice():
-        dcp.load({"model": fresh}, storage_reader=ckpt.SafeFileSystemReader(saved / "checkpoints" / "step-4"))
+        safe_dcp_load({"model": fresh}, saved / "checkpoints" / "step-4")
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, fresh[name]), name
 

@@ -21,9 +21,9 @@ set_state_dict`, so keys are the plain module names whatever the wrapping (singl
 FSDP2) and DCP reshards on load: a checkpoint written by N processes loads into M. The data
 position is the loader's global sample count, so it maps to any world size too.
 
-Loading never unpickles untrusted data: tensors come through `torch.load(weights_only=True)`
-(inside DCP), the DCP `.metadata` through an unpickler that admits only DCP's own metadata
-classes, everything else is JSON.
+Loading never lets a file name code: tensors and non-tensor entries come through
+`torch.load(weights_only=True)`, the DCP `.metadata` through an unpickler that resolves only
+an exact list of DCP's metadata classes (`checkpoint_safe_read.py`); everything else is JSON.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import hashlib
 import io
 import json
 import os
-import pickle
 import random
 import shutil
 import time
@@ -47,9 +46,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 
 from flopwise.errors import UserError
+from flopwise.train.checkpoint_safe_read import LOAD_ERRORS, safe_dcp_load
 from flopwise.train.parallel import DistEnv, barrier
 
 FORMAT_VERSION = 1
@@ -304,8 +304,10 @@ def load_checkpoint(state, path: Path, env: DistEnv) -> list[str]:
     model_sd, optim_sd = get_state_dict(state.built.model, state.optimizer)
     try:
         with quiet_single_process_notice():
-            dcp.load({"model": model_sd, "optim": optim_sd}, storage_reader=SafeFileSystemReader(path))
-    except Exception as exc:  # a shape or key mismatch: a different model than the one saved
+            safe_dcp_load({"model": model_sd, "optim": optim_sd}, path)
+    except UserError:
+        raise
+    except LOAD_ERRORS as exc:  # a shape or key mismatch: a different model than the one saved
         raise UserError(f"checkpoint {path} does not fit this model/optimizer: {_first_line(exc)}") from None
     set_state_dict(state.built.model, state.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
@@ -331,42 +333,6 @@ def load_checkpoint(state, path: Path, env: DistEnv) -> list[str]:
             "per-rank random streams (dropout) restart from a fresh seed"
         )
     return notes
-
-
-class SafeFileSystemReader(FileSystemReader):
-    """DCP's file reader with a `.metadata` unpickler restricted to DCP's own metadata classes."""
-
-    def read_metadata(self, *args, **kwargs):
-        rank = kwargs.get("rank")
-        path = self._get_metadata_path(rank)
-        with self.fs.create_stream(path, "rb") as stream:
-            metadata = _MetadataUnpickler(io.BytesIO(stream.read())).load()
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Admits only the plain-data classes DCP writes into `.metadata`; anything else is refused."""
-
-    ALLOWED_MODULES = ("torch.distributed.checkpoint.", "collections", "builtins")
-    ALLOWED_TORCH = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-                     ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath")}
-    REFUSED_BUILTINS = {"eval", "exec", "compile", "open", "getattr", "__import__", "globals", "locals", "vars"}
-
-    def find_class(self, module: str, name: str):
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if (module, name) in self.ALLOWED_TORCH:
-            return super().find_class(module, name)
-        if module == "builtins" and name in self.REFUSED_BUILTINS:
-            raise pickle.UnpicklingError(f"checkpoint metadata refers to builtins.{name}; refused")
-        if module.startswith(self.ALLOWED_MODULES):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}; refused (not DCP metadata)")
 
 
 # --------------------------------------------------------------------------- trainer state

@@ -35,12 +35,12 @@ class ExportResult:
 
 def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None = None) -> ExportResult:
     """Export the latest valid checkpoint of `run_dir` (or step `step`) as safetensors into `out`."""
-    import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
 
     from flopwise.train.checkpoint import (
-        SafeFileSystemReader, latest_valid, quiet_single_process_notice, read_manifest, resolve_checkpoint,
+        latest_valid, quiet_single_process_notice, read_manifest, resolve_checkpoint,
     )
+    from flopwise.train.checkpoint_safe_read import LOAD_ERRORS, safe_dcp_load
     from flopwise.train.config import RunConfig
     from flopwise.train.config_loading import dump_config
     from flopwise.train.model import build_model
@@ -63,8 +63,10 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     state = model.state_dict()
     try:
         with quiet_single_process_notice():
-            dcp.load({"model": state}, storage_reader=SafeFileSystemReader(path))
-    except Exception as exc:
+            safe_dcp_load({"model": state}, path)
+    except UserError:
+        raise
+    except LOAD_ERRORS as exc:
         raise UserError(f"checkpoint {path} does not fit the model in its manifest: {str(exc).splitlines()[0][:160]}") from None
     model.load_state_dict(state)
 
