@@ -1,0 +1,81 @@
+"""One DeviceMesh for every layout: pipeline × replicate × shard × tensor.
+
+The world is split as torchtitan does (`ParallelDims`): `pp` outermost, then data
+parallelism as `dp_replicate` (HSDP's replicas, or DDP) × `dp_shard` (FSDP2's shards),
+then `tp` innermost so tensor-parallel peers are neighbours (same node on real clusters,
+where the fastest link is). The product must equal the world size; `dp_shard = -1` means
+"whatever is left".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flopwise.errors import UserError
+
+DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Sizes of the four parallel dimensions; their product is the world size."""
+
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different batches one step sees."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def describe(self) -> str:
+        """e.g. 'pp 2 x dp_shard 2 x tp 2' (dimensions of size 1 left out)."""
+        parts = [f"{name} {getattr(self, name)}" for name in DIMS if getattr(self, name) > 1]
+        return " x ".join(parts) or "single process"
+
+
+def mesh_shape(world_size: int, *, pp: int = 1, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1) -> MeshShape:
+    """The shape for `world_size` processes; `dp_shard=-1` takes what the others leave."""
+    for name, value in (("parallel.pp", pp), ("parallel.dp_replicate", dp_replicate), ("parallel.tp", tp)):
+        if value < 1:
+            raise UserError(f"{name} must be >= 1 (got {value})")
+    fixed = pp * dp_replicate * tp
+    if dp_shard == -1:
+        if world_size % fixed:
+            raise UserError(
+                f"parallel.pp x parallel.dp_replicate x parallel.tp = {fixed} must divide the "
+                f"{world_size} processes (nnodes x nproc_per_node)"
+            )
+        dp_shard = world_size // fixed
+    elif dp_shard < 1:
+        raise UserError(f"parallel.dp_shard must be >= 1 or -1 (got {dp_shard})")
+    shape = MeshShape(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)
+    if shape.world_size != world_size:
+        raise UserError(
+            f"parallel: pp {pp} x dp_replicate {dp_replicate} x dp_shard {dp_shard} x tp {tp} = "
+            f"{shape.world_size}, but there are {world_size} processes"
+        )
+    return shape
+
+
+def build_mesh(shape: MeshShape, device_type: str):
+    """A named DeviceMesh over all four dimensions (size-1 ones included, so names always resolve)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    sizes = tuple(getattr(shape, name) for name in DIMS)
+    return init_device_mesh(device_type, sizes, mesh_dim_names=DIMS)
+
+
+def data_parallel_rank(mesh) -> tuple[int, int]:
+    """(rank, size) of this process among the data-parallel replicas: who reads which batch.
+
+    Tensor-parallel and pipeline peers read the same batch.
+    """
+    rep, shard = mesh["dp_replicate"], mesh["dp_shard"]
+    return rep.get_local_rank() * shard.size() + shard.get_local_rank(), rep.size() * shard.size()
