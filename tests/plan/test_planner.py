@@ -66,11 +66,15 @@ def test_mfu_equals_efficiency_without_recompute_bubble_or_exposed_comm():
 
 
 def test_pipeline_bubble():
+    # The bubble comes from the schedule over the real stages: the last stage also runs the
+    # head and loss, so the bubble sits a little below (p-1)/m and interleaving divides it by ~v.
     base = dict(model="llama2-13b", hardware="a100-80gb", gpus=32, tp=4, pp=4, seq_len=4096, global_batch=64)
     p = plan(build_runspec(**base))
-    assert p.time.bubble_fraction == pytest.approx(3 / p.spec.layout.grad_accum)
+    m = p.spec.layout.grad_accum
+    assert 0.7 * 3 / m < p.time.bubble_fraction <= 3 / m
     q = plan(build_runspec(**base, schedule="interleaved", virtual_stages=2))
-    assert q.time.bubble_fraction == pytest.approx(3 / (2 * q.spec.layout.grad_accum))
+    assert q.time.bubble_fraction == pytest.approx(p.time.bubble_fraction / 2, rel=0.15)
+    assert q.time.step_seconds < p.time.step_seconds
     g = plan(build_runspec(**base, schedule="gpipe"))
     assert g.memory.activations > p.memory.activations
 

@@ -125,7 +125,12 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     # ---- attention core
     heads = a // tp
     causal = 0.5 if model.arch == "decoder" else 1.0
-    if flash:
+    if flash and rates.efficiency is not None:
+        # a flat efficiency applies to the FLOPs as the planner counts them (full s×s, backward 2×)
+        work = 4.0 * b * heads * s * s * d
+        attn_f = rates.attention_seconds(work, s, backward=False)
+        attn_b = rates.attention_seconds(2.0 * work, s, backward=True)
+    elif flash:
         work = 4.0 * b * heads * s * s * d * causal
         attn_f = rates.attention_seconds(work, s, backward=False)
         attn_b = rates.attention_seconds(2.5 * work, s, backward=True)

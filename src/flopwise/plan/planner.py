@@ -402,6 +402,7 @@ def build_runspec(
     sequence_parallel: bool = False,
     flash_attention: bool = True,
     dropout: bool = False,
+    tp_comm_overlap: bool = False,
     efficiency: float | None = None,
     price_per_hour: float | None = None,
     pue: float = 1.1,
@@ -488,6 +489,7 @@ def build_runspec(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
         sequence_parallel=sequence_parallel, recompute=recompute, offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
+        tp_comm_overlap=tp_comm_overlap,
     )
     workload = Workload(
         precision=precision or EXAMPLE["precision"], optimizer=optimizer or EXAMPLE["optimizer"],

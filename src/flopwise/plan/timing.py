@@ -247,7 +247,10 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     mfu = inputs.model_flops_per_token * per_second / (devices * peak)
     hfu = inputs.hardware_flops_per_token * per_second / (devices * peak)
     hardware_per_device_step = inputs.hardware_flops_per_token * units_per_step / devices
-    efficiency = hardware_per_device_step / (compute * peak) if compute else 0.0
+    if rates.efficiency is not None:
+        efficiency = rates.efficiency
+    else:
+        efficiency = hardware_per_device_step / (compute * peak) if compute else 0.0
     steps = total_units / units_per_step if units_per_step else 0.0
     total = total_units / per_second if per_second else math.inf
     mb_layers = m * layers_busiest
