@@ -24,6 +24,7 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
 - pipeline point-to-point: an activation forward and a gradient backward per micro-batch
   and chunk boundary, on the critical path.
 - optimizer step: memory-bound over the parameters this rank owns (1/dp of them with ZeRO).
+- on a CPU, collectives run on the cores the compute needs: no DP overlap is credited.
 
 MFU = model FLOPs per second / (devices × peak) (Chowdhery et al. 2022, App. B).
 """
@@ -189,6 +190,9 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     weights = psi * inputs.weight_bytes
     backward_window = layers_busiest * (layer.backward + layer.recompute)
     forward_window = layers_busiest * layer.forward
+    if rates.curve.family == "cpu":
+        # on a CPU the collectives (gloo) run on the same cores as the compute: nothing hides
+        backward_window = forward_window = 0.0
     dp_exposed = dp_wire = dp_bytes = 0.0
     if dp > 1:
         if zero >= 3:
