@@ -10,7 +10,8 @@ bookkeeping and ranking.
 Enumeration rules (what "valid" means):
 - tp divides the attention heads and the KV heads, and stays inside a node unless
   `tp_within_node=False` (Megatron places TP on the scale-up link; Shoeybi et al. 2019).
-- pp divides the layers (the planner assumes balanced stages).
+- pp is at most the layers; stages need not be equal (the planner times uneven splits, the
+  first and last stage carrying the embedding and the head).
 - dp divides the global batch; the micro-batch divides the per-rank batch, so
   accumulation gives exactly the global batch.
 - sequence parallelism is on whenever tp > 1: under the planner's model it moves the same
@@ -19,8 +20,8 @@ Enumeration rules (what "valid" means):
 - ZeRO 0-3 with offload none/optimizer, and ZeRO-3 with parameter offload; with one
   data-parallel rank ZeRO shards nothing, so only ZeRO-0 (+ optimizer offload) and
   ZeRO-3 + parameter offload (ZeRO-Infinity style) are distinct.
-- schedule 1F1B, GPipe, or interleaved with v chunks per device (v dividing layers/pp,
-  2 ≤ v ≤ `max_virtual_stages`); with pp = 1 there is no schedule to choose.
+- schedule 1F1B, GPipe, or interleaved with v chunks per device (2 ≤ v ≤
+  `max_virtual_stages`, pp·v ≤ layers); with pp = 1 there is no schedule to choose.
 
 Ranking: the objective (job time, cost or energy), then — since the planner does not
 model the CPU time of offload or recompute's extra memory traffic — less offload, less
@@ -66,7 +67,7 @@ MAX_VIRTUAL_STAGES = 8
 REASONS = {
     "tp_heads": "tp does not divide the attention/KV heads",
     "tp_node": "tp spans more than one node",
-    "pp_layers": "pp does not divide the layers",
+    "pp_layers": "pp is more than the layers",
     "dp_batch": "dp does not divide the global batch",
     "memory": "does not fit in device memory",
     "host_memory": "offloaded states exceed the host memory per device",
@@ -171,7 +172,7 @@ def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) ->
             rejected["tp_node"] += len(pps)
             continue
         for pp in pps:
-            if model.n_layers % pp:
+            if pp > model.n_layers:
                 rejected["pp_layers"] += 1
             else:
                 shapes.append((tp, pp))
@@ -186,11 +187,11 @@ def memory_options(dp: int) -> list[tuple[int, str]]:
 
 
 def schedules(n_layers: int, pp: int, max_virtual_stages: int) -> list[tuple[str, int]]:
-    """(schedule, virtual stages) choices for pp stages."""
+    """(schedule, virtual stages) choices for pp stages: v chunks per device, at least one layer each
+    (stages need not hold equal layer counts: the planner times the uneven split)."""
     if pp == 1:
         return [("1f1b", 1)]
-    per_stage = n_layers // pp
-    interleaved = [("interleaved", v) for v in divisors(per_stage) if 2 <= v <= max_virtual_stages]
+    interleaved = [("interleaved", v) for v in range(2, max_virtual_stages + 1) if pp * v <= n_layers]
     return [("1f1b", 1), ("gpipe", 1), *interleaved]
 
 
