@@ -161,6 +161,8 @@ def gemm_fraction(curve: DeviceCurve, m: int, n: int, k: int) -> float:
     key = (curve.family, m, n, k)
     value = _FRACTIONS.get(key)
     if value is None:
+        if len(_FRACTIONS) > 200_000:
+            _FRACTIONS.clear()
         ceiling = _CEILINGS.get(curve.family)
         if ceiling is None:
             ceiling = _CEILINGS[curve.family] = curve.ceiling

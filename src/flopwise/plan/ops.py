@@ -72,6 +72,7 @@ class EndTimes:
 
 _LAYER_CACHE: dict[tuple, LayerTimes] = {}
 _END_CACHE: dict[tuple, EndTimes] = {}
+CACHE_LIMIT = 100_000  # entries; a cache this full is dropped and refilled
 
 
 def _gemm_fwd_bwd(rates: DeviceRates, m: int, n: int, k: int, e: float, count: float = 1.0) -> tuple[float, float, float]:
@@ -90,6 +91,8 @@ def layer_times(
     key = (model, seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates)
     cached = _LAYER_CACHE.get(key)
     if cached is None:
+        if len(_LAYER_CACHE) > CACHE_LIMIT:
+            _LAYER_CACHE.clear()
         cached = _LAYER_CACHE[key] = _layer_times(*key)
     return cached
 
@@ -182,6 +185,8 @@ def end_times(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequenc
     key = (model, seq_len, micro_batch, tp, sequence_parallel, precision, rates)
     cached = _END_CACHE.get(key)
     if cached is None:
+        if len(_END_CACHE) > CACHE_LIMIT:
+            _END_CACHE.clear()
         cached = _END_CACHE[key] = _end_times(*key)
     return cached
 

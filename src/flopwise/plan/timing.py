@@ -20,7 +20,9 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
   ZeRO-3 gathers weights for every micro-batch's forward and backward, prefetched behind
   compute one unit ahead (the first unit's gather is exposed), and reduces gradients
   once per step (FSDP2 without gradient sync on accumulation micro-batches) or every
-  micro-batch (DeepSpeed ZeRO-3, framework "deepspeed").
+  micro-batch (DeepSpeed ZeRO-3, framework "deepspeed"). ZeRO-1/2's weight all-gather
+  after the step hides behind the next forward (FSDP, Megatron --overlap-param-gather)
+  except under DeepSpeed, which runs it at the end of the step.
 - pipeline point-to-point: an activation forward and a gradient backward per micro-batch
   and chunk boundary, on the critical path.
 - optimizer step: memory-bound over the parameters this rank owns (1/dp of them with ZeRO).
@@ -221,7 +223,10 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
             buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
             dp_exposed = max(reduce - backward_window, reduce / buckets)
             if gather:
-                overlapped = inputs.framework == "megatron"  # --overlap-param-gather behind the next forward
+                # the updated weights' all-gather: behind the next forward for FSDP (SHARD_GRAD_OP
+                # gathers with prefetch) and Megatron (--overlap-param-gather); DeepSpeed runs it
+                # synchronously at the end of the step
+                overlapped = inputs.framework != "deepspeed"
                 dp_exposed += max(gather - forward_window, gather / buckets) if overlapped else gather
             dp_wire = reduce + gather
 
