@@ -219,8 +219,10 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     # Communication and time: the operator model (ops.py, gemm.py, comm.py, timing.py)
     per_node = cluster.devices_per_node or hw.devices_per_node or 8
     peak = hw.peak_flops(work.precision)
-    links = links_for(hw, per_node, profile)
-    if (links.node_bps is None and lay.devices > 1 and per_node > 1) or (links.net_bps is None and lay.devices > per_node):
+    # the scale-up link reaches the whole scale-up domain (a TPU pod's ICI, an NVL72 rack), not just a host
+    links = links_for(hw, max(per_node, hw.scale_up_domain or 0), profile)
+    if ((links.node_bps is None and lay.devices > 1 and links.devices_per_node > 1)
+            or (links.net_bps is None and lay.devices > links.devices_per_node)):
         warnings.append(f"{hw.key}: link bandwidth unknown; that communication time is not counted")
         links = dataclasses.replace(links, node_bps=links.node_bps or math.inf, net_bps=links.net_bps or math.inf)
     eff_value = cluster.efficiency
