@@ -79,25 +79,26 @@ _AMPERE = DeviceCurve(
     "A100 SXM MAMF 267.9 of 312 TFLOP/s (85.9 %) at 6912x16384x2048 (ml-engineering MAMF table); "
     "108 SMs (A100 whitepaper); attention: FlashAttention-2 A100 causal head-dim 128 ~190 TFLOP/s forward, "
     "~165 backward (Dao 2023, Fig. 5-6)",
-    sustained=0.80,
+    sustained=0.77,
     sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 65B 380 tokens/s/GPU: "
-                     "sustained training kernels run at ~0.8 of the micro-benchmark (clocks under sustained "
+                     "sustained training kernels run at ~0.77 of the micro-benchmark (clocks under sustained "
                      "power, NCCL kernels sharing SMs, framework overhead between kernels)",
 )
 _AMPERE_PCIE = DeviceCurve(
     "ampere-pcie", 0.822, (2304, 5120, 1536), _AMPERE.tiles, 108, 64.0, 0.88, 4e-6, (0.58, 0.48), 1.0, 1935.0,
     "A100 PCIe MAMF 256.4 of 312 TFLOP/s (82.2 %) at 2304x5120x1536 (ml-engineering MAMF table)",
-    sustained=0.80,
+    sustained=0.77,
     sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 65B 380 tokens/s/GPU: "
-                     "sustained training kernels run at ~0.8 of the micro-benchmark (clocks under sustained "
+                     "sustained training kernels run at ~0.77 of the micro-benchmark (clocks under sustained "
                      "power, NCCL kernels sharing SMs, framework overhead between kernels)",
 )
 _HOPPER = DeviceCurve(
     "hopper", 0.801, (6144, 17920, 2816), ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 0.92), (64, 128, 0.78)),
-    132, 128.0, 0.90, 4e-6, (0.55, 0.42), 0.80, 3350.0,
+    132, 128.0, 0.90, 4e-6, (0.35, 0.30), 0.80, 3350.0,
     "H100 SXM MAMF 792.1 of 989 TFLOP/s (80.1 %) at 6144x17920x2816 (ml-engineering MAMF table); 132 SMs; "
-    "attention: cuDNN / FlashAttention-3 bf16 forward 500-740 TFLOP/s, FlashAttention-2 ~350 on H100 "
-    "(Shah et al. 2024, Fig. 4): a 55 % / 42 % middle; fp8 GEMM 0.8x the bf16 fraction (assumption: "
+    "attention: FlashAttention-2 on H100, up to ~335 TFLOP/s forward (Dao 2023, Fig. 7; Shah et al. 2024, "
+    "Fig. 4), the kernels of the same software generation as the sustained factor below (FlashAttention-3 / "
+    "cuDNN reach 500-740: newer stacks are faster); fp8 GEMM 0.8x the bf16 fraction (assumption: "
     "scaling and amax bookkeeping; low confidence)",
     sustained=0.66,
     sustained_source="published.md MosaicML llm-foundry H100 BF16 rows: sustained training kernels run at "
@@ -108,14 +109,14 @@ _CDNA3 = DeviceCurve(
     "cdna3", 0.601, (4096, 10240, 4864), ((256, 256, 1.0), (256, 128, 0.95), (128, 128, 0.88)),
     304, 128.0, 0.80, 6e-6, (0.40, 0.30), 0.80, 5300.0,
     "MI300X MAMF 781.9 of 1,300 TFLOP/s (60.1 %, ROCm 6.2; ml-engineering MAMF table); 304 CUs",
-    sustained=0.80, sustained_source="no published training row: the A100 ratio (assumption)",
+    sustained=0.77, sustained_source="no published training row: the A100 ratio (assumption)",
 )
 _GENERIC = DeviceCurve(
     "generic", 0.70, (8192, 8192, 8192), ((128, 128, 1.0), (64, 128, 0.85)), 100, 128.0, 0.80, 6e-6,
     (0.45, 0.35), 0.80, 1000.0,
     "no micro-benchmark for this device: 70 % of peak for large GEMMs (assumption, low confidence; "
     "pass --profile with a measured profile)",
-    sustained=0.80, sustained_source="no published training row: the A100 ratio (assumption)",
+    sustained=0.77, sustained_source="no published training row: the A100 ratio (assumption)",
 )
 _CPU = DeviceCurve(
     "cpu", 1.0, (1024, 1024, 1024), ((64, 64, 1.0), (32, 64, 0.9)), 1, 32.0, 0.70, 8e-6, (0.5, 0.4), 1.0, 10.0,

@@ -204,12 +204,22 @@ def _end_times(model, s, b, tp, sp, precision, rates: DeviceRates) -> EndTimes:
     return EndTimes(embedding=embedding, head=fw + dg + wg + loss + final_norm)
 
 
-def optimizer_seconds(params_owned: float, grad_bytes: float, weight_bytes: float, optimizer: str,
-                      rates: DeviceRates) -> float:
-    """The optimizer step over the parameters this rank updates: memory-bound (fused multi-tensor kernels).
+FOREACH_ADAMW_BYTES_PER_PARAM = 80.0
+"""PyTorch's default (foreach, unfused) AdamW: eight passes over fp32 tensors (weight decay,
+lerp of m, scale and addcmul of v, sqrt, divide, add eps, addcdiv of the weight) read and
+write 80 bytes per parameter (torch.optim.adamw._multi_tensor_adamw)."""
 
-    AdamW: fp32 master, m, v read and written (24 B), the gradient read (and the norm for
-    clipping read it once more, and zeroing writes it), the 16-bit weight written."""
-    state = {"adamw": ADAM_BYTES_PER_PARAM, "adam8bit": 8.0 + 4.0, "sgd": 16.0}.get(optimizer, ADAM_BYTES_PER_PARAM)
+
+def optimizer_seconds(params_owned: float, grad_bytes: float, weight_bytes: float, optimizer: str,
+                      rates: DeviceRates, fused: bool = True) -> float:
+    """The optimizer step over the parameters this rank updates: memory-bound.
+
+    Fused AdamW (Megatron/apex, DeepSpeed): fp32 master, m, v read and written once (24 B);
+    PyTorch's foreach AdamW (FSDP runs) makes eight passes (80 B). Plus the gradient read (and
+    read again for the clipping norm, and written when zeroed), and the 16-bit weight written."""
+    if optimizer == "adamw":
+        state = ADAM_BYTES_PER_PARAM if fused else FOREACH_ADAMW_BYTES_PER_PARAM
+    else:
+        state = {"adam8bit": 8.0 + 4.0, "sgd": 16.0}.get(optimizer, ADAM_BYTES_PER_PARAM)
     per_param = state + 3.0 * grad_bytes + (weight_bytes if weight_bytes < 4 else 0.0)
-    return rates.memory_seconds(params_owned * per_param, 4)
+    return rates.memory_seconds(params_owned * per_param, 4 if fused else 12)

@@ -26,6 +26,8 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
 - pipeline point-to-point: an activation forward and a gradient backward per micro-batch
   and chunk boundary, on the critical path.
 - optimizer step: memory-bound over the parameters this rank owns (1/dp of them with ZeRO).
+- hidden communication is not free: compute slows by OVERLAP_SLOWDOWN × the hidden time
+  (NCCL's thread blocks occupy SMs while they run).
 - on a CPU, collectives run on the cores the compute needs: no DP overlap is credited.
 
 MFU = model FLOPs per second / (devices × peak) (Chowdhery et al. 2022, App. B).
@@ -45,6 +47,11 @@ DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (bucket_cap_mb=25)."""
 PCIE_BYTES_PER_S = 25e9
 """Host <-> device copies for offload: PCIe Gen4/5 x16 effective (assumption)."""
+OVERLAP_SLOWDOWN = 0.2
+"""Compute time lost per second of communication hidden behind it: NCCL runs one thread block
+per channel, and 16-32 channels on NVLink/InfiniBand systems occupy 12-25 % of an A100's 108
+or an H100's 132 SMs (NCCL environment docs, NCCL_MIN/MAX_NCHANNELS), besides sharing memory
+bandwidth."""
 HOST_ADAM_PARAMS_PER_S = 1e9
 """CPU Adam (DeepSpeed's vectorised kernel) parameters per second per device when the
 optimizer is offloaded (assumption; ZeRO-Offload, Ren et al. 2021, reports ~1 s per
@@ -239,9 +246,13 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         if lay.offload == "params":
             offload_seconds += 2 * m * weights / max(1, dp) / PCIE_BYTES_PER_S
     else:
-        optimizer = ops.optimizer_seconds(owned, inputs.grad_bytes, inputs.weight_bytes, work.optimizer, rates)
+        optimizer = ops.optimizer_seconds(owned, inputs.grad_bytes, inputs.weight_bytes, work.optimizer, rates,
+                                          fused=inputs.framework != "fsdp")
 
-    step = pipeline + pp_exposed + dp_exposed + optimizer + offload_seconds
+    # communication hidden behind compute still slows it (NCCL's thread blocks take SMs)
+    tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
+    contention = OVERLAP_SLOWDOWN * (max(0.0, dp_wire - dp_exposed) + tp_hidden)
+    step = pipeline + pp_exposed + dp_exposed + optimizer + offload_seconds + contention
     compute = m * layers_busiest * layer.total + optimizer
     if busiest == 0:
         compute += m * ends.embedding
