@@ -124,7 +124,7 @@ def llama_rows() -> list[Row]:
         p = plan(spec)
         per_gpu = p.time.tokens_per_second_per_device
         lay = spec.layout
-        note = f"tp {tp}+SP, dp {lay.dp}, micro-batch {lay.micro_batch_size} x {lay.grad_accum}, ZeRO-1"
+        note = f"tp {tp}{'+SP' if tp > 1 else ''}, dp {lay.dp}, micro-batch {lay.micro_batch_size} x {lay.grad_accum}, ZeRO-1"
         rows.append(Row("LLaMA-1 (Touvron et al. 2023)", f"{name} A100-80GB GPU-hours",
                         tokens / per_gpu / 3600.0, hours, "GPU-h", note))
         n = count_params(spec.model).total
@@ -239,9 +239,16 @@ def render(rows: list[Row]) -> str:
         f"- throughput, MFU and GPU-hours rows ({len(timing)}): median |error| "
         f"{100 * statistics.median(timing):.1f} %, worst {100 * max(timing):.1f} %",
         "",
+        "These rows are not independent of the model: the per-family `sustained` factors of the GEMM",
+        "curve (`src/flopwise/plan/gemm.py`) were calibrated on the MosaicML and LLaMA-1 rows below (the",
+        "only training runs the planner may be calibrated on). Everything else in the time model comes",
+        "from micro-benchmarks and datasheets (`docs/planner.md`, \"Sources used for calibration\").",
+        "Memory rows check the formulas of `plan/memory.py` against the figures they reproduce.",
+        "",
     ]
+    order = {g: i for i, g in reversed(list(enumerate(r.group for r in rows)))}
     group = None
-    for r in rows:
+    for r in sorted(rows, key=lambda r: order[r.group]):
         if r.group != group:
             group = r.group
             lines += ["", f"## {group}", "", "| figure | predicted | published | unit | error | layout / note |",
