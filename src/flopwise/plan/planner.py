@@ -173,7 +173,7 @@ def _framework(spec: RunSpec) -> str:
     return spec.cluster.extra.get("framework", "fsdp")
 
 
-def _flat_time(spec, pc, flops, sb, psi, links, units_per_step, total_units, peak, warnings):
+def _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings):
     """CNNs have no operator model here: hardware FLOPs at a flat efficiency, DP all-reduce on the links."""
     lay, cluster, hw = spec.layout, spec.cluster, spec.cluster.hardware
     if cluster.efficiency is not None:
@@ -203,7 +203,6 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     warnings: list[str] = list(cluster.extra.get("warnings", ()))
     pc = count_params(model)
     cnn = model.arch == "cnn"
-    m = lay.grad_accum
 
     # FLOPs
     units_per_step = float(lay.global_batch_size) * (1 if cnn else work.seq_len)
@@ -217,10 +216,10 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     e = mem.activation_dtype_bytes(work.precision)
 
     # Communication and time: the operator model (ops.py, gemm.py, comm.py, timing.py)
-    per_node = cluster.devices_per_node or hw.devices_per_node or 8
     peak = hw.peak_flops(work.precision)
     # the scale-up link reaches the whole scale-up domain (a TPU pod's ICI, an NVL72 rack), not just a host
-    links = links_for(hw, max(per_node, hw.scale_up_domain or 0), profile)
+    domain = cluster.devices_per_node or max(hw.devices_per_node or 8, hw.scale_up_domain or 0)
+    links = links_for(hw, domain, profile)
     if ((links.node_bps is None and lay.devices > 1 and links.devices_per_node > 1)
             or (links.net_bps is None and lay.devices > links.devices_per_node)):
         warnings.append(f"{hw.key}: link bandwidth unknown; that communication time is not counted")
@@ -230,7 +229,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
         eff_source = cluster.extra.get("efficiency_source", "--efficiency")
         eff_conf = cluster.extra.get("efficiency_confidence", "user")
     if cnn:
-        time, comm = _flat_time(spec, pc, flops, sb, psi, links, units_per_step, total_units, peak, warnings)
+        time, comm = _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings)
     else:
         rates = device_rates(hw, work.precision, peak, profile, eff_value)
         if eff_value is None:
