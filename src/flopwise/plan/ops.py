@@ -70,8 +70,8 @@ class EndTimes:
     head: float
 
 
-_LAYER_CACHE: dict[tuple, LayerTimes] = {}
-_END_CACHE: dict[tuple, EndTimes] = {}
+_LAYER_CACHE: dict[tuple, tuple[ModelSpec, LayerTimes]] = {}
+_END_CACHE: dict[tuple, tuple[ModelSpec, EndTimes]] = {}
 CACHE_LIMIT = 100_000  # entries; a cache this full is dropped and refilled
 
 
@@ -88,13 +88,17 @@ def layer_times(
     dropout: bool, recompute: str, precision: str, rates: DeviceRates,
 ) -> LayerTimes:
     """Compute seconds of one layer per micro-batch on one rank (cached by every argument)."""
-    key = (model, seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates)
-    cached = _LAYER_CACHE.get(key)
-    if cached is None:
-        if len(_LAYER_CACHE) > CACHE_LIMIT:
-            _LAYER_CACHE.clear()
-        cached = _LAYER_CACHE[key] = _layer_times(*key)
-    return cached
+    # keyed by the model's identity (hashing a ModelSpec is slow); the entry keeps the model
+    # alive, so its id cannot be reused while the entry exists
+    key = (id(model), seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates)
+    hit = _LAYER_CACHE.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_LAYER_CACHE) > CACHE_LIMIT:
+        _LAYER_CACHE.clear()
+    value = _layer_times(model, *key[1:])
+    _LAYER_CACHE[key] = (model, value)
+    return value
 
 
 def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rates: DeviceRates) -> LayerTimes:
@@ -182,13 +186,15 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
 def end_times(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
               precision: str, rates: DeviceRates) -> EndTimes:
     """Embedding and head + loss seconds per micro-batch (forward + backward), cached."""
-    key = (model, seq_len, micro_batch, tp, sequence_parallel, precision, rates)
-    cached = _END_CACHE.get(key)
-    if cached is None:
-        if len(_END_CACHE) > CACHE_LIMIT:
-            _END_CACHE.clear()
-        cached = _END_CACHE[key] = _end_times(*key)
-    return cached
+    key = (id(model), seq_len, micro_batch, tp, sequence_parallel, precision, rates)
+    hit = _END_CACHE.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_END_CACHE) > CACHE_LIMIT:
+        _END_CACHE.clear()
+    value = _end_times(model, *key[1:])
+    _END_CACHE[key] = (model, value)
+    return value
 
 
 def _end_times(model, s, b, tp, sp, precision, rates: DeviceRates) -> EndTimes:

@@ -31,13 +31,15 @@ recompute, and lower peak memory first among equals.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from dataclasses import dataclass, field
 
 from flopwise.errors import UserError
-from flopwise.plan.planner import GIB, Plan, plan, plan_memory
+from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
 from flopwise.plan.gemm import device_rates
-from flopwise.plan.timing import step_lower_bound
+from flopwise.plan.memory import state_bytes
+from flopwise.plan.timing import StepInputs, step_lower_bound
 
 OBJECTIVES = ("time", "cost", "energy")
 
@@ -319,15 +321,19 @@ def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool) 
     _keep(best, first, objective)
     # objective / step is the same for every layout of one job (same tokens, devices, prices)
     ratio = objective_value(first, objective) / first.time.step_seconds
-    pending = sorted(fits[1:], key=lambda c: _step_bound(c, first))
-    for candidate in pending:
+    bound_of = _bounder(first)
+    pending = sorted((bound_of(c), i, c) for i, c in enumerate(fits[1:]))
+    kth = None  # the k-th best objective so far, recomputed only when `best` changes
+    for bound, _, candidate in pending:
         if len(best) >= top:
-            kth = sorted(best.values())[top - 1]
-            if _step_bound(candidate, first) * ratio > kth * (1 + 1e-9):
+            if kth is None:
+                kth = heapq.nsmallest(top, best.values())[-1]
+            if bound * ratio > kth * (1 + 1e-9):
                 break
         result = plan(candidate)
         timed.append(result)
         _keep(best, result, objective)
+        kth = None
     return timed
 
 
@@ -335,16 +341,27 @@ def _keep(best: dict[tuple, float], result: Plan, objective: str) -> None:
     best[family_key(result, objective)] = objective_value(result, objective)
 
 
-def _step_bound(candidate: RunSpec, reference: Plan) -> float:
-    """A step time no plan of `candidate` can beat (`timing.step_lower_bound`: its layers'
-    compute on the average stage plus the smallest stages' bubble; communication >= 0).
-    CNNs have one flat compute time for every layout: the reference plan's."""
-    if candidate.model.arch == "cnn":
-        return reference.time.compute_seconds
-    cluster, work = candidate.cluster, candidate.workload
+def _bounder(reference: Plan):
+    """A function giving a step time no plan of a candidate can beat (`timing.step_lower_bound`:
+    the average stage's compute per micro-batch, the smallest stages' bubble, the optimizer
+    step; communication >= 0). Model, workload and cluster are the reference's for every
+    candidate, so what depends only on them is computed once. CNNs have one flat compute
+    time for every layout: the reference plan's."""
+    spec = reference.spec
+    if spec.model.arch == "cnn":
+        return lambda candidate: reference.time.compute_seconds
+    cluster, work = spec.cluster, spec.workload
     rates = device_rates(cluster.hardware, work.precision, cluster.hardware.peak_flops(work.precision),
                          None, cluster.efficiency)
-    return step_lower_bound(candidate, rates)
+    sb = state_bytes(work.precision, work.optimizer)
+    total, framework = reference.params.total, _framework(spec)
+
+    def bound(candidate: RunSpec) -> float:
+        lay = candidate.layout
+        inputs = StepInputs(total / (lay.tp * lay.pp), sb.grad, sb.weight, 0.0, 0.0, 0.0, framework)
+        return step_lower_bound(candidate, rates, inputs)
+
+    return bound
 
 
 def _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, fitting, top, smallest,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from flopwise.plan import comm as cm
 from flopwise.plan import ops
@@ -107,6 +108,7 @@ def bubble_fraction(pp: int, micro_batches: int, schedule: str, virtual: int) ->
     return (pp - 1) / (micro_batches * (virtual if schedule == "interleaved" else 1))
 
 
+@lru_cache(maxsize=4096)
 def split_layers(n_layers: int, pp: int, virtual: int) -> tuple[tuple[int, ...], ...]:
     """Layers of each chunk per device: chunk c of p·v runs on device c mod p.
 
@@ -121,6 +123,7 @@ def split_layers(n_layers: int, pp: int, virtual: int) -> tuple[tuple[int, ...],
     return tuple(tuple(counts[c] for c in range(dev, chunks, pp)) for dev in range(pp))
 
 
+@lru_cache(maxsize=4096)
 def describe_split(split: tuple[tuple[int, ...], ...]) -> str:
     """'8,8,...' per device (chunks joined by '+' when interleaved)."""
     return ",".join("+".join(str(n) for n in dev) for dev in split)
@@ -238,16 +241,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
             dp_wire = reduce + gather
 
     # optimizer step and offload
-    owned = psi / dp if (zero >= 1 and dp > 1) else psi
-    offload_seconds = 0.0
-    if lay.offload in ("optimizer", "params"):
-        optimizer = owned / HOST_ADAM_PARAMS_PER_S
-        offload_seconds = owned * (inputs.grad_bytes + inputs.weight_bytes) / PCIE_BYTES_PER_S
-        if lay.offload == "params":
-            offload_seconds += 2 * m * weights / max(1, dp) / PCIE_BYTES_PER_S
-    else:
-        optimizer = ops.optimizer_seconds(owned, inputs.grad_bytes, inputs.weight_bytes, work.optimizer, rates,
-                                          fused=inputs.framework != "fsdp")
+    optimizer, offload_seconds = optimizer_and_offload(lay, work.optimizer, inputs, rates)
 
     # communication hidden behind compute still slows it (NCCL's thread blocks take SMs)
     tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
@@ -292,17 +286,37 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     return time, comm
 
 
-def step_lower_bound(spec, rates: DeviceRates) -> float:
-    """A time no layout's step can beat: its layers' compute on the average stage plus the
-    bubble of the smallest chunks (exact lower bound of `step_time`; for layout searches)."""
+def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: DeviceRates) -> tuple[float, float]:
+    """(optimizer step, host <-> device copies) seconds per step on one rank."""
+    psi, dp = inputs.params_per_rank, lay.dp
+    owned = psi / dp if (lay.zero_stage >= 1 and dp > 1) else psi
+    if lay.offload not in ("optimizer", "params"):
+        return ops.optimizer_seconds(owned, inputs.grad_bytes, inputs.weight_bytes, optimizer_name, rates,
+                                     fused=inputs.framework != "fsdp"), 0.0
+    copies = owned * (inputs.grad_bytes + inputs.weight_bytes) / PCIE_BYTES_PER_S
+    if lay.offload == "params":
+        copies += 2 * lay.grad_accum * psi * inputs.weight_bytes / max(1, dp) / PCIE_BYTES_PER_S
+    return owned / HOST_ADAM_PARAMS_PER_S, copies
+
+
+def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None) -> float:
+    """A time no layout's step can beat: the average stage's compute (embedding and head
+    included) per micro-batch plus the bubble of the smallest chunks (a lower bound of
+    `step_time`; for layout searches)."""
     model, lay, work = spec.model, spec.layout, spec.workload
     tp, pp = lay.tp, lay.pp
     v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
     sp = lay.sequence_parallel and tp > 1
     layer = ops.layer_times(model, work.seq_len, lay.micro_batch_size, tp, sp, lay.flash_attention, work.dropout,
                             lay.recompute, work.precision, rates)
+    ends = ops.end_times(model, work.seq_len, lay.micro_batch_size, tp, sp, work.precision, rates)
     smallest_stage = (model.n_layers // (pp * v)) * v
-    return layer.total * (lay.grad_accum * model.n_layers / pp + (pp - 1) * smallest_stage / v)
+    # the slowest device is at least the average one, embedding and head included
+    average = (model.n_layers * layer.total + ends.embedding + ends.head) / pp
+    bound = lay.grad_accum * average + (pp - 1) * smallest_stage * layer.total / v
+    if inputs is not None:
+        bound += sum(optimizer_and_offload(lay, work.optimizer, inputs, rates))
+    return bound
 
 
 def flat_time(*, model_flops_per_unit: float, hardware_flops_per_unit: float, units_per_step: float,
