@@ -114,3 +114,13 @@ def test_search_marks_mfu_above_the_best_published_run():
     for entry, p in zip(data["ranked"], result.ranked):
         assert entry["above_best_published_mfu"] == above_published(p) == (p.time.mfu > 0.6423)
         assert 0 <= entry["exposed_comm_share"] < 1
+
+
+def test_every_kth_block_recompute_reruns_that_share_of_forwards():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8)
+    hw, lay, work = spec.cluster.hardware, spec.layout, spec.workload
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"))
+    none, every4 = (ops.layer_times(spec.model, work.seq_len, lay.micro_batch_size, 1, False, True, False, rc, "bf16",
+                                    rates) for rc in ("none", "every-4"))
+    assert ops.full_recompute_share("every-4") == 0.25 and ops.full_recompute_share("none") == 0
+    assert every4.recompute == pytest.approx(none.forward / 4)

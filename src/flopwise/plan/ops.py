@@ -170,8 +170,9 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
 
     forward = fwd_g + attn_f + mem_f
     backward = dgrad_g + wgrad_g + attn_b + mem_b
-    if recompute == "full":
-        extra, extra_g, extra_a, extra_m = forward, fwd_g, attn_f, mem_f
+    share = full_recompute_share(recompute)
+    if share:
+        extra, extra_g, extra_a, extra_m = share * forward, share * fwd_g, share * attn_f, share * mem_f
     elif recompute == "selective":
         extra, extra_g, extra_a, extra_m = attn_f, 0.0, attn_f, 0.0
     else:
@@ -181,6 +182,17 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         gemm=fwd_g + dgrad_g + wgrad_g + extra_g, attention=attn_f + attn_b + extra_a,
         memory_bound=mem_f + mem_b + extra_m, wgrad=wgrad_g, forward_gemm=fwd_g,
     )
+
+
+def full_recompute_share(recompute: str) -> float:
+    """Share of layers whose whole forward is re-run: 1 for "full", 1/k for "every-k" (one
+    block in k checkpointed), 0 otherwise."""
+    if recompute == "full":
+        return 1.0
+    if recompute.startswith("every"):
+        digits = "".join(ch for ch in recompute if ch.isdigit())
+        return 1.0 / int(digits) if digits and int(digits) > 0 else 1.0
+    return 0.0
 
 
 def end_times(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,

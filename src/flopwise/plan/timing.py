@@ -159,7 +159,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     # tensor parallel, per layer and micro-batch
     message = float(s * b * model.hidden * e)
     one = cm.all_reduce_seconds(links, tp, 1, message)  # AR = RS + AG, the same volume with SP
-    n_coll = 4 + (2 if lay.recompute == "full" else 0)
+    n_coll = 4 + 2 * ops.full_recompute_share(lay.recompute)
     tp_wire = n_coll * one
     if tp == 1:
         tp_layer = 0.0
