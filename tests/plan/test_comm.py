@@ -1,10 +1,14 @@
-"""plan/comm.py: ring collective volumes, link choice and per-step traffic."""
+"""plan/comm.py: ring volumes, hierarchical collectives over node links and the network, NVLink SHARP."""
 
 import math
 
 import pytest
 
-from flopwise.plan.comm import estimate_comm, link_for_group, ring_all_gather_bytes, ring_all_reduce_bytes
+from flopwise.catalog.hardware import load_hardware
+from flopwise.plan.comm import (
+    LINK_EFFICIENCY, Links, all_reduce_seconds, group_shape, link_name, links_for, p2p_seconds,
+    reduce_scatter_seconds, ring_all_gather_bytes, ring_all_reduce_bytes,
+)
 
 
 def test_ring_volumes():
@@ -13,38 +17,38 @@ def test_ring_volumes():
     assert ring_all_reduce_bytes(1, 1e9) == 0
 
 
-def _comm(**kw):
-    args = dict(params_per_device=1e9, grad_bytes=2, weight_bytes=2, zero_stage=0, dp=8, tp=1, pp=1,
-                micro_batches=1, layers_per_stage=32, activation_message_bytes=1e6, recompute="none",
-                devices_per_node=8, scale_up_gbs=450.0, scale_out_gbs=50.0, link_efficiency=1.0)
-    args.update(kw)
-    return estimate_comm(**args)
+def test_group_placement_follows_megatron_rank_order():
+    # dp groups are strided by tp: with tp 8 each node holds one member of a dp group
+    assert group_shape(16, 1, 8) == (8, 2)
+    assert group_shape(16, 8, 8) == (1, 16)
+    assert group_shape(4, 2, 8) == (4, 1)
 
 
-def test_zero3_moves_three_times_the_parameters():
-    # ZeRO paper section 7: DP/ZeRO-1/2 move 2 Psi, ZeRO-3 3 Psi (per step, one micro-batch).
-    ddp, zero3 = _comm(zero_stage=0), _comm(zero_stage=3)
-    assert zero3.dp_bytes / ddp.dp_bytes == pytest.approx(1.5)
-    assert ddp.dp_bytes == pytest.approx(2 * 7 / 8 * 2e9)
-    # ZeRO-3 re-gathers weights on every micro-batch; gradients are reduced once.
-    assert _comm(zero_stage=3, micro_batches=4).dp_bytes == pytest.approx(7 / 8 * 2e9 * (2 * 4 + 1))
+def test_hierarchical_reduce_scatter_uses_every_nic_of_a_node():
+    links = Links(node_bps=400e9, net_bps=40e9, devices_per_node=8)
+    size = 8e9
+    inside = reduce_scatter_seconds(links, 8, 1, size)
+    assert inside == pytest.approx(7 / 8 * size / 400e9, rel=1e-3)
+    across = reduce_scatter_seconds(links, 16, 1, size)
+    # node part, then each rank's 1/8 share across 2 nodes on its own NIC
+    assert across == pytest.approx(7 / 8 * size / 400e9 + 1 / 2 * size / 8 / 40e9, rel=1e-3)
+    # one member per node (dp strided by tp = 8): the whole buffer crosses the network
+    strided = reduce_scatter_seconds(links, 16, 8, size)
+    assert strided == pytest.approx(15 / 16 * size / 40e9, rel=1e-3)
+    assert link_name(links, 8, 1) == "scale-up" and link_name(links, 16, 1) == "scale-out"
 
 
-def test_links_follow_node_boundaries():
-    assert link_for_group(8, 8) == "scale-up" and link_for_group(16, 8) == "scale-out"
-    inside, across = _comm(dp=8), _comm(dp=16)
-    assert inside.dp_link == "scale-up" and inside.dp_seconds == pytest.approx(inside.dp_bytes / 450e9)
-    assert across.dp_link == "scale-out" and across.dp_seconds == pytest.approx(across.dp_bytes / 50e9)
+def test_all_reduce_is_two_phases_and_nvls_is_faster_inside_a_node():
+    plain = Links(node_bps=369e9, net_bps=41e9, devices_per_node=8)
+    sharp = Links(node_bps=369e9, net_bps=41e9, devices_per_node=8, nvls_bps=480e9)
+    assert all_reduce_seconds(plain, 8, 1, 1e9) == pytest.approx(2 * reduce_scatter_seconds(plain, 8, 1, 1e9))
+    assert all_reduce_seconds(sharp, 8, 1, 1e9) < all_reduce_seconds(plain, 8, 1, 1e9)
 
 
-def test_tensor_parallel_all_reduces_per_layer():
-    c = _comm(dp=1, tp=4, micro_batches=2)
-    # 4 all-reduces (2 fwd + 2 bwd) of s*b*h per layer per micro-batch (Megatron).
-    assert c.tp_bytes == pytest.approx(4 * 2 * 3 / 4 * 1e6 * 32 * 2)
-    assert _comm(dp=1, tp=4, recompute="full").tp_bytes == pytest.approx(6 * 2 * 3 / 4 * 1e6 * 32)
-
-
-def test_pipeline_and_unknown_bandwidth():
-    c = _comm(dp=1, pp=4, micro_batches=8)
-    assert c.pp_bytes == pytest.approx(2 * 1e6 * 8)
-    assert math.isinf(_comm(dp=16, scale_out_gbs=None).dp_seconds)
+def test_catalog_links_and_unknown_bandwidth():
+    hw = load_hardware()
+    h100 = links_for(hw["h100-sxm"], 8)
+    assert h100.node_bps == pytest.approx(450e9 * LINK_EFFICIENCY)
+    assert h100.nvls_bps is not None  # NVLink 4 through NVSwitch
+    assert links_for(hw["a100-80gb"], 8).nvls_bps is None
+    assert math.isinf(p2p_seconds(Links(None, None, 8), True, 1e6))

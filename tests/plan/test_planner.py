@@ -46,9 +46,11 @@ def test_mosaicml_mpt_7b_h100_throughput_within_10_percent():
 
 def test_llama1_65b_gpu_hours_within_15_percent():
     # Touvron et al. 2023: 1.4T tokens, 1,022,362 A100-80GB GPU-hours, ~380 tokens/s/GPU on 2048 GPUs.
-    # Layout assumed: 8-way tensor + sequence parallel inside a node, ZeRO-1 (distributed optimizer).
+    # Layout assumed: 8-way tensor + sequence parallel inside a node, ZeRO-1 (distributed optimizer),
+    # micro-batch 4 (the largest that fits; with the operator model GEMM shapes depend on it, and
+    # micro-batch 1 gives tp-8 GEMMs of 2048 x 1024 that run ~15 % slower).
     spec = build_runspec(model="llama-65b", hardware="a100-80gb", gpus=2048, tp=8, sequence_parallel=True,
-                         zero=1, seq_len=2048, batch_tokens="4M", tokens="1.4T")
+                         zero=1, seq_len=2048, batch_tokens="4M", tokens="1.4T", micro_batch=4)
     p = plan(spec)
     assert p.fits
     assert p.time.device_hours == pytest.approx(1_022_362, rel=0.15)
@@ -66,11 +68,15 @@ def test_mfu_equals_efficiency_without_recompute_bubble_or_exposed_comm():
 
 
 def test_pipeline_bubble():
+    # The bubble comes from the schedule over the real stages: the last stage also runs the
+    # head and loss, so the bubble sits a little below (p-1)/m and interleaving divides it by ~v.
     base = dict(model="llama2-13b", hardware="a100-80gb", gpus=32, tp=4, pp=4, seq_len=4096, global_batch=64)
     p = plan(build_runspec(**base))
-    assert p.time.bubble_fraction == pytest.approx(3 / p.spec.layout.grad_accum)
+    m = p.spec.layout.grad_accum
+    assert 0.7 * 3 / m < p.time.bubble_fraction <= 3 / m
     q = plan(build_runspec(**base, schedule="interleaved", virtual_stages=2))
-    assert q.time.bubble_fraction == pytest.approx(3 / (2 * q.spec.layout.grad_accum))
+    assert q.time.bubble_fraction == pytest.approx(p.time.bubble_fraction / 2, rel=0.15)
+    assert q.time.step_seconds < p.time.step_seconds
     g = plan(build_runspec(**base, schedule="gpipe"))
     assert g.memory.activations > p.memory.activations
 

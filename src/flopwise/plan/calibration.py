@@ -1,4 +1,8 @@
-"""How much of the peak a device really reaches: the calibration table, and measured runs.
+"""Flat efficiencies: the table CNN plans use, and a measured run's MFU for `--calibrate`.
+
+Transformer plans are timed by the operator model (`ops.py`, `gemm.py`); this table is
+used only for models without one (CNNs), and a user's `--efficiency` / `--calibrate`
+override both.
 
 `efficiency` everywhere in the planner is hardware-FLOPs utilisation (HFU): hardware
 FLOPs (recompute included) per second divided by the dense peak of the training dtype.

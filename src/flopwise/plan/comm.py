@@ -1,40 +1,64 @@
-"""Communication volume and time per optimizer step, per device.
+"""Collective and point-to-point times on a node's links and the network between nodes.
 
-Collective costs use the ring bandwidth model (Patarasuk & Yuan 2009; nccl-tests
-PERFORMANCE.md): all-reduce moves 2(n−1)/n × bytes through each device, all-gather and
-reduce-scatter (n−1)/n × bytes each. Time = volume / (link bandwidth × link efficiency);
-latency is ignored (large messages).
+Ring bandwidth model (Patarasuk & Yuan 2009; nccl-tests doc/PERFORMANCE.md): a
+reduce-scatter or all-gather of S bytes over n ranks moves (n−1)/n × S through each rank,
+an all-reduce twice that. Collectives are hierarchical (NCCL's rings/trees over a
+rail-optimised cluster): the ranks of a group that share a node first reduce-scatter over
+the scale-up link (NVLink), then each rank exchanges its 1/l share with its peers in the
+other nodes over its own NIC, then the node all-gathers again:
 
-- Data parallel: ZeRO-0/1/2 move 2Ψ per step (all-reduce, or reduce-scatter + all-gather:
-  same volume, Rajbhandari et al. 2020 §7); ZeRO-3/FSDP 3Ψ: a forward and a backward
-  all-gather of the weights and a reduce-scatter of the gradients. With gradient
-  accumulation ZeRO-3 gathers weights on every micro-batch (2·m all-gathers) and reduces
-  once (FSDP2 `set_requires_gradient_sync(False)` on the other micro-batches).
-- Tensor parallel (Shoeybi et al. 2019; Korthikanti et al. 2022): 2 all-reduces of
-  s·b·h activations in the forward and 2 in the backward per layer (full recompute adds
-  the forward's 2 again); sequence parallel swaps each for a reduce-scatter + all-gather
-  of the same volume.
-- Pipeline: one s·b·h send forward and one gradient send backward per micro-batch; the
-  interleaved schedule sends v times as often (v model chunks per device; Narayanan et
-  al. 2021 §2.2: "the amount of communication also increases by v").
+    RS(S) = (l−1)/l · S / B_node + (N−1)/N · (S/l) / B_net + latency
+    AR(S) = 2 · RS(S)        (NVLink SHARP: the node part at the NVLS bus bandwidth instead)
 
-Placement: ranks are laid out TP innermost, then DP, then PP (Megatron order). A group
-uses the scale-up link (NVLink etc.) when it fits inside a node, else each device's
-scale-out (network) bandwidth. Both are per direction.
+for l ranks of the group per node and N nodes. B are *bus* bandwidths, i.e. line rate ×
+the efficiency nccl-tests reaches on large messages: NVLink busBw ≈ 370 of 450 GB/s per
+direction on H100 (~20 % protocol overhead, NCCL maintainers in NVIDIA/nccl-tests#212),
+the same 0.82 applied to other NVLink/NIC rates; NVLink SHARP (NVLS) all-reduce ≈ 480 GB/s
+busBw on 8 H100 (same thread; GTC S62129). Latency: a few microseconds per hop.
+
+Placement: ranks are laid out TP innermost, then DP, then PP (Megatron order); a group
+with stride `stride` has min(n, devices_per_node // stride) members in each node.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-LINK_EFFICIENCY = 0.8
-"""Achieved fraction of link bandwidth for large collectives; an assumption in the range
-nccl-tests bus bandwidths typically reach on NVLink/InfiniBand (not a published constant)."""
+from flopwise.catalog.hardware import HardwareSpec
+
+LINK_EFFICIENCY = 0.82
+"""nccl-tests bus bandwidth / line rate for large messages (370 / 450 GB/s on H100 NVLink;
+NVIDIA/nccl-tests#212). Applied to every scale-up link and NIC."""
+NVLS_BUS_GBS = {"hopper": 480.0}
+"""NVLink SHARP all-reduce bus bandwidth on 8 GPUs of an NVSwitch node (NVIDIA/nccl-tests#212)."""
+INTRA_LATENCY_S = 8e-6
+"""Per collective inside a node (NCCL small-message latency on NVLink, order of magnitude)."""
+INTER_LATENCY_S = 12e-6
+"""Per ring/tree step across nodes (InfiniBand / RoCE, order of magnitude)."""
+CPU_LINK_GBS = 4.0
+"""A CPU 'device' (one process) talks to the others through shared memory / loopback (gloo):
+an assumption for runs without a measured profile."""
+
+
+@dataclass(frozen=True)
+class Links:
+    """Achievable bus bandwidths (bytes/s) of one device's links, and how nodes are built."""
+
+    node_bps: float | None  # scale-up (NVLink etc.), None when unknown
+    net_bps: float | None  # scale-out, per device (its NIC), None when unknown
+    devices_per_node: int
+    nvls_bps: float | None = None  # NVLink SHARP all-reduce bus bandwidth, where the switch has it
+    node_name: str = "scale-up"
+    net_name: str = "scale-out"
 
 
 @dataclass(frozen=True)
 class CommEstimate:
-    """Per-device bytes moved and seconds per optimizer step, by parallelism kind."""
+    """Per-device bytes and unhidden seconds per optimizer step, by parallelism kind.
+
+    `*_seconds` are the times the collectives take on the wire (before any overlap);
+    the time model decides how much of each is exposed."""
 
     dp_bytes: float
     tp_bytes: float
@@ -52,6 +76,23 @@ class CommEstimate:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
+def links_for(hw: HardwareSpec, devices_per_node: int, profile=None) -> Links:
+    """The links of a catalog device (a profile's measured `collective_bus_bytes_per_s`, if any, wins)."""
+    measured = getattr(profile, "collective_bus_bytes_per_s", None) if profile is not None else None
+    if hw.vendor.lower() == "cpu" or hw.key.startswith("cpu"):
+        bps = float(measured) if measured else CPU_LINK_GBS * 1e9
+        return Links(bps, bps, devices_per_node, None, "shared memory", "network")
+    node = hw.scale_up_gbs * 1e9 * LINK_EFFICIENCY if hw.scale_up_gbs else None
+    if measured:
+        node = float(measured)
+    net = hw.scale_out_gbs * 1e9 * LINK_EFFICIENCY if hw.scale_out_gbs else None
+    nvls = None
+    link = (hw.scale_up_link or "").lower()
+    if "nvswitch" in link and ("nvlink 4" in link or "nvlink 5" in link):
+        nvls = NVLS_BUS_GBS["hopper"] * 1e9 * (hw.scale_up_gbs / 450.0 if hw.scale_up_gbs else 1.0)
+    return Links(node, net, devices_per_node, nvls)
+
+
 def ring_all_reduce_bytes(n: int, nbytes: float) -> float:
     """Bytes through each device for a ring all-reduce: 2(n−1)/n × size."""
     return 2.0 * (n - 1) / n * nbytes if n > 1 else 0.0
@@ -62,61 +103,58 @@ def ring_all_gather_bytes(n: int, nbytes: float) -> float:
     return (n - 1) / n * nbytes if n > 1 else 0.0
 
 
-def link_for_group(span: int, devices_per_node: int) -> str:
-    """'scale-up' when a group of consecutive ranks spanning `span` devices fits in a node."""
-    return "scale-up" if span <= devices_per_node else "scale-out"
+def group_shape(n: int, stride: int, devices_per_node: int) -> tuple[int, int]:
+    """(members per node l, nodes N) of a group of n ranks spaced `stride` apart."""
+    if n <= 1:
+        return 1, 1
+    local = max(1, min(n, devices_per_node // stride)) if stride <= devices_per_node else 1
+    return local, -(-n // local)
 
 
-def estimate_comm(
-    *,
-    params_per_device: float,
-    grad_bytes: float,
-    weight_bytes: float,
-    zero_stage: int,
-    dp: int,
-    tp: int,
-    pp: int,
-    micro_batches: int,
-    layers_per_stage: float,
-    activation_message_bytes: float,
-    recompute: str,
-    devices_per_node: int,
-    scale_up_gbs: float | None,
-    scale_out_gbs: float | None,
-    link_efficiency: float = LINK_EFFICIENCY,
-    virtual_stages: int = 1,
-) -> CommEstimate:
-    """Bytes and seconds of DP, TP and PP traffic for one optimizer step on one device.
+def link_name(links: Links, n: int, stride: int) -> str:
+    """Which link a group's traffic is bound by: the node's link or the network."""
+    _, nodes = group_shape(n, stride, links.devices_per_node)
+    return links.node_name if nodes == 1 else links.net_name
 
-    `activation_message_bytes` is s·b·h·e for one micro-batch. Unknown bandwidth on a link
-    that is needed gives infinite seconds (the planner turns that into a warning).
-    """
-    grads = params_per_device * grad_bytes
-    weights = params_per_device * weight_bytes
-    if zero_stage >= 3:
-        dp_bytes = ring_all_gather_bytes(dp, weights) * 2 * micro_batches + ring_all_gather_bytes(dp, grads)
-    else:
-        dp_bytes = ring_all_reduce_bytes(dp, grads)
 
-    tp_collectives = 4 + (2 if recompute == "full" else 0)
-    tp_bytes = tp_collectives * ring_all_reduce_bytes(tp, activation_message_bytes) * layers_per_stage * micro_batches
-    pp_bytes = 2.0 * activation_message_bytes * micro_batches * virtual_stages if pp > 1 else 0.0
+def reduce_scatter_seconds(links: Links, n: int, stride: int, nbytes: float) -> float:
+    """Seconds of a hierarchical reduce-scatter (or all-gather) of `nbytes` (the full buffer)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    local, nodes = group_shape(n, stride, links.devices_per_node)
+    seconds = 0.0
+    if local > 1:
+        if not links.node_bps:
+            return math.inf
+        seconds += (local - 1) / local * nbytes / links.node_bps + INTRA_LATENCY_S
+    if nodes > 1:
+        if not links.net_bps:
+            return math.inf
+        seconds += (nodes - 1) / nodes * (nbytes / local) / links.net_bps
+        seconds += INTER_LATENCY_S * math.ceil(math.log2(nodes))
+    return seconds
 
-    dp_link = link_for_group(tp * dp, devices_per_node)
-    tp_link = link_for_group(tp, devices_per_node)
-    pp_link = link_for_group(tp * dp * pp, devices_per_node)
 
-    def seconds(nbytes: float, link: str) -> float:
-        """Transfer time on the link the group uses; inf when its bandwidth is unknown."""
-        if nbytes == 0.0:
-            return 0.0
-        gbs = scale_up_gbs if link == "scale-up" else scale_out_gbs
-        if not gbs:
-            return float("inf")
-        return nbytes / (gbs * 1e9 * link_efficiency)
+def all_reduce_seconds(links: Links, n: int, stride: int, nbytes: float) -> float:
+    """Seconds of a hierarchical all-reduce: reduce-scatter + all-gather, NVLS inside a node where present."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    local, nodes = group_shape(n, stride, links.devices_per_node)
+    if links.nvls_bps and local > 1:
+        inside = ring_all_reduce_bytes(local, nbytes) / links.nvls_bps + INTRA_LATENCY_S
+        if nodes == 1:
+            return inside
+        across = 2.0 * (reduce_scatter_seconds(links, n, stride, nbytes)
+                        - reduce_scatter_seconds(links, local, stride, nbytes))
+        return inside + across
+    return 2.0 * reduce_scatter_seconds(links, n, stride, nbytes)
 
-    return CommEstimate(
-        dp_bytes, tp_bytes, pp_bytes,
-        seconds(dp_bytes, dp_link), seconds(tp_bytes, tp_link), seconds(pp_bytes, pp_link),
-        dp_link, tp_link, pp_link, link_efficiency,
-    )
+
+def p2p_seconds(links: Links, crosses_node: bool, nbytes: float) -> float:
+    """Seconds to send `nbytes` to the next pipeline stage."""
+    if nbytes <= 0:
+        return 0.0
+    bps = links.net_bps if crosses_node else links.node_bps
+    if not bps:
+        return math.inf
+    return nbytes / bps + (INTER_LATENCY_S if crosses_node else INTRA_LATENCY_S)

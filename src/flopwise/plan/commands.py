@@ -40,6 +40,7 @@ def plan_command(
     virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", help="Interleaved: model chunks per device. [default: 2]"),
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism with TP."),
     no_flash_attention: bool = typer.Option(False, "--no-flash-attention", help="Keep the s x s attention scores (no flash attention)."),
+    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap", help="Overlap TP collectives with the GEMMs (Transformer Engine userbuffers)."),
     dropout: bool = typer.Option(False, "--dropout", help="Count dropout masks in activation memory."),
     efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Achieved fraction of peak (overrides calibration)."),
     price_per_hour: Optional[float] = typer.Option(None, "--price-per-hour", help="USD per device-hour (overrides the catalog)."),
@@ -72,7 +73,7 @@ def plan_command(
         global_batch=global_batch, batch_tokens=batch_tokens, seq_len=seq_len, tokens=tokens,
         precision=precision, optimizer=optimizer, zero=zero, recompute=recompute, offload=offload,
         schedule=schedule, virtual_stages=virtual_stages, sequence_parallel=sequence_parallel,
-        flash_attention=not no_flash_attention, dropout=dropout, efficiency=efficiency,
+        flash_attention=not no_flash_attention, dropout=dropout, efficiency=efficiency, tp_comm_overlap=tp_comm_overlap,
         price_per_hour=price_per_hour, pue=pue, calibrate=calibrate, memory_reserve_gib=memory_reserve_gib,
     )
     if search or spot:
@@ -162,8 +163,15 @@ def print_plan(result) -> None:
         ("peak (dense)", f"{tm.peak_flops / 1e12:,.1f} TFLOP/s"),
         ("efficiency (HFU)", f"{tm.efficiency:.1%} ({tm.efficiency_confidence} confidence)"),
         ("compute / step", _duration(tm.compute_seconds)),
-        ("pipeline bubble", f"{tm.bubble_fraction:.1%}"),
-        (f"exposed comm / step (DP {c.dp_link}, TP {c.tp_link})", _duration(tm.exposed_comm_seconds)),
+        ("  GEMMs / attention / memory-bound / optimizer",
+         " / ".join(_duration(x) for x in (tm.gemm_seconds, tm.attention_seconds, tm.memory_bound_seconds,
+                                           tm.optimizer_seconds))),
+        ("pipeline bubble" + (f" (layers per stage {tm.stage_layers})" if spec.layout.pp > 1 else ""),
+         f"{tm.bubble_fraction:.1%}"),
+        (f"exposed comm / step (DP {c.dp_link}, TP {c.tp_link})",
+         f"{_duration(tm.exposed_comm_seconds)} ({tm.exposed_comm_share:.0%} of the step; "
+         f"TP {_duration(tm.tp_exposed_seconds)}, DP {_duration(tm.dp_exposed_seconds)}, "
+         f"PP {_duration(tm.pp_exposed_seconds)})"),
         ("step", _duration(tm.step_seconds)),
         (f"{unit}s / s", f"{tm.tokens_per_second:,.0f} ({tm.tokens_per_second_per_device:,.0f} per device)"),
         ("MFU", f"{tm.mfu:.1%}"),
@@ -182,9 +190,10 @@ def print_plan(result) -> None:
     if cost.price_source and "does not pay" in cost.note:
         console.print(f"[yellow]note:[/yellow] {cost.note.split('; ', 1)[1]}")
     console.print(f"[dim]efficiency source: {tm.efficiency_source}[/dim]")
-    console.print("[dim]assumptions: 6N + 12·L·s·d FLOPs/token (no causal halving); activations per "
-                  "Korthikanti et al. 2022; ring collectives at 80% of link bandwidth; DP comm overlapped "
-                  "with up to 80% of backward; energy at TDP. See docs/planner.md.[/dim]")
+    console.print("[dim]assumptions: 6N + 12·L·s·d FLOPs/token (no causal halving); time from an operator "
+                  "model (shape-aware GEMM curves, memory-bound ops, hierarchical collectives at nccl-tests "
+                  "bus bandwidths, DP overlapped with the last backward); activations per Korthikanti et al. "
+                  "2022; energy at TDP. See docs/planner.md.[/dim]")
     for line in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {line}")
     for line in result.advice:

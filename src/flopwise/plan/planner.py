@@ -15,15 +15,18 @@ from dataclasses import dataclass
 
 from flopwise.errors import UserError
 from flopwise.plan import memory as mem
-from flopwise.plan.calibration import efficiency_for
-from flopwise.plan.comm import CommEstimate, estimate_comm
+from flopwise.plan.calibration import Efficiency, efficiency_for
+from flopwise.plan.comm import (
+    LINK_EFFICIENCY, CommEstimate, all_reduce_seconds, link_name, links_for, ring_all_reduce_bytes,
+)
 from flopwise.plan.cost import CostEstimate, EnergyEstimate, estimate_cost, estimate_energy
 from flopwise.plan.flops import FlopsEstimate, estimate_flops
 from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import (
     OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, Cluster, Layout, RunSpec, Workload,
 )
-from flopwise.plan.timing import TimeEstimate, bubble_fraction, estimate_time
+from flopwise.plan.gemm import GemmProfile, device_rates
+from flopwise.plan.timing import StepInputs, TimeEstimate, flat_time, step_time
 
 GIB = mem.GIB
 EXAMPLE = {
@@ -121,10 +124,10 @@ def validate(spec: RunSpec) -> None:
             raise UserError(f"--tp {lay.tp} does not divide {model.key}'s {model.n_heads} attention heads")
         if lay.pp > model.n_layers:
             raise UserError(f"--pp {lay.pp} is more than {model.key}'s {model.n_layers} layers")
-        if lay.pipeline_schedule == "interleaved" and model.n_layers % (lay.pp * lay.virtual_stages):
+        if lay.pipeline_schedule == "interleaved" and lay.pp * lay.virtual_stages > model.n_layers:
             raise UserError(
-                f"interleaved schedule needs layers ({model.n_layers}) divisible by pp × virtual stages "
-                f"({lay.pp} × {lay.virtual_stages})"
+                f"interleaved schedule needs at least one layer per chunk: pp × virtual stages "
+                f"({lay.pp} × {lay.virtual_stages}) is more than {model.n_layers} layers"
             )
     elif lay.tp > 1 or lay.pp > 1:
         raise UserError(f"{model.key} is a CNN: only data parallelism is planned (use --dp, not --tp/--pp)")
@@ -147,26 +150,59 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 # --------------------------------------------------------------------------- the plan
 
 
-def plan(spec: RunSpec) -> Plan:
+def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     """Predict parameters, FLOPs, memory, communication, time, energy and cost of a run.
 
+    `profile`: a measured device profile (`flopwise.plan.profile.DeviceProfile` or anything
+    with its methods); its GEMM rates and memory bandwidth replace the family curve.
     When the run does not fit, `advice` lists which single changes (ZeRO-3, recompute,
     offload, smaller micro-batch, more devices) make it fit, each computed by planning it.
     """
-    result = _evaluate(spec)
+    result = _evaluate(spec, profile)
     if result.fits:
         return result
-    return dataclasses.replace(result, advice=_advice(spec, result))
+    return dataclasses.replace(result, advice=_advice(spec, result, profile))
 
 
-def _evaluate(spec: RunSpec) -> Plan:
+def _framework(spec: RunSpec) -> str:
+    """The training framework whose conventions apply (megatron | deepspeed | fsdp), default fsdp."""
+    for part in (spec.layout, spec.workload, spec.cluster):
+        value = getattr(part, "framework", None)
+        if value:
+            return value
+    return spec.cluster.extra.get("framework", "fsdp")
+
+
+def _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings):
+    """CNNs have no operator model here: hardware FLOPs at a flat efficiency, DP all-reduce on the links."""
+    lay, cluster, hw = spec.layout, spec.cluster, spec.cluster.hardware
+    if cluster.efficiency is not None:
+        eff = Efficiency(cluster.efficiency, cluster.extra.get("efficiency_source", "--efficiency"),
+                         cluster.extra.get("efficiency_confidence", "user"))
+    else:
+        eff = efficiency_for(hw.key, spec.workload.precision)
+        if eff.confidence == "low":
+            warnings.append(f"efficiency {eff.value:.0%} for {hw.key} {spec.workload.precision} is low-confidence "
+                            f"({eff.source})")
+    grads = psi * sb.grad
+    seconds = all_reduce_seconds(links, lay.dp, 1, grads)
+    comm = CommEstimate(ring_all_reduce_bytes(lay.dp, grads), 0.0, 0.0, seconds, 0.0, 0.0,
+                        link_name(links, lay.dp, 1), "-", "-", LINK_EFFICIENCY)
+    time = flat_time(
+        model_flops_per_unit=flops.model_per_unit, hardware_flops_per_unit=flops.hardware_per_unit,
+        units_per_step=units_per_step, total_units=total_units, devices=lay.devices, peak_flops=peak,
+        efficiency=eff.value, efficiency_source=eff.source, efficiency_confidence=eff.confidence, comm=comm,
+    )
+    return time, comm
+
+
+def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     validate(spec)
     model, lay, work, cluster = spec.model, spec.layout, spec.workload, spec.cluster
     hw = cluster.hardware
     warnings: list[str] = list(cluster.extra.get("warnings", ()))
     pc = count_params(model)
     cnn = model.arch == "cnn"
-    m = lay.grad_accum
 
     # FLOPs
     units_per_step = float(lay.global_batch_size) * (1 if cnn else work.seq_len)
@@ -179,40 +215,32 @@ def _evaluate(spec: RunSpec) -> Plan:
     psi = pc.total / (lay.tp * lay.pp)
     e = mem.activation_dtype_bytes(work.precision)
 
-    # Communication
-    per_node = cluster.devices_per_node or hw.devices_per_node or 8
-    message = 0.0 if cnn else work.seq_len * lay.micro_batch_size * model.hidden * e
-    comm = estimate_comm(
-        params_per_device=psi, grad_bytes=sb.grad, weight_bytes=sb.weight, zero_stage=lay.zero_stage,
-        dp=lay.dp, tp=lay.tp, pp=lay.pp, micro_batches=m,
-        layers_per_stage=(model.n_layers / lay.pp) if not cnn else 0.0,
-        activation_message_bytes=message, recompute=lay.recompute, devices_per_node=per_node,
-        scale_up_gbs=hw.scale_up_gbs, scale_out_gbs=hw.scale_out_gbs,
-        virtual_stages=lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1,
-    )
-    if math.inf in (comm.dp_seconds, comm.tp_seconds, comm.pp_seconds):
-        warnings.append(f"{hw.key}: link bandwidth unknown; that communication time is not counted")
-        comm = dataclasses.replace(
-            comm, **{k: 0.0 for k in ("dp_seconds", "tp_seconds", "pp_seconds") if getattr(comm, k) == math.inf}
-        )
-
-    # Time
+    # Communication and time: the operator model (ops.py, gemm.py, comm.py, timing.py)
     peak = hw.peak_flops(work.precision)
-    if cluster.efficiency is not None:
-        eff_value = cluster.efficiency
+    # the scale-up link reaches the whole scale-up domain (a TPU pod's ICI, an NVL72 rack), not just a host
+    domain = cluster.devices_per_node or max(hw.devices_per_node or 8, hw.scale_up_domain or 0)
+    links = links_for(hw, domain, profile)
+    if ((links.node_bps is None and lay.devices > 1 and links.devices_per_node > 1)
+            or (links.net_bps is None and lay.devices > links.devices_per_node)):
+        warnings.append(f"{hw.key}: link bandwidth unknown; that communication time is not counted")
+        links = dataclasses.replace(links, node_bps=links.node_bps or math.inf, net_bps=links.net_bps or math.inf)
+    eff_value = cluster.efficiency
+    if eff_value is not None:
         eff_source = cluster.extra.get("efficiency_source", "--efficiency")
         eff_conf = cluster.extra.get("efficiency_confidence", "user")
+    if cnn:
+        time, comm = _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings)
     else:
-        cal = efficiency_for(hw.key, work.precision)
-        eff_value, eff_source, eff_conf = cal.value, cal.source, cal.confidence
-        if eff_conf == "low":
-            warnings.append(f"efficiency {eff_value:.0%} for {hw.key} {work.precision} is low-confidence ({eff_source})")
-    time = estimate_time(
-        model_flops_per_unit=flops.model_per_unit, hardware_flops_per_unit=flops.hardware_per_unit,
-        units_per_step=units_per_step, total_units=total_units, devices=lay.devices, peak_flops=peak,
-        efficiency=eff_value, efficiency_source=eff_source, efficiency_confidence=eff_conf,
-        bubble=bubble_fraction(lay.pp, m, lay.pipeline_schedule, lay.virtual_stages), comm=comm,
-    )
+        rates = device_rates(hw, work.precision, peak, profile, eff_value)
+        if eff_value is None:
+            eff_source = f"operator model: {rates.curve.family} GEMM curve ({rates.curve.source})"
+            eff_conf = "measured" if profile is not None else ("low" if rates.curve.family == "generic" else "medium")
+            if eff_conf == "low":
+                warnings.append(f"{hw.key}: no GEMM micro-benchmark for this device family; times are low-confidence "
+                                "(measure a profile with `flopwise calibrate`)")
+        inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
+                            _framework(spec))
+        time, comm = step_time(spec, inputs, rates, links, total_units, peak, eff_source, eff_conf)
     if not total_units:
         warnings.append("no --tokens given: whole-job time, energy and cost are 0")
 
@@ -287,7 +315,7 @@ def _activation_memory(spec: RunSpec, e: float) -> tuple[float, float, float, fl
 # --------------------------------------------------------------------------- advice
 
 
-def _advice(spec: RunSpec, result: Plan) -> tuple[str, ...]:
+def _advice(spec: RunSpec, result: Plan, profile: GemmProfile | None = None) -> tuple[str, ...]:
     """Plan single changes (then a combination) and keep those that fit."""
     lay = spec.layout
     need = f"needs {result.memory.total_bytes / GIB:.1f} GiB of {result.memory.capacity_bytes / GIB:.1f} GiB usable per device"
@@ -321,7 +349,7 @@ def _advice(spec: RunSpec, result: Plan) -> tuple[str, ...]:
     fitting = []
     for label, layout in candidates:
         try:
-            alt = _evaluate(dataclasses.replace(spec, layout=layout))
+            alt = _evaluate(dataclasses.replace(spec, layout=layout), profile)
         except UserError:
             continue
         if alt.fits:
@@ -375,6 +403,7 @@ def build_runspec(
     sequence_parallel: bool = False,
     flash_attention: bool = True,
     dropout: bool = False,
+    tp_comm_overlap: bool = False,
     efficiency: float | None = None,
     price_per_hour: float | None = None,
     pue: float = 1.1,
@@ -461,6 +490,7 @@ def build_runspec(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
         sequence_parallel=sequence_parallel, recompute=recompute, offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
+        tp_comm_overlap=tp_comm_overlap,
     )
     workload = Workload(
         precision=precision or EXAMPLE["precision"], optimizer=optimizer or EXAMPLE["optimizer"],

@@ -10,7 +10,8 @@ bookkeeping and ranking.
 Enumeration rules (what "valid" means):
 - tp divides the attention heads and the KV heads, and stays inside a node unless
   `tp_within_node=False` (Megatron places TP on the scale-up link; Shoeybi et al. 2019).
-- pp divides the layers (the planner assumes balanced stages).
+- pp is at most the layers; stages need not be equal (the planner times uneven splits, the
+  first and last stage carrying the embedding and the head).
 - dp divides the global batch; the micro-batch divides the per-rank batch, so
   accumulation gives exactly the global batch.
 - sequence parallelism is on whenever tp > 1: under the planner's model it moves the same
@@ -19,8 +20,8 @@ Enumeration rules (what "valid" means):
 - ZeRO 0-3 with offload none/optimizer, and ZeRO-3 with parameter offload; with one
   data-parallel rank ZeRO shards nothing, so only ZeRO-0 (+ optimizer offload) and
   ZeRO-3 + parameter offload (ZeRO-Infinity style) are distinct.
-- schedule 1F1B, GPipe, or interleaved with v chunks per device (v dividing layers/pp,
-  2 ≤ v ≤ `max_virtual_stages`); with pp = 1 there is no schedule to choose.
+- schedule 1F1B, GPipe, or interleaved with v chunks per device (2 ≤ v ≤
+  `max_virtual_stages`, pp·v ≤ layers); with pp = 1 there is no schedule to choose.
 
 Ranking: the objective (job time, cost or energy), then — since the planner does not
 model the CPU time of offload or recompute's extra memory traffic — less offload, less
@@ -30,21 +31,45 @@ recompute, and lower peak memory first among equals.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from dataclasses import dataclass, field
 
 from flopwise.errors import UserError
-from flopwise.plan.planner import GIB, Plan, plan, plan_memory
+from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
-from flopwise.plan.timing import bubble_fraction
+from flopwise.plan.gemm import device_rates
+from flopwise.plan.memory import state_bytes
+from flopwise.plan.timing import StepInputs, step_lower_bound
 
 OBJECTIVES = ("time", "cost", "energy")
+
+BEST_PUBLISHED_MFU = {
+    "ampere": (0.6423, "MosaicML llm-foundry MPT-7B on 8 A100-80GB: 64.2 % MFU"),
+    "ampere-pcie": (0.6423, "MosaicML llm-foundry MPT-7B on 8 A100-80GB (SXM): 64.2 % MFU"),
+    "hopper": (0.4644, "MosaicML llm-foundry MPT-7B on 8 H100-80GB BF16: 46.4 % MFU"),
+}
+"""The highest MFU a published training run reached per device family (published.md); a
+prediction above it is marked rather than trusted."""
+
+
+def published_mfu_ceiling(result: Plan) -> tuple[float, str] | None:
+    """(best published MFU, its source) for the plan's device family, or None when unknown."""
+    from flopwise.plan.gemm import curve_for
+
+    return BEST_PUBLISHED_MFU.get(curve_for(result.spec.cluster.hardware).family)
+
+
+def above_published(result: Plan) -> bool:
+    """Whether the plan predicts a higher MFU than any published run on that device family."""
+    ceiling = published_mfu_ceiling(result)
+    return ceiling is not None and result.time.mfu > ceiling[0]
 MAX_MICRO_BATCH = 64
 MAX_VIRTUAL_STAGES = 8
 
 REASONS = {
     "tp_heads": "tp does not divide the attention/KV heads",
     "tp_node": "tp spans more than one node",
-    "pp_layers": "pp does not divide the layers",
+    "pp_layers": "pp is more than the layers",
     "dp_batch": "dp does not divide the global batch",
     "memory": "does not fit in device memory",
     "host_memory": "offloaded states exceed the host memory per device",
@@ -91,8 +116,12 @@ class SearchResult:
             "fitting": self.fitting,
             "rejected": {REASONS[k]: v for k, v in self.rejected.items()},
             "notes": list(self.notes),
-            "ranked": [{"rank": i + 1, "objective_value": objective_value(p, self.objective), "plan": p.to_dict()}
+            "ranked": [{"rank": i + 1, "objective_value": objective_value(p, self.objective),
+                        "mfu": p.time.mfu, "exposed_comm_share": p.time.exposed_comm_share,
+                        "above_best_published_mfu": above_published(p), "plan": p.to_dict()}
                        for i, p in enumerate(self.ranked)],
+            "best_published_mfu": (dict(zip(("mfu", "source"), published_mfu_ceiling(self.ranked[0])))
+                                   if self.ranked and published_mfu_ceiling(self.ranked[0]) else None),
         }
 
 
@@ -145,7 +174,7 @@ def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) ->
             rejected["tp_node"] += len(pps)
             continue
         for pp in pps:
-            if model.n_layers % pp:
+            if pp > model.n_layers:
                 rejected["pp_layers"] += 1
             else:
                 shapes.append((tp, pp))
@@ -160,11 +189,11 @@ def memory_options(dp: int) -> list[tuple[int, str]]:
 
 
 def schedules(n_layers: int, pp: int, max_virtual_stages: int) -> list[tuple[str, int]]:
-    """(schedule, virtual stages) choices for pp stages."""
+    """(schedule, virtual stages) choices for pp stages: v chunks per device, at least one layer each
+    (stages need not hold equal layer counts: the planner times the uneven split)."""
     if pp == 1:
         return [("1f1b", 1)]
-    per_stage = n_layers // pp
-    interleaved = [("interleaved", v) for v in divisors(per_stage) if 2 <= v <= max_virtual_stages]
+    interleaved = [("interleaved", v) for v in range(2, max_virtual_stages + 1) if pp * v <= n_layers]
     return [("1f1b", 1), ("gpipe", 1), *interleaved]
 
 
@@ -201,9 +230,10 @@ def search_layouts(
     - memory never shrinks as the micro-batch grows (activations ∝ micro-batch × in-flight
       micro-batches, capped by the per-rank batch; model states do not depend on it), so
       each family is bisected for its largest micro-batch that fits;
-    - a layout's step takes at least compute × (1 + bubble) (the planner's own compute time
-      and `bubble_fraction`; exposed communication is ≥ 0), so layouts are timed in order
-      of that bound and timing stops once the bound exceeds the k-th best found.
+    - a layout's step takes at least its layers' compute on the average pipeline stage
+      plus the bubble of the smallest stages (`timing.step_lower_bound`, from the same
+      operator model; exposed communication is ≥ 0), so layouts are timed in order of
+      that bound and timing stops once the bound exceeds the k-th best found.
     """
     if objective not in OBJECTIVES:
         raise UserError(f"--objective '{objective}' is not one of {', '.join(OBJECTIVES)}")
@@ -282,31 +312,28 @@ def family_key(result: Plan, objective: str) -> tuple:
 
 
 def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool) -> list[Plan]:
-    """Plan the layouts that fit, in order of their compute × (1 + bubble) bound, until none can enter the top k."""
+    """Plan the layouts that fit, in order of a lower bound on their step time, until none can enter the top k."""
     if exhaustive or not fits:
         return [plan(c) for c in fits]
-    compute: dict[str, float] = {}  # the planner's compute seconds per step, per recompute mode
-    first_of_mode = {}
-    for c in fits:
-        first_of_mode.setdefault(c.layout.recompute, c)
-    timed: list[Plan] = []
+    first = plan(fits[0])
+    timed: list[Plan] = [first]
     best: dict[tuple, float] = {}  # family -> best objective value timed so far
-    for candidate in first_of_mode.values():
-        result = plan(candidate)
-        timed.append(result)
-        compute[candidate.layout.recompute] = result.time.compute_seconds
-        _keep(best, result, objective)
-    ratio = objective_value(timed[0], objective) / timed[0].time.step_seconds
-    done = {id(c) for c in first_of_mode.values()}
-    pending = sorted((c for c in fits if id(c) not in done), key=lambda c: _step_bound(c, compute))
-    for candidate in pending:
+    _keep(best, first, objective)
+    # objective / step is the same for every layout of one job (same tokens, devices, prices)
+    ratio = objective_value(first, objective) / first.time.step_seconds
+    bound_of = _bounder(first)
+    pending = sorted((bound_of(c), i, c) for i, c in enumerate(fits[1:]))
+    kth = None  # the k-th best objective so far, recomputed only when `best` changes
+    for bound, _, candidate in pending:
         if len(best) >= top:
-            kth = sorted(best.values())[top - 1]
-            if _step_bound(candidate, compute) * ratio > kth * (1 + 1e-9):
+            if kth is None:
+                kth = heapq.nsmallest(top, best.values())[-1]
+            if bound * ratio > kth * (1 + 1e-9):
                 break
         result = plan(candidate)
         timed.append(result)
         _keep(best, result, objective)
+        kth = None
     return timed
 
 
@@ -314,11 +341,27 @@ def _keep(best: dict[tuple, float], result: Plan, objective: str) -> None:
     best[family_key(result, objective)] = objective_value(result, objective)
 
 
-def _step_bound(candidate: RunSpec, compute: dict[str, float]) -> float:
-    """compute × (1 + bubble): no layout's step is shorter (exposed communication is >= 0)."""
-    lay = candidate.layout
-    return compute[lay.recompute] * (1.0 + bubble_fraction(lay.pp, lay.grad_accum, lay.pipeline_schedule,
-                                                          lay.virtual_stages))
+def _bounder(reference: Plan):
+    """A function giving a step time no plan of a candidate can beat (`timing.step_lower_bound`:
+    the average stage's compute per micro-batch, the smallest stages' bubble, the optimizer
+    step; communication >= 0). Model, workload and cluster are the reference's for every
+    candidate, so what depends only on them is computed once. CNNs have one flat compute
+    time for every layout: the reference plan's."""
+    spec = reference.spec
+    if spec.model.arch == "cnn":
+        return lambda candidate: reference.time.compute_seconds
+    cluster, work = spec.cluster, spec.workload
+    rates = device_rates(cluster.hardware, work.precision, cluster.hardware.peak_flops(work.precision),
+                         None, cluster.efficiency)
+    sb = state_bytes(work.precision, work.optimizer)
+    total, framework = reference.params.total, _framework(spec)
+
+    def bound(candidate: RunSpec) -> float:
+        lay = candidate.layout
+        inputs = StepInputs(total / (lay.tp * lay.pp), sb.grad, sb.weight, 0.0, 0.0, 0.0, framework)
+        return step_lower_bound(candidate, rates, inputs)
+
+    return bound
 
 
 def _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, fitting, top, smallest,
@@ -340,7 +383,7 @@ def _result(spec, objective, devices, global_batch, evaluated, rejected, inferre
         notes.append(f"{inferred:,} layouts were judged without their own memory evaluation: memory grows with "
                      "the micro-batch, so below one that fits all fit and above one that does not none do")
     if len(timed) < fitting:
-        notes.append(f"{fitting - len(timed):,} layouts that fit were not timed: their compute x (1 + bubble) "
+        notes.append(f"{fitting - len(timed):,} layouts that fit were not timed: their compute lower bound "
                      f"already exceeds the top {top}")
     return SearchResult(spec, objective, devices, global_batch, evaluated, len(timed), fitting,
                         {k: v for k, v in rejected.items() if v}, tuple(ranked),

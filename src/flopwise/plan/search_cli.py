@@ -11,7 +11,9 @@ import json
 from flopwise.errors import UserError
 from flopwise.plan.planner import Plan, RunSpec, plan
 from flopwise.plan.preemption import SpotEstimate, estimate_spot
-from flopwise.plan.search import REASONS, SearchResult, nothing_fits_message, search_layouts
+from flopwise.plan.search import (
+    REASONS, SearchResult, above_published, nothing_fits_message, published_mfu_ceiling, search_layouts,
+)
 
 
 def run_search_and_spot(
@@ -105,7 +107,7 @@ def print_search(result: SearchResult) -> None:
                   f"global batch {result.global_batch} sequences; best {len(result.ranked)} by {result.objective}")
     table = Table(show_lines=False)
     for column in ("#", "dp", "tp", "pp", "mbs x acc", "ZeRO", "recompute", "offload", "schedule", "GiB", "CPU GiB",
-                   "step", "bubble", "comm", "tok/s/dev", "MFU", "job", "on-demand $", "MWh"):
+                   "step", "bubble", "comm", "comm %", "tok/s/dev", "MFU", "job", "on-demand $", "MWh"):
         table.add_column(column, justify="right", no_wrap=True)
     for i, p in enumerate(result.ranked, 1):
         lay, tm = p.spec.layout, p.time
@@ -114,12 +116,17 @@ def print_search(result: SearchResult) -> None:
             str(i), str(lay.dp), str(lay.tp) + ("+SP" if lay.sequence_parallel else ""), str(lay.pp),
             f"{lay.micro_batch_size} x {lay.grad_accum}", str(lay.zero_stage), lay.recompute, lay.offload, sched,
             f"{p.memory.total_bytes / 2**30:,.1f}", f"{p.memory.cpu_offload_bytes / 2**30:,.0f}", _duration(tm.step_seconds), f"{tm.bubble_fraction:.1%}",
-            _duration(tm.exposed_comm_seconds), f"{tm.tokens_per_second_per_device:,.0f}", f"{tm.mfu:.1%}",
+            _duration(tm.exposed_comm_seconds), f"{tm.exposed_comm_share:.0%}", f"{tm.tokens_per_second_per_device:,.0f}",
+            f"{tm.mfu:.1%}" + (" !" if above_published(p) else ""),
             _duration(tm.total_seconds),
             "n/a" if p.cost.on_demand_usd is None else f"{p.cost.on_demand_usd:,.0f}",
             "n/a" if p.energy.kwh is None else f"{p.energy.kwh / 1000:,.2f}",
         )
     console.print(table)
+    ceiling = published_mfu_ceiling(result.ranked[0]) if result.ranked else None
+    if ceiling and any(above_published(p) for p in result.ranked):
+        console.print(f"[yellow]! MFU above the best published run on this device class ({ceiling[0]:.1%}, "
+                      f"{ceiling[1]}): treat as optimistic[/yellow]")
     console.print(f"layouts evaluated: {result.evaluated:,} (memory), {result.timed:,} timed; "
                   f"{result.fitting:,} fit")
     for key, count in result.rejected.items():

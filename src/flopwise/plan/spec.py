@@ -39,6 +39,7 @@ class Layout:
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     flash_attention: bool = True
+    tp_comm_overlap: bool = False  # TP collectives chunked behind the GEMMs (Transformer Engine userbuffers)
 
     @property
     def devices(self) -> int:

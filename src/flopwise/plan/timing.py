@@ -1,29 +1,67 @@
-"""Step time, throughput, MFU and job length from FLOPs, efficiency and communication.
+"""Step time from the operator model, the pipeline schedule and communication as scheduled.
 
-compute = hardware FLOPs of one step on one device / (dense peak × efficiency)
-bubble  = (p−1)/m of the compute for 1F1B and GPipe, (p−1)/(m·v) interleaved
-          (Narayanan et al. 2021, §2.2); m micro-batches per step, v virtual stages
-DP comm is overlapped with compute up to DP_OVERLAP of the backward pass (≈ 2/3 of
-compute; bucketed all-reduce / FSDP prefetch, Li et al. 2020 "PyTorch Distributed");
-TP and PP comm are not overlapped.
-step    = compute·(1 + bubble) + TP + PP + max(0, DP − DP_OVERLAP · backward)
-MFU     = model FLOPs per second / (devices × peak)   (Chowdhery et al. 2022, App. B)
+Per micro-batch, each pipeline device runs its layers (`ops.layer_times`: forward,
+backward, recompute), the embedding if it holds the first layer and the head + loss if
+it holds the last; tensor-parallel collectives sit inside every layer. Then:
+
+- pipeline (p stages, m micro-batches, v chunks per device; t_i a device's time per
+  micro-batch): step = m·max t_i + (Σ t_i − max t_i)/v. Uniform stages give the familiar
+  bubble (p−1)/(m·v) (Narayanan et al. 2021 §2.2); uneven splits (126 layers over 16
+  stages) and the embedding/head on the end stages make the slowest stage set the pace.
+  GPipe and 1F1B have the same bubble (v = 1); they differ in memory only.
+- tensor parallel: 2 collectives forward and 2 backward per layer (all-reduce, or
+  all-gather + reduce-scatter with sequence parallelism), 2 more with full recompute.
+  Forward ones are exposed; in the backward the input-gradient collective overlaps the
+  weight-gradient GEMM (Megatron's async TP all-reduce). With `tp_comm_overlap` both
+  directions hide behind the GEMMs they are chunked with (Transformer Engine userbuffers).
+- data parallel: gradients are reduced in buckets while the last micro-batch's backward
+  runs; what is exposed is what does not fit in that backward, and at least the last
+  bucket. ZeRO-1/2 also all-gather the updated weights after the optimizer step (exposed);
+  ZeRO-3 gathers weights for every micro-batch's forward and backward, prefetched behind
+  compute one unit ahead (the first unit's gather is exposed), and reduces gradients
+  once per step (FSDP2 without gradient sync on accumulation micro-batches) or every
+  micro-batch (DeepSpeed ZeRO-3, framework "deepspeed"). ZeRO-1/2's weight all-gather
+  after the step hides behind the next forward (FSDP, Megatron --overlap-param-gather)
+  except under DeepSpeed, which runs it at the end of the step.
+- pipeline point-to-point: an activation forward and a gradient backward per micro-batch
+  and chunk boundary, on the critical path.
+- optimizer step: memory-bound over the parameters this rank owns (1/dp of them with ZeRO).
+- hidden communication is not free: compute slows by OVERLAP_SLOWDOWN × the hidden time
+  (NCCL's thread blocks occupy SMs while they run).
+- on a CPU, collectives run on the cores the compute needs: no DP overlap is credited.
+
+MFU = model FLOPs per second / (devices × peak) (Chowdhery et al. 2022, App. B).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
-from flopwise.plan.comm import CommEstimate
+from flopwise.plan import comm as cm
+from flopwise.plan import ops
+from flopwise.plan.comm import CommEstimate, Links
+from flopwise.plan.gemm import DeviceRates
 
-DP_OVERLAP = 0.8
-"""Fraction of the backward pass that can hide data-parallel traffic (assumption)."""
-BACKWARD_SHARE = 2.0 / 3.0  # backward is 2 of the 3 forward-equivalents of a step
+DDP_BUCKET_BYTES = 25 * 2**20
+"""PyTorch DDP's default gradient bucket (bucket_cap_mb=25)."""
+PCIE_BYTES_PER_S = 25e9
+"""Host <-> device copies for offload: PCIe Gen4/5 x16 effective (assumption)."""
+OVERLAP_SLOWDOWN = 0.2
+"""Compute time lost per second of communication hidden behind it: NCCL runs one thread block
+per channel, and 16-32 channels on NVLink/InfiniBand systems occupy 12-25 % of an A100's 108
+or an H100's 132 SMs (NCCL environment docs, NCCL_MIN/MAX_NCHANNELS), besides sharing memory
+bandwidth."""
+HOST_ADAM_PARAMS_PER_S = 1e9
+"""CPU Adam (DeepSpeed's vectorised kernel) parameters per second per device when the
+optimizer is offloaded (assumption; ZeRO-Offload, Ren et al. 2021, reports ~1 s per
+step for 10B parameters on one DGX-2 host)."""
 
 
 @dataclass(frozen=True)
 class TimeEstimate:
-    """Seconds per step and for the whole job; throughput and utilisation."""
+    """Seconds per step and for the whole job; throughput, utilisation and where time goes."""
 
     peak_flops: float
     efficiency: float
@@ -41,6 +79,18 @@ class TimeEstimate:
     steps: float
     total_seconds: float
     device_hours: float
+    gemm_seconds: float = 0.0
+    attention_seconds: float = 0.0
+    memory_bound_seconds: float = 0.0
+    optimizer_seconds: float = 0.0
+    bubble_seconds: float = 0.0
+    tp_exposed_seconds: float = 0.0
+    dp_exposed_seconds: float = 0.0
+    pp_exposed_seconds: float = 0.0
+    offload_seconds: float = 0.0
+    exposed_comm_share: float = 0.0
+    stage_layers: str = ""
+    model: str = "operator"
 
     def to_dict(self) -> dict:
         """JSON-able fields (infinities become None)."""
@@ -52,40 +102,238 @@ class TimeEstimate:
 
 
 def bubble_fraction(pp: int, micro_batches: int, schedule: str, virtual: int) -> float:
-    """Pipeline idle time as a fraction of compute: (p−1)/m, divided by v when interleaved."""
+    """Idle share of uniform pipeline stages: (p−1)/(m·v); v = 1 unless interleaved."""
     if pp == 1:
         return 0.0
-    bubble = (pp - 1) / micro_batches
-    return bubble / virtual if schedule == "interleaved" else bubble
+    return (pp - 1) / (micro_batches * (virtual if schedule == "interleaved" else 1))
 
 
-def estimate_time(
-    *,
-    model_flops_per_unit: float,
-    hardware_flops_per_unit: float,
-    units_per_step: float,
-    total_units: float,
-    devices: int,
-    peak_flops: float,
-    efficiency: float,
-    efficiency_source: str,
-    efficiency_confidence: str,
-    bubble: float,
-    comm: CommEstimate,
-    dp_overlap: float = DP_OVERLAP,
-) -> TimeEstimate:
-    """Combine compute, pipeline bubble and exposed communication into step and job time."""
+@lru_cache(maxsize=4096)
+def split_layers(n_layers: int, pp: int, virtual: int) -> tuple[tuple[int, ...], ...]:
+    """Layers of each chunk per device: chunk c of p·v runs on device c mod p.
+
+    Layers are spread evenly; the remainder goes to the middle chunks first, so the first
+    and last chunks (which also carry the embedding and the head) get the fewer layers."""
+    chunks = pp * virtual
+    base, extra = divmod(n_layers, chunks)
+    counts = [base] * chunks
+    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
+    for c in order[:extra]:
+        counts[c] += 1
+    return tuple(tuple(counts[c] for c in range(dev, chunks, pp)) for dev in range(pp))
+
+
+@lru_cache(maxsize=4096)
+def describe_split(split: tuple[tuple[int, ...], ...]) -> str:
+    """'8,8,...' per device (chunks joined by '+' when interleaved)."""
+    return ",".join("+".join(str(n) for n in dev) for dev in split)
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What the step model needs beyond the RunSpec: sizes, rates, links and conventions."""
+
+    params_per_rank: float  # parameters on one tp × pp rank
+    grad_bytes: float
+    weight_bytes: float
+    activation_bytes: float  # bytes per activation element (2 for 16-bit)
+    hardware_flops_per_token: float
+    model_flops_per_token: float
+    framework: str = "fsdp"
+
+
+def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_units: float, peak: float,
+              source: str, confidence: str) -> tuple[TimeEstimate, CommEstimate]:
+    """Time one optimizer step of a transformer RunSpec on its layout; `peak` is the dense
+    peak of the training dtype (what MFU divides by)."""
+    model, lay, work = spec.model, spec.layout, spec.workload
+    tp, pp, dp, m = lay.tp, lay.pp, lay.dp, lay.grad_accum
+    v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
+    s, b, e = work.seq_len, lay.micro_batch_size, inputs.activation_bytes
+    sp = lay.sequence_parallel and tp > 1
+    layer = ops.layer_times(model, s, b, tp, sp, lay.flash_attention, work.dropout, lay.recompute,
+                            work.precision, rates)
+    ends = ops.end_times(model, s, b, tp, sp, work.precision, rates)
+    per_node = links.devices_per_node
+
+    # tensor parallel, per layer and micro-batch
+    message = float(s * b * model.hidden * e)
+    one = cm.all_reduce_seconds(links, tp, 1, message)  # AR = RS + AG, the same volume with SP
+    n_coll = 4 + 2 * ops.full_recompute_share(lay.recompute)
+    tp_wire = n_coll * one
+    if tp == 1:
+        tp_layer = 0.0
+    elif getattr(lay, "tp_comm_overlap", False):
+        fwd_hidden = min(2 * one, layer.forward_gemm)
+        bwd_hidden = min(2 * one, layer.wgrad + layer.forward_gemm)
+        tp_layer = tp_wire - fwd_hidden - bwd_hidden
+    else:
+        tp_layer = tp_wire - min(one, layer.wgrad)
+
+    split = split_layers(model.n_layers, pp, v)
+    per_layer = layer.total + tp_layer
+    device_mb = []
+    for dev, chunks in enumerate(split):
+        t = sum(chunks) * per_layer
+        if dev == 0:
+            t += ends.embedding
+        if dev == pp - 1:
+            t += ends.head
+        device_mb.append(t)
+    t_max = max(device_mb)
+    pipeline = m * t_max + (sum(device_mb) - t_max) / v
+    busiest = device_mb.index(t_max)
+    layers_busiest = sum(split[busiest])
+
+    # pipeline point-to-point
+    pp_bytes = pp_wire = pp_exposed = 0.0
+    if pp > 1:
+        p2p_message = message / (tp if sp else 1)
+        crosses = tp * dp >= per_node
+        t_p2p = cm.p2p_seconds(links, crosses, p2p_message)
+        pp_bytes = 2.0 * p2p_message * m * v
+        pp_wire = 2.0 * m * v * t_p2p
+        pp_exposed = 2.0 * (m * v + pp - 1) * t_p2p
+
+    # data parallel
+    zero = lay.zero_stage
+    psi = inputs.params_per_rank
+    grads = psi * inputs.grad_bytes
+    weights = psi * inputs.weight_bytes
+    backward_window = layers_busiest * (layer.backward + layer.recompute)
+    forward_window = layers_busiest * layer.forward
+    if rates.curve.family == "cpu":
+        # on a CPU the collectives (gloo) run on the same cores as the compute: nothing hides
+        backward_window = forward_window = 0.0
+    dp_exposed = dp_wire = dp_bytes = 0.0
+    if dp > 1:
+        if zero >= 3:
+            gather = cm.reduce_scatter_seconds(links, dp, tp, weights)
+            reduce = cm.reduce_scatter_seconds(links, dp, tp, grads)
+            units = max(1, layers_busiest)
+            reduce_each = inputs.framework == "deepspeed"
+            per_mb_bwd = gather + (reduce if reduce_each else 0.0)
+            exposed_fwd = max(gather - forward_window, gather / units)
+            exposed_bwd = max(per_mb_bwd - backward_window, per_mb_bwd / units)
+            dp_exposed = m * (exposed_fwd + exposed_bwd)
+            if not reduce_each:
+                dp_exposed += max(reduce - backward_window, reduce / units)
+            dp_wire = m * (2 * gather) + (m if reduce_each else 1) * reduce
+            dp_bytes = (cm.ring_all_gather_bytes(dp, weights) * 2 * m
+                        + cm.ring_all_gather_bytes(dp, grads) * (m if reduce_each else 1))
+        else:
+            if zero == 0:
+                reduce = cm.all_reduce_seconds(links, dp, tp, grads)
+                gather = 0.0
+                dp_bytes = cm.ring_all_reduce_bytes(dp, grads)
+            else:
+                reduce = cm.reduce_scatter_seconds(links, dp, tp, grads)
+                gather = cm.reduce_scatter_seconds(links, dp, tp, weights)
+                dp_bytes = cm.ring_all_gather_bytes(dp, grads) + cm.ring_all_gather_bytes(dp, weights)
+            buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
+            dp_exposed = max(reduce - backward_window, reduce / buckets)
+            if gather:
+                # the updated weights' all-gather: behind the next forward for FSDP (SHARD_GRAD_OP
+                # gathers with prefetch) and Megatron (--overlap-param-gather); DeepSpeed runs it
+                # synchronously at the end of the step
+                overlapped = inputs.framework != "deepspeed"
+                dp_exposed += max(gather - forward_window, gather / buckets) if overlapped else gather
+            dp_wire = reduce + gather
+
+    # optimizer step and offload
+    optimizer, offload_seconds = optimizer_and_offload(lay, work.optimizer, inputs, rates)
+
+    # communication hidden behind compute still slows it (NCCL's thread blocks take SMs)
+    tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
+    contention = OVERLAP_SLOWDOWN * (max(0.0, dp_wire - dp_exposed) + tp_hidden)
+    step = pipeline + pp_exposed + dp_exposed + optimizer + offload_seconds + contention
+    compute = m * layers_busiest * layer.total + optimizer
+    if busiest == 0:
+        compute += m * ends.embedding
+    if busiest == pp - 1:
+        compute += m * ends.head
+    tp_exposed = m * layers_busiest * tp_layer
+    exposed = tp_exposed + pp_exposed + dp_exposed
+    bubble_seconds = pipeline - m * t_max
+    units_per_step = float(lay.global_batch_size) * s
+    per_second = units_per_step / step
+    devices = lay.devices
+    mfu = inputs.model_flops_per_token * per_second / (devices * peak)
+    hfu = inputs.hardware_flops_per_token * per_second / (devices * peak)
+    hardware_per_device_step = inputs.hardware_flops_per_token * units_per_step / devices
+    if rates.efficiency is not None:
+        efficiency = rates.efficiency
+    else:
+        efficiency = hardware_per_device_step / (compute * peak) if compute else 0.0
+    steps = total_units / units_per_step if units_per_step else 0.0
+    total = total_units / per_second if per_second else math.inf
+    mb_layers = m * layers_busiest
+    time = TimeEstimate(
+        peak, efficiency, source, confidence, compute, pipeline / (m * t_max) - 1.0, exposed, step,
+        units_per_step, per_second, per_second / devices, mfu, hfu, steps, total, total * devices / 3600.0,
+        gemm_seconds=mb_layers * layer.gemm, attention_seconds=mb_layers * layer.attention,
+        memory_bound_seconds=mb_layers * layer.memory_bound, optimizer_seconds=optimizer,
+        bubble_seconds=bubble_seconds, tp_exposed_seconds=tp_exposed, dp_exposed_seconds=dp_exposed,
+        pp_exposed_seconds=pp_exposed, offload_seconds=offload_seconds,
+        exposed_comm_share=exposed / step if step else 0.0, stage_layers=describe_split(split),
+    )
+    comm = CommEstimate(
+        dp_bytes, cm.ring_all_reduce_bytes(tp, message) * n_coll * model.n_layers / pp * m, pp_bytes,
+        dp_wire, n_coll * one * mb_layers, pp_wire,
+        cm.link_name(links, dp, tp), cm.link_name(links, tp, 1), cm.link_name(links, pp, tp * dp),
+        cm.LINK_EFFICIENCY,
+    )
+    return time, comm
+
+
+def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: DeviceRates) -> tuple[float, float]:
+    """(optimizer step, host <-> device copies) seconds per step on one rank."""
+    psi, dp = inputs.params_per_rank, lay.dp
+    owned = psi / dp if (lay.zero_stage >= 1 and dp > 1) else psi
+    if lay.offload not in ("optimizer", "params"):
+        return ops.optimizer_seconds(owned, inputs.grad_bytes, inputs.weight_bytes, optimizer_name, rates,
+                                     fused=inputs.framework != "fsdp"), 0.0
+    copies = owned * (inputs.grad_bytes + inputs.weight_bytes) / PCIE_BYTES_PER_S
+    if lay.offload == "params":
+        copies += 2 * lay.grad_accum * psi * inputs.weight_bytes / max(1, dp) / PCIE_BYTES_PER_S
+    return owned / HOST_ADAM_PARAMS_PER_S, copies
+
+
+def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None) -> float:
+    """A time no layout's step can beat: the average stage's compute (embedding and head
+    included) per micro-batch plus the bubble of the smallest chunks (a lower bound of
+    `step_time`; for layout searches)."""
+    model, lay, work = spec.model, spec.layout, spec.workload
+    tp, pp = lay.tp, lay.pp
+    v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
+    sp = lay.sequence_parallel and tp > 1
+    layer = ops.layer_times(model, work.seq_len, lay.micro_batch_size, tp, sp, lay.flash_attention, work.dropout,
+                            lay.recompute, work.precision, rates)
+    ends = ops.end_times(model, work.seq_len, lay.micro_batch_size, tp, sp, work.precision, rates)
+    smallest_stage = (model.n_layers // (pp * v)) * v
+    # the slowest device is at least the average one, embedding and head included
+    average = (model.n_layers * layer.total + ends.embedding + ends.head) / pp
+    bound = lay.grad_accum * average + (pp - 1) * smallest_stage * layer.total / v
+    if inputs is not None:
+        bound += sum(optimizer_and_offload(lay, work.optimizer, inputs, rates))
+    return bound
+
+
+def flat_time(*, model_flops_per_unit: float, hardware_flops_per_unit: float, units_per_step: float,
+              total_units: float, devices: int, peak_flops: float, efficiency: float, efficiency_source: str,
+              efficiency_confidence: str, comm: CommEstimate) -> TimeEstimate:
+    """A model without operators (CNNs): hardware FLOPs / (peak × efficiency), DP traffic
+    hidden behind up to the backward (2/3 of compute)."""
     compute = hardware_flops_per_unit * units_per_step / devices / (peak_flops * efficiency)
-    hidden = min(comm.dp_seconds, dp_overlap * BACKWARD_SHARE * compute)
-    exposed = comm.tp_seconds + comm.pp_seconds + (comm.dp_seconds - hidden)
-    step = compute * (1.0 + bubble) + exposed
+    exposed = comm.dp_seconds - min(comm.dp_seconds, 2.0 / 3.0 * compute)
+    step = compute + exposed
     per_second = units_per_step / step
     mfu = model_flops_per_unit * per_second / (devices * peak_flops)
     hfu = hardware_flops_per_unit * per_second / (devices * peak_flops)
     steps = total_units / units_per_step if units_per_step else 0.0
-    total = total_units / per_second if per_second else float("inf")
+    total = total_units / per_second if per_second else math.inf
     return TimeEstimate(
-        peak_flops, efficiency, efficiency_source, efficiency_confidence,
-        compute, bubble, exposed, step, units_per_step, per_second, per_second / devices,
-        mfu, hfu, steps, total, total * devices / 3600.0,
+        peak_flops, efficiency, efficiency_source, efficiency_confidence, compute, 0.0, exposed, step,
+        units_per_step, per_second, per_second / devices, mfu, hfu, steps, total, total * devices / 3600.0,
+        dp_exposed_seconds=exposed, exposed_comm_share=exposed / step if step else 0.0, model="flat efficiency",
     )

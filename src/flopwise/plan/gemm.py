@@ -1,0 +1,263 @@
+"""How long one GEMM, one attention core or one memory-bound kernel takes on a device.
+
+A GEMM C[M,N] = A[M,K]·B[K,N] runs at a fraction of the dense peak that depends on its
+shape. The curve is physical, one per device family, with its ceiling set by a measured
+micro-benchmark (never by training throughput):
+
+    fraction(M, N, K) = ceiling × tile(M, N) × wave(M, N) × k_loop(K)
+
+- tile quantisation: the kernel computes whole tiles (t_m × t_n); the padded part of the
+  last row/column of tiles is wasted work. The best of a few tile shapes is taken, as the
+  library's heuristic does (NVIDIA "Matrix Multiplication Background" user guide, "Tile
+  quantization").
+- wave quantisation: tiles are spread over the device's SMs/CUs in waves; a last partial
+  wave leaves units idle (same guide, "Wave quantization").
+- K loop: each tile pays a fixed prologue/epilogue (load, store the C tile) against a
+  main loop proportional to K: k_loop = K / (K + k₀).
+- ceiling: chosen so that the curve at the micro-benchmark's best shape equals the
+  measured Maximum Achievable Matmul FLOPS (MAMF, Bekman, ml-engineering
+  compute/accelerator README, "Maximum Achievable Matmul FLOPS comparison table").
+- roofline: the GEMM takes at least its bytes (A + B + C) over the achievable memory
+  bandwidth, and every kernel pays a fixed launch/latency cost.
+
+A measured device profile (see `GemmProfile`) replaces the curve when given: its
+achieved FLOP/s for the shape and its memory bandwidth are used as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from flopwise.catalog.hardware import HardwareSpec
+
+
+@runtime_checkable
+class GemmProfile(Protocol):
+    """A measured device profile (duck-typed: `flopwise.plan.profile.DeviceProfile` fits)."""
+
+    memory_bandwidth_bytes_per_s: float
+
+    def gemm_flops_per_s(self, m: int, n: int, k: int, dtype: str) -> float | None:
+        """Achieved FLOP/s for that shape and dtype (interpolated), None if not measured."""
+
+    def peak_flops(self, dtype: str) -> float | None:
+        """The profile's peak for a dtype, None if not measured."""
+
+
+@dataclass(frozen=True)
+class DeviceCurve:
+    """The shape-efficiency curve and memory-bound constants of one device family."""
+
+    family: str
+    mamf_fraction: float  # measured best-shape GEMM FLOP/s / dense peak
+    mamf_shape: tuple[int, int, int]  # (M, N, K) where it was measured
+    tiles: tuple[tuple[int, int, float], ...]  # (t_m, t_n, relative speed of that tile)
+    units: int  # SMs / CUs / cores the tiles are spread over
+    k0: float  # K at which the per-tile fixed cost equals the main loop
+    memory_fraction: float  # achievable / datasheet memory bandwidth (large streaming kernels)
+    kernel_seconds: float  # fixed cost of one kernel (launch, tail, sync)
+    attention_fraction: tuple[float, float]  # fused attention fwd, bwd fraction of peak at long sequences
+    fp8_factor: float  # fp8 GEMM fraction relative to the 16-bit one
+    default_memory_gbs: float  # when the catalog has no memory bandwidth
+    source: str
+    sustained: float = 1.0  # sustained-training / micro-benchmark ratio of compute-bound kernels
+    sustained_source: str = ""
+
+    @property
+    def ceiling(self) -> float:
+        """Asymptotic fraction of peak, so that the curve equals the MAMF at its measured shape."""
+        m, n, k = self.mamf_shape
+        return self.mamf_fraction / _shape_factor(self, m, n, k)
+
+
+# Tile shapes: Ampere cuBLAS/CUTLASS CTA tiles 256x128 / 128x256 / 128x128; Hopper WGMMA
+# kernels 128x256 / 256x128 / 128x128 (CUTLASS profiler defaults); MI300X 256x256.
+_AMPERE = DeviceCurve(
+    "ampere", 0.859, (6912, 16384, 2048), ((256, 128, 1.0), (128, 256, 1.0), (128, 128, 0.93), (64, 128, 0.80)),
+    108, 64.0, 0.88, 4e-6, (0.62, 0.52), 1.0, 2039.0,
+    "A100 SXM MAMF 267.9 of 312 TFLOP/s (85.9 %) at 6912x16384x2048 (ml-engineering MAMF table); "
+    "108 SMs (A100 whitepaper); attention: FlashAttention-2 A100 causal head-dim 128 ~190 TFLOP/s forward, "
+    "~165 backward (Dao 2023, Fig. 5-6)",
+    sustained=0.77,
+    sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 65B 380 tokens/s/GPU: "
+                     "sustained training kernels run at ~0.77 of the micro-benchmark (clocks under sustained "
+                     "power, NCCL kernels sharing SMs, framework overhead between kernels)",
+)
+_AMPERE_PCIE = DeviceCurve(
+    "ampere-pcie", 0.822, (2304, 5120, 1536), _AMPERE.tiles, 108, 64.0, 0.88, 4e-6, (0.58, 0.48), 1.0, 1935.0,
+    "A100 PCIe MAMF 256.4 of 312 TFLOP/s (82.2 %) at 2304x5120x1536 (ml-engineering MAMF table)",
+    sustained=0.77,
+    sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 65B 380 tokens/s/GPU: "
+                     "sustained training kernels run at ~0.77 of the micro-benchmark (clocks under sustained "
+                     "power, NCCL kernels sharing SMs, framework overhead between kernels)",
+)
+_HOPPER = DeviceCurve(
+    "hopper", 0.801, (6144, 17920, 2816), ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 0.92), (64, 128, 0.78)),
+    132, 128.0, 0.90, 4e-6, (0.35, 0.30), 0.80, 3350.0,
+    "H100 SXM MAMF 792.1 of 989 TFLOP/s (80.1 %) at 6144x17920x2816 (ml-engineering MAMF table); 132 SMs; "
+    "attention: FlashAttention-2 on H100, up to ~335 TFLOP/s forward (Dao 2023, Fig. 7; Shah et al. 2024, "
+    "Fig. 4), the kernels of the same software generation as the sustained factor below (FlashAttention-3 / "
+    "cuDNN reach 500-740: newer stacks are faster); fp8 GEMM 0.8x the bf16 fraction (assumption: "
+    "scaling and amax bookkeeping; low confidence)",
+    sustained=0.66,
+    sustained_source="published.md MosaicML llm-foundry H100 BF16 rows: sustained training kernels run at "
+                     "~0.66 of the H100 micro-benchmark (700 W clock throttling, NCCL SM sharing, 2023 "
+                     "software); H200 shares the chip and power limit",
+)
+_CDNA3 = DeviceCurve(
+    "cdna3", 0.601, (4096, 10240, 4864), ((256, 256, 1.0), (256, 128, 0.95), (128, 128, 0.88)),
+    304, 128.0, 0.80, 6e-6, (0.40, 0.30), 0.80, 5300.0,
+    "MI300X MAMF 781.9 of 1,300 TFLOP/s (60.1 %, ROCm 6.2; ml-engineering MAMF table); 304 CUs",
+    sustained=0.77, sustained_source="no published training row: the A100 ratio (assumption)",
+)
+_GENERIC = DeviceCurve(
+    "generic", 0.70, (8192, 8192, 8192), ((128, 128, 1.0), (64, 128, 0.85)), 100, 128.0, 0.80, 6e-6,
+    (0.45, 0.35), 0.80, 1000.0,
+    "no micro-benchmark for this device: 70 % of peak for large GEMMs (assumption, low confidence; "
+    "pass --profile with a measured profile)",
+    sustained=0.77, sustained_source="no published training row: the A100 ratio (assumption)",
+)
+_CPU = DeviceCurve(
+    "cpu", 1.0, (1024, 1024, 1024), ((64, 64, 1.0), (32, 64, 0.9)), 1, 32.0, 0.70, 8e-6, (0.5, 0.4), 1.0, 10.0,
+    "CPU: the catalog peak of a measured CPU is its best square matmul (n = 512/1024), so the curve's "
+    "ceiling is that matmul; memory bandwidth 10 GB/s per process and 8 us per operator when no profile "
+    "is given (assumptions; `flopwise calibrate` measures both)",
+)
+
+
+def curve_for(hw: HardwareSpec) -> DeviceCurve:
+    """The device family of a catalog entry (by key and vendor)."""
+    key = hw.key.lower()
+    if hw.vendor.lower() == "cpu" or key.startswith("cpu"):
+        return _CPU
+    if key.startswith("a100"):
+        return _AMPERE_PCIE if "pcie" in key else _AMPERE
+    if key.startswith(("h100", "h200", "gh200", "h800")):
+        return _HOPPER
+    if key.startswith("mi300"):
+        return _CDNA3
+    return _GENERIC
+
+
+def _shape_factor(curve: DeviceCurve, m: int, n: int, k: int) -> float:
+    """tile × wave × k-loop factor of the best tile shape (1.0 for an ideal, huge GEMM)."""
+    best = 0.0
+    for tm, tn, speed in curve.tiles:
+        rows, cols = -(-m // tm), -(-n // tn)
+        tiles = rows * cols
+        tile_eff = (m * n) / (rows * tm * cols * tn)
+        waves = -(-tiles // curve.units)
+        wave_eff = tiles / (waves * curve.units)
+        best = max(best, speed * tile_eff * wave_eff)
+    return best * k / (k + curve.k0)
+
+
+_FRACTIONS: dict[tuple[str, int, int, int], float] = {}
+_CEILINGS: dict[str, float] = {}
+
+
+def gemm_fraction(curve: DeviceCurve, m: int, n: int, k: int) -> float:
+    """Achievable fraction of the dense peak for an (M, N, K) GEMM on this family (cached)."""
+    key = (curve.family, m, n, k)
+    value = _FRACTIONS.get(key)
+    if value is None:
+        if len(_FRACTIONS) > 200_000:
+            _FRACTIONS.clear()
+        ceiling = _CEILINGS.get(curve.family)
+        if ceiling is None:
+            ceiling = _CEILINGS[curve.family] = curve.ceiling
+        value = _FRACTIONS[key] = ceiling * curve.sustained * _shape_factor(curve, m, n, k)
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceRates:
+    """What the op model needs to time kernels on one device: peak, bandwidth, curve, profile.
+
+    Compared and hashed by identity: `device_rates` returns one object per distinct input,
+    so the op model's caches key on it cheaply."""
+
+    peak: float  # FLOP/s of the GEMM dtype
+    memory_bytes_per_s: float  # achievable
+    curve: DeviceCurve
+    dtype: str
+    attention_peak: float  # FLOP/s of attention (bf16 when GEMMs run in fp8)
+    profile: GemmProfile | None = None
+    efficiency: float | None = None  # a user's flat override: every FLOP at peak × efficiency
+
+    def gemm_seconds(self, m: int, n: int, k: int, count: float = 1.0, dtype_bytes: float = 2.0) -> float:
+        """Seconds for `count` GEMMs of shape (M, N, K): shape-aware roofline plus the kernel cost."""
+        if m <= 0 or n <= 0 or k <= 0 or count <= 0:
+            return 0.0
+        flops = 2.0 * m * n * k
+        if self.efficiency is not None:
+            return count * flops / (self.peak * self.efficiency)
+        rate = None
+        if self.profile is not None:
+            rate = self.profile.gemm_flops_per_s(int(m), int(n), int(k), self.dtype)
+        if rate:
+            compute = flops / (rate * self.curve.sustained)
+        else:
+            compute = flops / (self.peak * gemm_fraction(self.curve, int(m), int(n), int(k)))
+        traffic = (m * k + k * n + m * n) * dtype_bytes / self.memory_bytes_per_s
+        return count * (max(compute, traffic) + self.curve.kernel_seconds)
+
+    def memory_seconds(self, nbytes: float, kernels: float = 1.0) -> float:
+        """Seconds for memory-bound kernels moving `nbytes` in all (reads + writes)."""
+        if self.efficiency is not None:
+            return 0.0  # a flat efficiency already covers everything that is not a GEMM
+        return nbytes / self.memory_bytes_per_s + kernels * self.curve.kernel_seconds
+
+    def attention_seconds(self, flops: float, seq_len: int, backward: bool) -> float:
+        """Seconds for a fused (flash) attention kernel doing `flops` of real work.
+
+        Short sequences run below the long-sequence fraction: s / (s + 256) of it relative
+        to s = 2048 (FlashAttention-2 Fig. 5: throughput at 512 is about 3/4 of that at 2k+)."""
+        if flops <= 0:
+            return 0.0
+        if self.efficiency is not None:
+            return flops / (self.attention_peak * self.efficiency)
+        fwd, bwd = self.curve.attention_fraction
+        fraction = (bwd if backward else fwd) * (seq_len / (seq_len + 256.0)) / (2048.0 / 2304.0)
+        fraction = min(fraction, self.curve.ceiling) * self.curve.sustained
+        if self.profile is not None:
+            rate = self.profile.gemm_flops_per_s(seq_len, seq_len, 128, self.dtype)
+            peak = self.profile.peak_flops(self.dtype) or self.attention_peak
+            if rate:
+                fraction = min(fraction, rate / peak) if self.curve.family != "cpu" else rate / peak
+        return flops / (self.attention_peak * fraction) + self.curve.kernel_seconds
+
+
+_RATES: dict[tuple, tuple[object, DeviceRates]] = {}
+
+
+def device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmProfile | None = None,
+                 efficiency: float | None = None) -> DeviceRates:
+    """DeviceRates for a catalog entry: the family curve, achievable bandwidth, an optional profile (cached)."""
+    key = (hw.key, hw.memory_bandwidth_gbs, precision, peak, id(profile), efficiency)
+    hit = _RATES.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    rates = _device_rates(hw, precision, peak, profile, efficiency)
+    if len(_RATES) > 4096:
+        _RATES.clear()
+    _RATES[key] = (profile, rates)
+    return rates
+
+
+def _device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmProfile | None,
+                  efficiency: float | None) -> DeviceRates:
+    curve = curve_for(hw)
+    if profile is not None and getattr(profile, "memory_bandwidth_bytes_per_s", None):
+        bandwidth = float(profile.memory_bandwidth_bytes_per_s)
+    else:
+        gbs = hw.memory_bandwidth_gbs or curve.default_memory_gbs
+        bandwidth = gbs * 1e9 * curve.memory_fraction
+    if precision != "fp8":
+        return DeviceRates(peak, bandwidth, curve, precision, peak, profile, efficiency)
+    # attention and everything else stay in bf16; fp8 GEMMs reach a lower fraction of their
+    # (doubled) peak, folded into the peak the curve multiplies
+    attention_peak = hw.peak_flops("bf16") or peak / 2.0
+    gemm_peak = peak if (efficiency is not None or profile is not None) else peak * curve.fp8_factor
+    return DeviceRates(gemm_peak, bandwidth, curve, precision, attention_peak, profile, efficiency)

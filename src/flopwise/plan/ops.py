@@ -1,0 +1,243 @@
+"""The operators one transformer layer runs per rank and micro-batch, with their real shapes.
+
+For T = seq × micro-batch tokens, hidden h, a heads of size d (g KV heads), FFN width f and
+tensor parallelism t, one layer's forward on one rank runs (Shoeybi et al. 2019 split):
+
+    QKV        GEMM  M=T  N=(a+2g)·d/t  K=h
+    attn out   GEMM  M=T  N=h           K=a·d/t
+    MLP up     GEMM  M=T  N=f/t (×2 for SwiGLU's gate and up, fused)  K=h
+    MLP down   GEMM  M=T  N=h           K=f/t
+    attention  flash: one fused kernel, causal (half the s×s work); else two batched GEMMs
+               (Q·Kᵀ, A·V) plus softmax / mask / dropout over the a/t·s² scores (memory-bound)
+    memory-bound: 2 norms, 2 residual adds, activation, RoPE, dropouts (bytes / bandwidth);
+               norms, residuals and dropouts act on T·h/t with sequence parallelism, T·h without
+
+Backward runs two GEMMs per forward GEMM (data gradient M×K×N, weight gradient K×N×M),
+the attention backward (2.5× the forward's matmul work for flash: it recomputes Q·Kᵀ), and
+about twice the forward's memory traffic for the element-wise operators. Recompute adds
+exactly what it re-runs: the whole layer's forward (full), or the attention core
+(selective, Korthikanti et al. 2022 §4.2).
+
+Embedding (a gather; its backward writes a dense fp32 V·h/t gradient), the output
+GEMM (T × V/t × h) and the cross-entropy over T·V/t fp32 logits are timed apart: they
+sit on the first and last pipeline stages. The optimizer step is memory-bound over the
+parameters a rank owns.
+
+Everything is closed-form per layer and cached by shape, so a layout search can call it
+thousands of times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flopwise.catalog.models import ModelSpec
+from flopwise.plan.gemm import DeviceRates
+
+CROSS_ENTROPY_BYTES = 16.0
+"""fp32 bytes per logit moved by the loss besides the 16-bit logits themselves: upcast write,
+log-softmax read and write, gradient read (Megatron vocab-parallel cross entropy)."""
+EMBEDDING_GRAD_BYTES = 4.0
+"""The embedding's gradient is a dense fp32 buffer, zeroed and scatter-added every micro-batch."""
+ADAM_BYTES_PER_PARAM = 24.0
+"""AdamW reads and writes the fp32 master, m and v (6 × 4 bytes) for every parameter it owns."""
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds for one transformer layer and one micro-batch on one rank (compute only)."""
+
+    forward: float
+    backward: float
+    recompute: float
+    gemm: float  # forward + backward + recompute GEMM seconds
+    attention: float  # the attention core, forward + backward + recompute
+    memory_bound: float  # element-wise kernels, forward + backward + recompute
+    wgrad: float  # weight-gradient GEMMs of the backward (what a backward collective can hide behind)
+    forward_gemm: float  # forward GEMMs (what an overlapped forward collective can hide behind)
+
+    @property
+    def total(self) -> float:
+        """Forward + backward + recompute."""
+        return self.forward + self.backward + self.recompute
+
+
+@dataclass(frozen=True)
+class EndTimes:
+    """Seconds per micro-batch for the embedding (first stage) and the head + loss (last stage)."""
+
+    embedding: float
+    head: float
+
+
+_LAYER_CACHE: dict[tuple, tuple[ModelSpec, LayerTimes]] = {}
+_END_CACHE: dict[tuple, tuple[ModelSpec, EndTimes]] = {}
+CACHE_LIMIT = 100_000  # entries; a cache this full is dropped and refilled
+
+
+def _gemm_fwd_bwd(rates: DeviceRates, m: int, n: int, k: int, e: float, count: float = 1.0) -> tuple[float, float, float]:
+    """(forward, data-gradient, weight-gradient) seconds of one GEMM family."""
+    fwd = rates.gemm_seconds(m, n, k, count, e)
+    dgrad = rates.gemm_seconds(m, k, n, count, e)
+    wgrad = rates.gemm_seconds(k, n, m, count, e)
+    return fwd, dgrad, wgrad
+
+
+def layer_times(
+    model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool, flash: bool,
+    dropout: bool, recompute: str, precision: str, rates: DeviceRates,
+) -> LayerTimes:
+    """Compute seconds of one layer per micro-batch on one rank (cached by every argument)."""
+    # keyed by the model's identity (hashing a ModelSpec is slow); the entry keeps the model
+    # alive, so its id cannot be reused while the entry exists
+    key = (id(model), seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates)
+    hit = _LAYER_CACHE.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_LAYER_CACHE) > CACHE_LIMIT:
+        _LAYER_CACHE.clear()
+    value = _layer_times(model, *key[1:])
+    _LAYER_CACHE[key] = (model, value)
+    return value
+
+
+def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rates: DeviceRates) -> LayerTimes:
+    e = 4.0 if precision in ("fp32", "tf32") else 2.0
+    ge = 1.0 if precision == "fp8" else e  # bytes of a GEMM operand
+    h, a = model.hidden, model.n_heads
+    g = model.n_kv_heads or a
+    d = model.head_dim or h // a
+    f = model.ffn_hidden
+    T = s * b
+    up_width = (2 if model.mlp == "swiglu" else 1) * f
+    experts, topk = max(1, model.n_experts), max(1, model.experts_per_token)
+
+    # ---- GEMMs
+    fwd_g = dgrad_g = wgrad_g = 0.0
+    shapes = [(T, (a + 2 * g) * d // tp, h, 1.0), (T, h, a * d // tp, 1.0)]
+    if experts > 1:
+        per_expert = max(1, T * topk // experts)
+        shapes += [(per_expert, up_width // tp, h, float(experts)), (per_expert, h, f // tp, float(experts))]
+        if model.shared_expert_ffn_hidden:
+            sf = model.shared_expert_ffn_hidden
+            shapes += [(T, (2 if model.mlp == "swiglu" else 1) * sf // tp, h, 1.0), (T, h, sf // tp, 1.0)]
+    else:
+        shapes += [(T, up_width // tp, h, 1.0), (T, h, f // tp, 1.0)]
+    for m, n, k, count in shapes:
+        fw, dg, wg = _gemm_fwd_bwd(rates, m, max(1, n), max(1, k), ge, count)
+        fwd_g += fw
+        dgrad_g += dg
+        wgrad_g += wg
+
+    # ---- attention core
+    heads = a // tp
+    causal = 0.5 if model.arch == "decoder" else 1.0
+    if flash and rates.efficiency is not None:
+        # a flat efficiency applies to the FLOPs as the planner counts them (full s×s, backward 2×)
+        work = 4.0 * b * heads * s * s * d
+        attn_f = rates.attention_seconds(work, s, backward=False)
+        attn_b = rates.attention_seconds(2.0 * work, s, backward=True)
+    elif flash:
+        work = 4.0 * b * heads * s * s * d * causal
+        attn_f = rates.attention_seconds(work, s, backward=False)
+        attn_b = rates.attention_seconds(2.5 * work, s, backward=True)
+    else:
+        count = float(b * heads)
+        qk = _gemm_fwd_bwd(rates, s, s, d, e, count)
+        av = _gemm_fwd_bwd(rates, s, d, s, e, count)
+        scores = b * heads * s * s
+        drop = (2 * e + 1) if dropout else 0.0
+        attn_f = qk[0] + av[0] + rates.memory_seconds(scores * (3 * e + drop), 2 + (1 if dropout else 0))
+        attn_b = qk[1] + qk[2] + av[1] + av[2] + rates.memory_seconds(scores * (3 * e + drop), 2 + (1 if dropout else 0))
+
+    # ---- memory-bound element-wise operators (bytes per token)
+    hs = h / tp if sp else float(h)
+    per_token = model.norms_per_layer * 2 * hs * e  # norms: read + write
+    per_token += 2 * 3 * hs * e  # two residual adds: read 2, write 1
+    per_token += (3 if model.mlp == "swiglu" else 2) * (f * (topk if experts > 1 else 1) / tp) * e  # activation
+    kernels = model.norms_per_layer + 3
+    if model.position == "rope":
+        per_token += 2 * (a + g) * d / tp * e
+        kernels += 2
+    if dropout:
+        per_token += 2 * (2 * hs * e + hs)
+        kernels += 2
+    if precision == "fp8":  # casts of each GEMM input to fp8 (read 16-bit, write 8-bit)
+        per_token += (2 * h + a * d / tp + f / tp) * (2.0 + 1.0)
+        kernels += 4
+    mem_f = rates.memory_seconds(T * per_token, kernels)
+    mem_b = rates.memory_seconds(2.0 * T * per_token, 1.5 * kernels)
+
+    forward = fwd_g + attn_f + mem_f
+    backward = dgrad_g + wgrad_g + attn_b + mem_b
+    share = full_recompute_share(recompute)
+    if share:
+        extra, extra_g, extra_a, extra_m = share * forward, share * fwd_g, share * attn_f, share * mem_f
+    elif recompute == "selective":
+        extra, extra_g, extra_a, extra_m = attn_f, 0.0, attn_f, 0.0
+    else:
+        extra = extra_g = extra_a = extra_m = 0.0
+    return LayerTimes(
+        forward=forward, backward=backward, recompute=extra,
+        gemm=fwd_g + dgrad_g + wgrad_g + extra_g, attention=attn_f + attn_b + extra_a,
+        memory_bound=mem_f + mem_b + extra_m, wgrad=wgrad_g, forward_gemm=fwd_g,
+    )
+
+
+def full_recompute_share(recompute: str) -> float:
+    """Share of layers whose whole forward is re-run: 1 for "full", 1/k for "every-k" (one
+    block in k checkpointed), 0 otherwise."""
+    if recompute == "full":
+        return 1.0
+    if recompute.startswith("every"):
+        digits = "".join(ch for ch in recompute if ch.isdigit())
+        return 1.0 / int(digits) if digits and int(digits) > 0 else 1.0
+    return 0.0
+
+
+def end_times(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+              precision: str, rates: DeviceRates) -> EndTimes:
+    """Embedding and head + loss seconds per micro-batch (forward + backward), cached."""
+    key = (id(model), seq_len, micro_batch, tp, sequence_parallel, precision, rates)
+    hit = _END_CACHE.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_END_CACHE) > CACHE_LIMIT:
+        _END_CACHE.clear()
+    value = _end_times(model, *key[1:])
+    _END_CACHE[key] = (model, value)
+    return value
+
+
+def _end_times(model, s, b, tp, sp, precision, rates: DeviceRates) -> EndTimes:
+    e = 4.0 if precision in ("fp32", "tf32") else 2.0
+    h, v, T = model.hidden, model.vocab_size, s * b
+    hs = h / tp if sp else float(h)
+    embedding = rates.memory_seconds(T * hs * e * 2, 1) + rates.memory_seconds(
+        T * hs * e + 2 * v * h / tp * EMBEDDING_GRAD_BYTES, 2)
+    vt = max(1, v // tp)
+    fw, dg, wg = _gemm_fwd_bwd(rates, T, vt, h, e)
+    loss = rates.memory_seconds(T * vt * (CROSS_ENTROPY_BYTES + 2 * e), 4)
+    final_norm = rates.memory_seconds(T * hs * e * 6, 2)
+    return EndTimes(embedding=embedding, head=fw + dg + wg + loss + final_norm)
+
+
+FOREACH_ADAMW_BYTES_PER_PARAM = 80.0
+"""PyTorch's default (foreach, unfused) AdamW: eight passes over fp32 tensors (weight decay,
+lerp of m, scale and addcmul of v, sqrt, divide, add eps, addcdiv of the weight) read and
+write 80 bytes per parameter (torch.optim.adamw._multi_tensor_adamw)."""
+
+
+def optimizer_seconds(params_owned: float, grad_bytes: float, weight_bytes: float, optimizer: str,
+                      rates: DeviceRates, fused: bool = True) -> float:
+    """The optimizer step over the parameters this rank updates: memory-bound.
+
+    Fused AdamW (Megatron/apex, DeepSpeed): fp32 master, m, v read and written once (24 B);
+    PyTorch's foreach AdamW (FSDP runs) makes eight passes (80 B). Plus the gradient read (and
+    read again for the clipping norm, and written when zeroed), and the 16-bit weight written."""
+    if optimizer == "adamw":
+        state = ADAM_BYTES_PER_PARAM if fused else FOREACH_ADAMW_BYTES_PER_PARAM
+    else:
+        state = {"adam8bit": 8.0 + 4.0, "sgd": 16.0}.get(optimizer, ADAM_BYTES_PER_PARAM)
+    per_param = state + 3.0 * grad_bytes + (weight_bytes if weight_bytes < 4 else 0.0)
+    return rates.memory_seconds(params_owned * per_param, 4 if fused else 12)

@@ -1,0 +1,126 @@
+"""The operator-level time model: GEMM curves, operators, recompute, pipelines, DP schedules, profiles."""
+
+import dataclasses
+
+import pytest
+
+from flopwise.catalog.hardware import load_hardware
+from flopwise.plan import ops
+from flopwise.plan.gemm import curve_for, device_rates, gemm_fraction
+from flopwise.plan.planner import build_runspec, plan
+from flopwise.plan.search import above_published, search_layouts
+from flopwise.plan.timing import split_layers
+
+
+def test_gemm_curve_reaches_the_micro_benchmark_at_its_shape_and_drops_for_awkward_shapes():
+    a100 = curve_for(load_hardware()["a100-80gb"])
+    m, n, k = a100.mamf_shape
+    assert gemm_fraction(a100, m, n, k) == pytest.approx(a100.mamf_fraction * a100.sustained)
+    big = gemm_fraction(a100, 8192, 8192, 8192)
+    assert gemm_fraction(a100, 8192, 8192, 64) < 0.6 * big  # small K: the tile's fixed cost dominates
+    assert gemm_fraction(a100, 8192, 8192 + 1, 8192) < big  # one column too many: a padded tile column
+    assert gemm_fraction(a100, 128, 128, 8192) < 0.05  # one tile: 1 of 108 SMs busy
+
+
+def test_recompute_adds_exactly_the_rerun_operators():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8)
+    hw, lay, work = spec.cluster.hardware, spec.layout, spec.workload
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"))
+
+    def times(recompute):
+        return ops.layer_times(spec.model, work.seq_len, lay.micro_batch_size, 1, False, True, False, recompute,
+                               "bf16", rates)
+
+    none, selective, full = times("none"), times("selective"), times("full")
+    assert none.recompute == 0
+    assert full.recompute == pytest.approx(none.forward)
+    assert 0 < selective.recompute < full.recompute
+    assert full.total == pytest.approx(none.total + none.forward)
+
+
+def test_memory_bound_operators_cost_more_on_a_slower_memory():
+    spec = build_runspec(model="gpt2-124m", hardware="h100-sxm", gpus=1, seq_len=1024, global_batch=8, micro_batch=8)
+    slow = dataclasses.replace(spec.cluster.hardware, memory_bandwidth_gbs=500.0)
+    fast, slowed = plan(spec), plan(dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, hardware=slow)))
+    assert slowed.time.memory_bound_seconds > 5 * fast.time.memory_bound_seconds
+    assert slowed.time.gemm_seconds >= fast.time.gemm_seconds  # small GEMMs hit the roofline's memory side too
+
+
+def test_uneven_interleaved_pipeline_is_planned_and_stated():
+    split = split_layers(126, 16, 2)
+    assert sum(map(sum, split)) == 126
+    assert split[0][0] <= split[1][0] and split[-1][-1] <= split[1][-1]  # end chunks carry embedding / head
+    p = plan(build_runspec(model="llama3.1-405b", hardware="h100-sxm", gpus=2048, tp=8, pp=16, zero=1,
+                           schedule="interleaved", virtual_stages=2, sequence_parallel=True, seq_len=8192,
+                           global_batch=2048))
+    one_f_one_b = plan(build_runspec(model="llama3.1-405b", hardware="h100-sxm", gpus=2048, tp=8, pp=16, zero=1,
+                                     sequence_parallel=True, seq_len=8192, global_batch=2048))
+    assert p.time.stage_layers.count(",") == 15 and "+" in p.time.stage_layers
+    assert p.time.bubble_fraction < one_f_one_b.time.bubble_fraction
+
+
+def test_zero3_regathers_cost_only_what_compute_does_not_hide():
+    # short micro-batches: each forward is shorter than the weight all-gather across two nodes
+    short = dict(model="llama2-7b", hardware="h100-sxm", gpus=16, seq_len=512, global_batch=256, micro_batch=1)
+    zero1, zero3 = plan(build_runspec(zero=1, **short)), plan(build_runspec(zero=3, **short))
+    assert zero3.comm.dp_bytes > 5 * zero1.comm.dp_bytes
+    assert zero3.time.dp_exposed_seconds > zero1.time.dp_exposed_seconds
+    assert zero1.time.step_seconds < zero3.time.step_seconds
+    # long micro-batches hide the prefetched gathers behind compute
+    long = dict(short, seq_len=4096, micro_batch=4)
+    zero3_long = plan(build_runspec(zero=3, **long))
+    assert zero3_long.time.exposed_comm_share < 0.05
+
+
+def test_zero3_reduces_every_micro_batch_only_under_deepspeed():
+    spec = build_runspec(model="llama2-7b", hardware="a100-80gb", gpus=32, zero=3, seq_len=2048, global_batch=256,
+                         micro_batch=1)
+    deepspeed = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, extra={"framework": "deepspeed"}))
+    assert plan(deepspeed).comm.dp_bytes > plan(spec).comm.dp_bytes
+
+
+def test_tp_comm_overlap_hides_tensor_parallel_traffic():
+    common = dict(model="llama2-70b", hardware="h100-sxm", gpus=64, tp=8, pp=2, zero=1, sequence_parallel=True)
+    plain, overlapped = plan(build_runspec(**common)), plan(build_runspec(tp_comm_overlap=True, **common))
+    assert overlapped.time.tp_exposed_seconds < plain.time.tp_exposed_seconds
+    assert overlapped.time.step_seconds < plain.time.step_seconds
+
+
+class MeasuredProfile:
+    """A measured device profile as `flopwise calibrate` writes it (the DeviceProfile interface)."""
+
+    memory_bandwidth_bytes_per_s = 1e12
+
+    def gemm_flops_per_s(self, m, n, k, dtype):
+        return 100e12 if dtype == "bf16" else None
+
+    def peak_flops(self, dtype):
+        return 120e12
+
+
+def test_a_measured_profile_replaces_the_curve():
+    spec = build_runspec(model="gpt2-124m", hardware="a100-80gb", gpus=1, seq_len=1024, global_batch=8, micro_batch=8)
+    base, profiled = plan(spec), plan(spec, profile=MeasuredProfile())
+    assert profiled.time.efficiency_confidence == "measured"
+    assert profiled.time.gemm_seconds > base.time.gemm_seconds  # 100 TFLOP/s is below the A100 curve
+
+
+def test_search_marks_mfu_above_the_best_published_run():
+    spec = build_runspec(model="gpt3-1.3b", hardware="a100-80gb", gpus=1, global_batch=512, seq_len=2048,
+                         tokens="26B")
+    result = search_layouts(spec, 64, top=3)
+    data = result.to_dict()
+    assert data["best_published_mfu"]["mfu"] == pytest.approx(0.6423)
+    for entry, p in zip(data["ranked"], result.ranked):
+        assert entry["above_best_published_mfu"] == above_published(p) == (p.time.mfu > 0.6423)
+        assert 0 <= entry["exposed_comm_share"] < 1
+
+
+def test_every_kth_block_recompute_reruns_that_share_of_forwards():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8)
+    hw, lay, work = spec.cluster.hardware, spec.layout, spec.workload
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"))
+    none, every4 = (ops.layer_times(spec.model, work.seq_len, lay.micro_batch_size, 1, False, True, False, rc, "bf16",
+                                    rates) for rc in ("none", "every-4"))
+    assert ops.full_recompute_share("every-4") == 0.25 and ops.full_recompute_share("none") == 0
+    assert every4.recompute == pytest.approx(none.forward / 4)
