@@ -179,3 +179,27 @@ def test_torchrun_restarts_both_nodes_after_a_killed_rank_and_they_resume(corpus
     assert "resumed from checkpoint step-" in printed, printed[-3000:]
     for rank in (0, 1):
         assert losses(run_dir, rank) == one_node_reference[rank]  # each step once, bit for bit
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_slurms_warning_signal_to_a_nodes_launcher_saves_and_exits_75(corpus, tmp_path, one_node_reference):
+    """SIGUSR1 to `flopwise train` itself (what `#SBATCH --signal=USR1@...` delivers): torchrun passes it
+    to the ranks, they save, the command exits 75 (the sbatch script requeues), and the rerun continues."""
+    run_dir = tmp_path / "run"
+    path = write(config(corpus, run_dir, nnodes=1, nproc=2), tmp_path / "config.yaml")
+    launcher = train_cli(path, env={"FLOPWISE_TEST_SLOW_RANK": "0:0.5"})
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "checkpoints" / "step-2").is_dir():
+            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.05)
+        launcher.send_signal(signal.SIGUSR1)
+    finally:
+        (code, _, err), = finish([launcher])
+    assert code == 75, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("error: preempted by SIGUSR1 at step"), err[-3000:]
+    (code, _, err), = finish([train_cli(path)])
+    assert code == 0, err[-3000:]
+    for rank in (0, 1):
+        assert losses(run_dir, rank) == one_node_reference[rank]
