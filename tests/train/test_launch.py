@@ -87,12 +87,29 @@ def start_two_nodes(config_path: Path, *overrides: str, env: dict | None = None)
 
 
 def finish(nodes: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
+    """Exit code, stdout and stderr of each node; on a timeout the nodes and their ranks are killed."""
     try:
-        return [(node.wait(timeout=900), *node.communicate(timeout=60)) for node in nodes]
+        return [(node.wait(timeout=600), *node.communicate(timeout=60)) for node in nodes]
     finally:
         for node in nodes:
             if node.poll() is None:
-                node.kill()
+                kill_tree(node.pid)
+
+
+def kill_tree(pid: int) -> None:
+    """A launcher and the ranks it started (ranks outlive a killed torchrun)."""
+    import psutil
+
+    try:
+        launcher = psutil.Process(pid)
+        processes = [*launcher.children(recursive=True), launcher]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def losses(run_dir: Path, rank: int) -> list[float]:

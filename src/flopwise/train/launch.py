@@ -174,23 +174,27 @@ def _run_torchrun(cfg: RunConfig) -> None:
 
     # torchrun sets OMP_NUM_THREADS=1 with a warning when unset; say it once, quietly.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # After an in-place restart the ranks must meet in a fresh store. torchrun's default shares its
+    # rendezvous store with the ranks, unprefixed and kept across rounds, so restarted ranks read the
+    # previous round's process-group keys (peer addresses of dead ranks) and hang while connecting.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    with tempfile.TemporaryDirectory(prefix="flopwise-launch-") as folder:
-        errors = Path(folder)
-        config_path = errors / "config.yaml"
+    with tempfile.TemporaryDirectory(prefix="flopwise-launch-") as name:
+        node_dir = Path(name)  # on this node's disk: the config copy and the ranks' error messages
+        config_path = node_dir / "config.yaml"
         config_path.write_text(dump_config(cfg))
-        os.environ[ERROR_FILE_ENV] = str(errors / "error")
+        os.environ[ERROR_FILE_ENV] = str(node_dir / "error")
         try:
             run(get_args_parser().parse_args(torchrun_args(cfg, config_path)))
         except SignalException as stopped:  # torchrun passed a signal on to the ranks and stopped them
-            message = _first_user_error(errors)
+            message = _first_user_error(node_dir)
             if message and message.startswith("preempted"):
                 raise StoppedBySignal(message) from None
             print(f"error: stopped by signal {stopped.sigval.name} before the ranks saved a checkpoint",
                   file=sys.stderr)
             raise SystemExit(128 + int(stopped.sigval)) from None
         except ChildFailedError as failed:
-            message = _first_user_error(errors)
+            message = _first_user_error(node_dir)
             rank, failure = failed.get_first_failure()
             if message and failure.exitcode == PREEMPTED_EXIT_CODE:
                 raise Preempted(message) from None  # exit code 75: the scheduler may requeue
