@@ -1,7 +1,7 @@
 """`flopwise launch k8s`: a Kubeflow Training Operator PyTorchJob (kubeflow.org/v1) for a config.
 
 Why a PyTorchJob rather than a JobSet: the operator already does the per-node wiring the run
-needs (a headless service per pod, MASTER_ADDR/MASTER_PORT, PET_NNODES, PET_NPROC_PER_NODE,
+needs (a service per pod, MASTER_ADDR/MASTER_PORT, PET_NNODES, PET_NPROC_PER_NODE,
 PET_NODE_RANK in every pod), while a JobSet would leave it to the manifest to derive ranks
 and the first pod's address from indexes and hostnames.
 

@@ -57,8 +57,9 @@ def sbatch_script(cfg: RunConfig, job: SlurmJob, forecast: NodeForecast, command
         raise UserError(f"the config contains the text {CONFIG_END}, which ends the script's embedded copy")
     return f"""#!/bin/bash
 # Written by: {command}
-# Submit with: sbatch THIS_FILE. Relative paths in the config are relative to the submit directory,
-# and logging.run_dir, data.cache_dir and the data must be on a file system every node sees.
+# Submit with: sbatch THIS_FILE, from an environment where `flopwise` runs (sbatch passes it on).
+# Relative paths in the config are relative to the submit directory, and logging.run_dir,
+# data.cache_dir and the data must be on a file system every node sees.
 #
 {forecast_text}
 #
