@@ -1,4 +1,4 @@
-"""CLI commands of flopwise.train (registered by flopwise.cli): `flopwise train`, `flopwise export`."""
+"""CLI commands of flopwise.train (registered by flopwise.cli): `flopwise train`, `flopwise export`, `flopwise launch`."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ def register(app: typer.Typer) -> None:
         launch(load_config(config_path, overrides))
 
     register_export(app)
+    from flopwise.train.launch_cli import register_launch
+
+    register_launch(app)
 
 
 def split_arguments(args: list[str]) -> tuple[str | None, list[str]]:

@@ -1,17 +1,21 @@
 """Starting a run: in this process, or under torchrun when the config asks for several.
 
 `flopwise train` with `parallel.nproc_per_node * parallel.nnodes > 1`, outside an existing
-launch, starts torchrun itself:
+launch, starts torchrun itself, once per node:
 
     python -m torch.distributed.run --nproc-per-node N
         [--standalone | --nnodes M --node-rank R --rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id ID]
-        --max-restarts K -m flopwise.train.worker runs/<name>/config.yaml
+        --max-restarts K --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+        -m flopwise.train.worker <node-local copy of the resolved config>
 
 (the launcher runs in this process through `torch.distributed.run.run`, so a failed
-rank ends as one line instead of the launcher's traceback). Inside torchrun or Slurm
-(RANK/WORLD_SIZE or SLURM_PROCID set) the run happens directly in this process. A
-rank that dies makes torchrun stop the others at once; a rank on another node that
-waits on it fails after `parallel.timeout_minutes` (the process-group timeout).
+rank ends as one line instead of the launcher's traceback, and a preemption as exit 75).
+Several nodes run the same command with their own `parallel.node_rank` (docs/strategies.md:
+by hand, from an sbatch script, or in a Kubeflow PyTorchJob pod). The run happens directly
+in this process when a launcher already started it as one rank: torchrun (LOCAL_RANK set)
+or an `srun` task per process (SLURM_NTASKS = the job's processes). A rank that dies makes
+torchrun stop the others at once; a rank on another node that waits on it fails after
+`parallel.timeout_minutes` (the process-group timeout).
 
 Restarts (`parallel.max_restarts`): on one node flopwise starts a fresh torchrun after a
 preemption (exit 75) or a failed rank; on several nodes torchrun's own `--max-restarts`
@@ -29,8 +33,20 @@ from pathlib import Path
 from flopwise.errors import UserError
 from flopwise.train.config import RunConfig
 from flopwise.train.config_loading import dump_config
+from flopwise.train.faults import PREEMPTED_EXIT_CODE, Preempted
 
 ERROR_FILE_ENV = "FLOPWISE_ERROR_FILE"
+# torchrun's default signals plus SIGUSR1, Slurm's warning signal: torchrun passes them on to
+# the ranks, which save a checkpoint and stop with exit code 75 (docs/checkpoints.md).
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
+class StoppedBySignal(Preempted):
+    """This launcher was signalled (scancel, a pod's deletion) and its ranks saved a checkpoint.
+
+    Exit code 75 like any preemption, but never restarted here: the job itself is being
+    stopped, so the scheduler requeues it (or not).
+    """
 
 
 def world_size_of(cfg: RunConfig) -> int:
@@ -55,16 +71,32 @@ def torchrun_args(cfg: RunConfig, config_path: Path) -> list[str]:
     # One node: flopwise restarts a fresh torchrun itself (`_run_torchrun_with_restarts`); torchrun's
     # in-place restarts can fail to reconnect a gloo group (pytorch#167288). Several nodes: torchrun's.
     restarts = p.max_restarts if p.nnodes > 1 else 0
-    args += [f"--max-restarts={restarts}", "-m", "flopwise.train.worker", str(config_path)]
+    args += [f"--max-restarts={restarts}", f"--signals-to-handle={FORWARDED_SIGNALS}",
+             "-m", "flopwise.train.worker", str(config_path)]
     return args
 
 
+def started_as_one_rank(cfg: RunConfig) -> bool:
+    """Whether a launcher started this process as one rank of the job, so it must not start torchrun.
+
+    torchrun (and launchers like it) set LOCAL_RANK. `srun` sets SLURM_PROCID in every task:
+    one task per process (SLURM_NTASKS equals the config's processes) makes each task a rank;
+    one task per node makes each task this node's launcher. RANK/WORLD_SIZE alone do not
+    decide: the Kubeflow Training Operator sets them per pod (node), not per process.
+    """
+    if "LOCAL_RANK" in os.environ and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return True
+    if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
+        return int(os.environ.get("SLURM_NTASKS", "1")) == world_size_of(cfg)
+    return False
+
+
 def launch(cfg: RunConfig) -> None:
-    """Run `cfg`: directly when one process (or already inside a launch), else under torchrun."""
-    from flopwise.train.parallel import check_strategy, launched_externally
+    """Run `cfg`: directly when one process (or already one rank of a launch), else under torchrun."""
+    from flopwise.train.parallel import check_strategy
 
     check_strategy(cfg.parallel)
-    if launched_externally():
+    if started_as_one_rank(cfg):
         run_here(cfg)  # torchrun or Slurm restarts this process; no retry loop of our own
         return
     if world_size_of(cfg) == 1:
@@ -72,10 +104,10 @@ def launch(cfg: RunConfig) -> None:
         return
     run_dir = Path(cfg.logging.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "config.yaml"
-    config_path.write_text(dump_config(cfg))
+    if cfg.parallel.node_rank == 0:
+        (run_dir / "config.yaml").write_text(dump_config(cfg))  # the run's record, before any rank starts
     _prepare_data_once(cfg)
-    _run_torchrun_with_restarts(cfg, config_path)
+    _run_torchrun_with_restarts(cfg)
 
 
 def run_here(cfg: RunConfig) -> None:
@@ -92,8 +124,6 @@ def run_here(cfg: RunConfig) -> None:
 
 def _run_here_with_restarts(cfg: RunConfig) -> None:
     """One process: after a preemption (checkpoint saved, exit code 75) start again, up to `parallel.max_restarts` times."""
-    from flopwise.train.faults import Preempted
-
     for attempt in range(cfg.parallel.max_restarts + 1):
         try:
             run_here(cfg)
@@ -104,16 +134,16 @@ def _run_here_with_restarts(cfg: RunConfig) -> None:
             print(f"{stop}; restart {attempt + 1} of {cfg.parallel.max_restarts}", file=sys.stderr, flush=True)
 
 
-def _run_torchrun_with_restarts(cfg: RunConfig, config_path: Path) -> None:
+def _run_torchrun_with_restarts(cfg: RunConfig) -> None:
     """One node: after a preemption (exit 75) or a failed rank, start a fresh torchrun (new rendezvous),
     up to `parallel.max_restarts` times; every start resumes from the latest valid checkpoint."""
-    from flopwise.train.faults import Preempted
-
     restarts = cfg.parallel.max_restarts if cfg.parallel.nnodes == 1 else 0
     for attempt in range(restarts + 1):
         try:
-            _run_torchrun(torchrun_args(cfg, config_path))
+            _run_torchrun(cfg)
             return
+        except StoppedBySignal:
+            raise  # the job itself is being stopped: exit 75 and leave the restart to the scheduler
         except Preempted as stop:
             if attempt == restarts:
                 raise
@@ -132,21 +162,39 @@ def _prepare_data_once(cfg: RunConfig) -> None:
         prepare_data(cfg.data)
 
 
-def _run_torchrun(args: list[str]) -> None:
+def _run_torchrun(cfg: RunConfig) -> None:
+    """One torchrun on this node; its ranks read a node-local copy of the resolved config.
+
+    The copy is this node's own: several nodes sharing `logging.run_dir` never read a file
+    another node (or rank 0, which records `config.yaml` there) is writing.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     # torchrun sets OMP_NUM_THREADS=1 with a warning when unset; say it once, quietly.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # After an in-place restart the ranks must meet in a fresh store. torchrun's default shares its
+    # rendezvous store with the ranks, unprefixed and kept across rounds, so restarted ranks read the
+    # previous round's process-group keys (peer addresses of dead ranks) and hang while connecting.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    with tempfile.TemporaryDirectory(prefix="flopwise-errors-") as errors:
-        os.environ[ERROR_FILE_ENV] = str(Path(errors) / "error")
+    with tempfile.TemporaryDirectory(prefix="flopwise-launch-") as name:
+        node_dir = Path(name)  # on this node's disk: the config copy and the ranks' error messages
+        config_path = node_dir / "config.yaml"
+        config_path.write_text(dump_config(cfg))
+        os.environ[ERROR_FILE_ENV] = str(node_dir / "error")
         try:
-            run(get_args_parser().parse_args(args))
+            run(get_args_parser().parse_args(torchrun_args(cfg, config_path)))
+        except SignalException as stopped:  # torchrun passed a signal on to the ranks and stopped them
+            message = _first_user_error(node_dir)
+            if message and message.startswith("preempted"):
+                raise StoppedBySignal(message) from None
+            print(f"error: stopped by signal {stopped.sigval.name} before the ranks saved a checkpoint",
+                  file=sys.stderr)
+            raise SystemExit(128 + int(stopped.sigval)) from None
         except ChildFailedError as failed:
-            from flopwise.train.faults import PREEMPTED_EXIT_CODE, Preempted
-
-            message = _first_user_error(Path(errors))
+            message = _first_user_error(node_dir)
             rank, failure = failed.get_first_failure()
             if message and failure.exitcode == PREEMPTED_EXIT_CODE:
                 raise Preempted(message) from None  # exit code 75: the scheduler may requeue

@@ -1,0 +1,118 @@
+"""The planner's forecast for one node of a job, for the comments of an sbatch script or a manifest.
+
+The forecast is the one the trainer itself writes into `plan.json` before step 1
+(`prediction.runspec_for`: same model, layout, precision, optimizer and token budget),
+planned for the job's GPU from the hardware catalog instead of the device found at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from flopwise.train.config import RunConfig
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class NodeForecast:
+    """Per-node figures of the planned job (memory is per GPU; the busiest one)."""
+
+    hardware_key: str
+    hardware_name: str
+    nodes: int
+    gpus_per_node: int
+    precision: str
+    memory_gib: float
+    usable_gib: float
+    fits: bool
+    weights_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    step_seconds: float
+    exposed_comm_seconds: float
+    tokens_per_second: float  # the whole job
+    mfu: float
+    efficiency_source: str
+    watts_per_gpu: float | None  # TDP from the catalog
+    pue: float
+
+    @property
+    def tokens_per_second_per_node(self) -> float:
+        """The job's throughput shared equally by its nodes (data parallelism keeps them in step)."""
+        return self.tokens_per_second / self.nodes
+
+    @property
+    def watts_per_node(self) -> float | None:
+        """GPUs at TDP, the planner's energy assumption (host CPUs, NICs and fans not counted)."""
+        return None if self.watts_per_gpu is None else self.watts_per_gpu * self.gpus_per_node
+
+
+def forecast_node(cfg: RunConfig, hardware_key: str) -> NodeForecast:
+    """Plan `cfg` on `cfg.parallel.nnodes` nodes of `nproc_per_node` GPUs of `hardware_key` (a UserError if it cannot)."""
+    import torch
+
+    from flopwise.catalog.hardware import get_hardware
+    from flopwise.plan.planner import plan
+    from flopwise.train.launch import world_size_of
+    from flopwise.train.loop import batch_layout
+    from flopwise.train.model import model_spec
+    from flopwise.train.parallel import DistEnv, data_parallel_shape
+    from flopwise.train.prediction import planner_precision, runspec_for
+
+    hardware = get_hardware(hardware_key)
+    world = world_size_of(cfg)
+    job = DistEnv(rank=0, world_size=world, local_rank=0, backend=None, device=torch.device("cpu"), distributed=False)
+    _, dp_size, micro_per_pass = data_parallel_shape(cfg.parallel, job)
+    _, grad_accum = batch_layout(cfg.training, dp_size, micro_per_pass)
+    spec = model_spec(cfg.model, cfg.data.vocab_size, cfg.data.seq_len)
+    runspec = runspec_for(cfg, spec, hardware, world, grad_accum)
+    runspec = dataclasses.replace(
+        runspec, cluster=dataclasses.replace(runspec.cluster, devices_per_node=cfg.parallel.nproc_per_node))
+    result = plan(runspec)
+    memory, time = result.memory, result.time
+    return NodeForecast(
+        hardware_key=hardware.key,
+        hardware_name=hardware.name,
+        nodes=cfg.parallel.nnodes,
+        gpus_per_node=cfg.parallel.nproc_per_node,
+        precision=planner_precision(cfg.precision.mode),
+        memory_gib=memory.total_bytes / GIB,
+        usable_gib=memory.capacity_bytes / GIB,
+        fits=memory.fits,
+        weights_gib=(memory.weights + memory.master_weights) / GIB,
+        gradients_gib=memory.gradients / GIB,
+        optimizer_gib=memory.optimizer_states / GIB,
+        activations_gib=(memory.activations + memory.logits) / GIB,
+        step_seconds=time.step_seconds,
+        exposed_comm_seconds=time.exposed_comm_seconds,
+        tokens_per_second=time.tokens_per_second,
+        mfu=time.mfu,
+        efficiency_source=time.efficiency_source,
+        watts_per_gpu=result.energy.watts_per_device,
+        pue=runspec.cluster.pue,
+    )
+
+
+def forecast_lines(forecast: NodeForecast) -> list[str]:
+    """The forecast as comment text (no comment marker), one figure per line, each with its source."""
+    f = forecast
+    power = ("power per node: unknown (the catalog has no TDP for this device)" if f.watts_per_node is None else
+             f"power per node: {f.gpus_per_node} x {f.watts_per_gpu:g} W = {f.watts_per_node / 1000:.1f} kW "
+             f"at TDP ({f.watts_per_node * f.pue / 1000:.1f} kW with PUE {f.pue:g}); "
+             f"TDP from `flopwise hardware {f.hardware_key}`")
+    return [
+        f"Planner forecast (`flopwise plan`, docs/planner.md) for {f.nodes} node(s) x {f.gpus_per_node} "
+        f"{f.hardware_name}, {f.precision}:",
+        f"  memory per GPU: {f.memory_gib:.1f} GiB of {f.usable_gib:.1f} GiB usable"
+        f"{'' if f.fits else ' (DOES NOT FIT)'} = weights (with fp32 master copy) {f.weights_gib:.1f} + gradients {f.gradients_gib:.1f}"
+        f" + optimizer {f.optimizer_gib:.1f} + activations {f.activations_gib:.1f} GiB (+ buffers)",
+        f"  step time: {f.step_seconds:.3g} s, of which {f.exposed_comm_seconds:.3g} s exposed communication",
+        f"  tokens/s per node: {f.tokens_per_second_per_node:,.0f} ({f.tokens_per_second:,.0f} for the job, "
+        f"MFU {f.mfu:.0%}; efficiency: {f.efficiency_source})",
+        f"  {power}",
+        "The run writes the same forecast to RUN_DIR/plan.json and compares it with what it measured in "
+        "RUN_DIR/predicted_vs_measured.json.",
+    ]
