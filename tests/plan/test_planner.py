@@ -21,7 +21,9 @@ MPT_7B = ModelSpec(key="mpt-7b", name="MPT-7B", n_layers=32, hidden=4096, n_head
 
 def test_default_example_plans_and_serialises():
     p = plan(build_runspec())
-    assert p.spec.model.key == "llama2-7b" and p.spec.layout.devices == 8 and p.spec.layout.zero_stage == 3
+    # The ZeRO stage is now chosen (fastest that fits, ZeRO-1/2 first among equals), no longer a fixed 3.
+    assert p.spec.model.key == "llama2-7b" and p.spec.layout.devices == 8 and p.spec.layout.zero_stage == 2
+    assert p.spec.cluster.extra["defaults"][0].startswith("zero 2: fits with")
     assert p.spec.layout.global_batch_size * p.spec.workload.seq_len == 4 * 2**20
     assert p.fits and p.memory.total_bytes < p.memory.capacity_bytes
     assert 0 < p.time.mfu <= p.time.efficiency + 1e-12 <= 1 + 1e-12
@@ -30,9 +32,10 @@ def test_default_example_plans_and_serialises():
     data = json.loads(json.dumps(p.to_dict(), allow_nan=False))
     for key in ("params", "flops", "memory", "comm", "time", "energy", "cost", "warnings", "advice", "inputs"):
         assert key in data
+    # fp8 copies and the allocator's reserve are now part of the total (reserved memory).
     assert data["memory"]["total_bytes"] == pytest.approx(sum(
         data["memory"][k] for k in ("weights", "gradients", "optimizer_states", "master_weights",
-                                   "activations", "logits", "comm_buffers")))
+                                   "activations", "logits", "comm_buffers", "fp8_buffers", "allocator_reserve")))
 
 
 def test_mosaicml_mpt_7b_h100_throughput_within_10_percent():

@@ -1,0 +1,167 @@
+"""Memory of every pipeline stage, and the busiest one: what `plan()` reports as the
+per-device figure.
+
+Stages are not alike: the first holds the embedding and the most in-flight micro-batches,
+the last the output head and the logits (Narayanan et al. 2021; Korthikanti et al. 2022
+§4.2.3). Averaging the embedding over all stages understates the first stage of a
+large-vocabulary model, so each stage is planned with its own layers and parameters and
+the worst one is the device figure. Formulas live in `plan/memory.py`; this module only
+places them on stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flopwise.plan import memory as mem
+from flopwise.plan.params import ParamCount
+from flopwise.plan.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One pipeline stage's per-device bytes (one TP rank of one DP replica)."""
+
+    stage: int
+    layers: int
+    params: float
+    weights: float
+    gradients: float
+    optimizer_states: float
+    master_weights: float
+    activations: float
+    logits: float
+    comm_buffers: float
+    fp8_buffers: float
+    allocator_reserve: float
+    cpu_offload_bytes: float
+    inflight_layers: float
+    total_bytes: float
+
+    def to_dict(self) -> dict:
+        """JSON-able fields."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def stage_layers(n_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage: L // p each, the remainder one by one on the middle stages first
+    (the first stage already holds the embedding and the most micro-batches, the last the
+    head): 126 layers over 16 stages are 7 on the first and last stages, 8 on the 14 others."""
+    base, extra = divmod(n_layers, pp)
+    counts = [base] * pp
+    order = list(range(1, pp - 1)) + [pp - 1, 0] if pp > 2 else list(range(pp))[::-1]
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def inflight_chunks(stage: int, pp: int, micro_batches: int, schedule: str, virtual: int) -> float:
+    """Micro-batch chunks a stage holds at its peak, in units of the stage's layers.
+
+    1F1B: min(p − i, m) micro-batches (warm-up depth). GPipe: all m. Interleaved 1F1B:
+    Megatron's warm-up (p − i − 1)·2 + (v − 1)·p + 1 chunks of L/(p·v) layers, at most m·v;
+    for the first stage this is Korthikanti et al.'s L·(1 + (p−1)/(p·v)).
+    """
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(micro_batches)
+    if schedule == "interleaved":
+        chunks = min((pp - stage - 1) * 2 + (virtual - 1) * pp + 1, micro_batches * virtual)
+        return chunks / virtual
+    return float(min(pp - stage, micro_batches))
+
+
+def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str]) -> mem.MemoryEstimate:
+    """Per-stage memory and the busiest stage's figure with the fit verdict (appends warnings)."""
+    lay, work, cluster = spec.layout, spec.workload, spec.cluster
+    model, hw = spec.model, cluster.hardware
+    framework = lay.framework
+    sb = mem.framework_state_bytes(work.precision, work.optimizer, framework, lay.zero_stage)
+    e = mem.activation_dtype_bytes(work.precision)
+    cnn = model.arch == "cnn"
+    if cnn:
+        warnings.append("CNN activation memory is not modelled; memory covers model states only")
+    if framework == "deepspeed" and lay.pp > 1 and lay.zero_stage >= 2:
+        warnings.append("deepspeed: pipeline parallelism runs with ZeRO-0/1 only; planned as asked")
+    largest = mem.largest_unit_params(pc, lay.tp)
+    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.dp, lay.tp, lay.offload, framework)
+    layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
+    per_layer = 0.0 if cnn else _per_layer_activation(spec, e)
+    stages = []
+    for i, n in enumerate(layers):
+        first, last = i == 0, i == lay.pp - 1
+        params = _stage_params(pc, n, first, last, model.tied_embeddings, lay.pp) / lay.tp
+        states = mem.model_states(params, sb, lay.zero_stage, lay.dp, lay.offload)
+        weights = states.weights
+        if framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params":
+            # torchtitan keeps a stage's weights gathered across its micro-batches
+            # (reshard_after_forward=False under pipelining) rather than re-gathering each
+            weights = params * sb.weight
+        activations, logits, inflight = (0.0, 0.0, 0.0) if cnn else _stage_activations(spec, e, per_layer, i, n)
+        fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest)
+        allocated = (weights + states.gradients + states.optimizer_states + states.master_weights
+                     + activations + logits + buffers + fp8)
+        reserve = mem.allocator_reserve_bytes(allocated, cluster.allocator_reserve)
+        stages.append(StageMemory(
+            i, n, params, weights, states.gradients, states.optimizer_states, states.master_weights,
+            activations, logits, buffers, fp8, reserve, states.cpu_bytes, inflight, allocated + reserve,
+        ))
+    worst = max(stages, key=lambda s: s.total_bytes)
+    device_bytes = hw.memory_bytes or 0.0
+    capacity = device_bytes - cluster.memory_reserve_gib * mem.GIB
+    if not device_bytes:
+        warnings.append(f"{hw.key} has no known memory size; the fit verdict assumes it does not fit")
+    return mem.MemoryEstimate(
+        worst.weights, worst.gradients, worst.optimizer_states, worst.master_weights,
+        worst.activations, worst.logits, worst.comm_buffers, worst.total_bytes, capacity, device_bytes,
+        worst.cpu_offload_bytes, per_layer, worst.inflight_layers,
+        # the allocator frees its cached blocks and retries before it fails an allocation
+        # (PyTorch "CUDA semantics — memory management"), so the fit is judged on allocated bytes
+        bool(device_bytes) and worst.total_bytes - worst.allocator_reserve <= capacity,
+        fp8_buffers=worst.fp8_buffers, allocator_reserve=worst.allocator_reserve, framework=framework,
+        worst_stage=worst.stage, stages=tuple(stages),
+    )
+
+
+def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bool, pp: int) -> float:
+    """Parameters held by one stage: its blocks, the embedding (and position/other terms) on
+    the first, the head and final norm on the last. A tied head is a second copy of the
+    embedding on the last stage when the pipeline splits them (Megatron keeps both)."""
+    if pp == 1:
+        return float(pc.total)
+    params = float(layers * pc.per_layer)
+    if first:
+        params += pc.embedding + pc.other
+    if last:
+        params += pc.final_norm + (pc.embedding if tied and not pc.output_head else pc.output_head)
+    return params
+
+
+def _per_layer_activation(spec: RunSpec, e: float) -> float:
+    """One layer's saved bytes for one micro-batch on one TP rank under the recompute policy."""
+    lay, work = spec.layout, spec.workload
+    terms = mem.activation_terms(spec.model, work.seq_len, lay.micro_batch_size, e, work.dropout, lay.flash_attention)
+    return mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, lay.recompute)
+
+
+def _stage_activations(spec: RunSpec, e: float, per_layer: float, stage: int, layers: int) -> tuple[float, float, float]:
+    """(layer activations + embedding output, head inputs + logits, in-flight layers) of one stage."""
+    model, lay, work = spec.model, spec.layout, spec.workload
+    terms = mem.activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout, lay.flash_attention)
+    rebuilt = 0.0
+    if lay.recompute == "full" or mem.every_k(lay.recompute) is not None:
+        # the layer being back-propagated is rebuilt whole for a moment
+        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
+    chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages)
+    inflight = layers * chunks
+    activations = per_layer * inflight + rebuilt
+    if stage == 0:
+        sbh = float(work.seq_len) * lay.micro_batch_size * model.hidden
+        per_mb = sbh * ((e / lay.tp if lay.sequence_parallel else e) + (1.0 if work.dropout else 0.0))
+        activations += per_mb * chunks
+    logits = 0.0
+    if stage == lay.pp - 1:
+        per_element = mem.loss_logits_bytes_per_element(lay.framework, e)
+        logits = 2 * terms.layer_input + per_element * work.seq_len * lay.micro_batch_size * model.vocab_size / lay.tp
+    return activations, logits, inflight
