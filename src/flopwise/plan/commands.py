@@ -130,12 +130,16 @@ def print_plan(result) -> None:
         ("PF-days", f"{f.pf_days:,.1f}"),
     ])
     verdict = "[green]fits[/green]" if m.fits else "[red]does NOT fit[/red]"
-    table(f"Memory per device ({verdict})", [
+    where = f"stage {m.worst_stage} of {lay.pp}, " if lay.pp > 1 else ""
+    table(f"Memory per device ({where}{lay.framework} conventions; {verdict})", [
         ("weights", _gib(m.weights)), ("gradients", _gib(m.gradients)),
         ("optimizer states", _gib(m.optimizer_states)), ("fp32 master weights", _gib(m.master_weights)),
         (f"activations ({m.inflight_layers:g} layer-micro-batches)", _gib(m.activations)),
         ("final norm + head inputs, logits", _gib(m.logits)), ("communication buffers", _gib(m.comm_buffers)),
-        ("[bold]total[/bold]", f"[bold]{_gib(m.total_bytes)}[/bold]"),
+        *([("fp8 weight copies", _gib(m.fp8_buffers))] if m.fp8_buffers else []),
+        ("allocated", _gib(m.allocated_bytes)),
+        (f"allocator reserve ({spec.cluster.allocator_reserve:.0%} of allocated)", _gib(m.allocator_reserve)),
+        ("[bold]total (reserved)[/bold]", f"[bold]{_gib(m.total_bytes)}[/bold]"),
         (f"usable (of {_gib(m.device_bytes)}, reserve {spec.cluster.memory_reserve_gib:g} GiB)", _gib(m.capacity_bytes)),
         ("offloaded to CPU", _gib(m.cpu_offload_bytes)),
     ])
@@ -152,6 +156,11 @@ def print_plan(result) -> None:
         ("whole job", _duration(tm.total_seconds)),
         ("device-hours", f"{tm.device_hours:,.0f}"),
     ])
+    if lay.pp > 1:
+        table("Memory per pipeline stage", [
+            (f"stage {st.stage} ({st.layers} layers{', embedding' if st.stage == 0 else ''}"
+             f"{', head' if st.stage == lay.pp - 1 else ''})", _gib(st.total_bytes)) for st in m.stages
+        ])
     e, cost = result.energy, result.cost
     table("Energy and cost", [
         ("energy (TDP x hours x PUE)", "unknown" if e.kwh is None else f"{e.kwh / 1000:,.1f} MWh at {e.watts_per_device:g} W, PUE {e.pue:g}"),
@@ -160,12 +169,26 @@ def print_plan(result) -> None:
         ("spot", "n/a" if cost.spot_usd is None else f"${cost.spot_usd:,.0f} (${cost.spot_usd_per_device_hour:g}/h)"),
         ("price source", cost.price_source or cost.note),
     ])
+    from flopwise.plan.facility import estimate_facility
+
+    fac = estimate_facility(spec)
+    if fac.node_watts is not None:
+        cooling = "[red]above[/red]" if fac.exceeds_air_cooling else "within"
+        table("Facility (at TDP)", [
+            (f"per node ({fac.devices_per_node} devices + host, {fac.host_overhead_fraction:.0%} overhead)",
+             f"{fac.node_watts / 1000:,.1f} kW"),
+            (f"per rack ({fac.nodes_per_rack} nodes)", f"{fac.rack_kw:,.1f} kW, {cooling} air cooling"),
+            (f"cluster ({fac.nodes} nodes, {fac.racks} racks)", f"{fac.cluster_watts / 1000:,.1f} kW"),
+            ("air-cooling limit", fac.air_cooling_source),
+        ])
     if cost.price_source and "does not pay" in cost.note:
         console.print(f"[yellow]note:[/yellow] {cost.note.split('; ', 1)[1]}")
     console.print(f"[dim]efficiency source: {tm.efficiency_source}[/dim]")
     console.print("[dim]assumptions: 6N + 12·L·s·d FLOPs/token (no causal halving); activations per "
                   "Korthikanti et al. 2022; ring collectives at 80% of link bandwidth; DP comm overlapped "
                   "with up to 80% of backward; energy at TDP. See docs/planner.md.[/dim]")
+    for line in spec.cluster.extra.get("defaults", ()):
+        console.print(f"[bold]default:[/bold] {line}")
     for line in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {line}")
     for line in result.advice:
