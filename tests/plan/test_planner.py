@@ -207,3 +207,11 @@ def test_a_given_zero_stage_is_kept_and_not_explained():
 def test_megatron_offers_only_its_distributed_optimizer():
     spec = build_runspec(model="llama2-70b", gpus=64, tp=8, framework="megatron")
     assert spec.layout.zero_stage in (0, 1)
+
+
+def test_tp_and_pp_are_chosen_when_nothing_fits_unsplit():
+    spec = build_runspec(model="llama2-70b", gpus=64)
+    assert spec.layout.tp * spec.layout.pp > 1 and plan(spec).fits
+    assert any(line.startswith(f"tp {spec.layout.tp}, pp {spec.layout.pp}:") for line in spec.cluster.extra["defaults"])
+    kept = build_runspec(model="llama2-70b", gpus=64, tp=1)  # a given split is kept, fitting or not
+    assert (kept.layout.tp, kept.layout.pp) == (1, 1)

@@ -377,6 +377,7 @@ def build_runspec(
     `batch_tokens`/seq_len) is split into micro-batches per data-parallel rank; if it does
     not divide, gradient accumulation rounds up and a warning says so.
     """
+    options = dict(locals())
     from flopwise.catalog.hardware import get_hardware
     from flopwise.catalog.models import get_model
 
@@ -467,7 +468,44 @@ def build_runspec(
         stage, reason = choose_zero_stage(spec)
         extra["defaults"] = (reason,)
         spec = dataclasses.replace(spec, layout=dataclasses.replace(layout, zero_stage=stage))
+    if choose_zero and options["tp"] is None and options["pp"] is None and options["dp"] is None and not cnn:
+        spec = _split_if_needed(spec, options)
     return spec
+
+
+def _split_if_needed(spec: RunSpec, options: dict) -> RunSpec:
+    """When the job fits on no ZeRO stage with tp = pp = 1 and no layout option was given
+    (dp, tp, pp, zero), the fastest
+    (tp, pp) that fits: TP within a node (with sequence parallelism, Korthikanti et al. 2022),
+    then pipeline stages; ties go to the smaller model-parallel size."""
+    if _evaluate(spec).fits:
+        return spec
+    hw, model = spec.cluster.hardware, spec.model
+    per_node = spec.cluster.devices_per_node or hw.devices_per_node or 8
+    gpus = spec.layout.devices
+    best = None
+    for tp in (1, 2, 4, 8):
+        if tp > per_node or gpus % tp or model.n_heads % tp:
+            continue
+        for pp in (1, 2, 4, 8, 16, 32):
+            if (tp, pp) == (1, 1) or (gpus // tp) % pp or pp > model.n_layers:
+                continue
+            try:
+                candidate = build_runspec(**{**options, "tp": tp, "pp": pp,
+                                             "sequence_parallel": options["sequence_parallel"] or tp > 1})
+            except UserError:
+                continue
+            result = _evaluate(candidate)
+            if result.fits and (best is None or result.time.step_seconds < best[1] * (1 - TIME_TIE)):
+                best = (candidate, result.time.step_seconds)
+    if best is None:
+        return spec
+    chosen = best[0]
+    lay = chosen.layout
+    reason = (f"tp {lay.tp}, pp {lay.pp}: the fastest split that fits (with tp = pp = 1 no ZeRO stage fits)")
+    defaults = (*chosen.cluster.extra.get("defaults", ()), reason)
+    return dataclasses.replace(chosen, cluster=dataclasses.replace(
+        chosen.cluster, extra={**chosen.cluster.extra, "defaults": defaults}))
 
 
 ZERO_STAGES = {"fsdp": (0, 2, 3), "megatron": (0, 1), "deepspeed": (0, 1, 2, 3)}
