@@ -64,3 +64,17 @@ def test_allocator_reserve_is_on_top_of_allocated_and_does_not_decide_the_fit():
     memory = sm.estimate_memory(spec, count_params(spec.model), [])
     assert memory.allocator_reserve == pytest.approx(0.10 * memory.allocated_bytes)
     assert memory.fits == (memory.allocated_bytes <= memory.capacity_bytes)
+
+
+@pytest.mark.parametrize("model, pp, schedule, accum", [
+    ("llama3.1-405b", 16, "1f1b", 32), ("llama3.1-405b", 16, "1f1b", 4), ("llama3-70b", 8, "interleaved", 16),
+    ("llama3-70b", 5, "gpipe", 8), ("gpt3-175b", 12, "1f1b", 64), ("llama3-8b", 2, "1f1b", 8),
+])
+def test_the_busiest_stage_is_among_the_candidates(model, pp, schedule, accum):
+    spec = RunSpec(get_model(model), Layout(dp=2, tp=8, pp=pp, grad_accum=accum, zero_stage=1, sequence_parallel=True,
+                                            pipeline_schedule=schedule, virtual_stages=2 if schedule == "interleaved" else 1),
+                   Workload(seq_len=4096), Cluster(get_hardware("h100-sxm")))
+    pc = count_params(spec.model)
+    every, few = sm.estimate_memory(spec, pc, []), sm.estimate_memory(spec, pc, [], every_stage=False)
+    assert few.total_bytes == every.total_bytes and few.worst_stage == every.worst_stage
+    assert len(every.stages) == pp and len(few.stages) <= 3

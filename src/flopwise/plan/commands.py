@@ -157,9 +157,11 @@ def print_plan(result) -> None:
         ("device-hours", f"{tm.device_hours:,.0f}"),
     ])
     if lay.pp > 1:
+        from flopwise.plan.stage_memory import every_stage_memory
+
         table("Memory per pipeline stage", [
             (f"stage {st.stage} ({st.layers} layers{', embedding' if st.stage == 0 else ''}"
-             f"{', head' if st.stage == lay.pp - 1 else ''})", _gib(st.total_bytes)) for st in m.stages
+             f"{', head' if st.stage == lay.pp - 1 else ''})", _gib(st.total_bytes)) for st in every_stage_memory(spec)
         ])
     e, cost = result.energy, result.cost
     table("Energy and cost", [

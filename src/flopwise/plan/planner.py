@@ -23,7 +23,7 @@ from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import (
     FRAMEWORKS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, Cluster, Layout, RunSpec, Workload,
 )
-from flopwise.plan.stage_memory import estimate_memory
+from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
 from flopwise.plan.timing import TimeEstimate, bubble_fraction, estimate_time
 
 GIB = mem.GIB
@@ -74,6 +74,7 @@ class Plan:
         params["per_layer"] = self.params.per_layer
         lay, time = self.spec.layout, self.time
         memory = self.memory.to_dict()
+        memory["stages"] = [stage.to_dict() for stage in every_stage_memory(self.spec)]
         memory.update(per_device_bytes=self.memory.per_device_bytes(), device_bytes=self.memory.device_bytes,
                       fits=self.fits)
         return {
@@ -258,12 +259,13 @@ def plan_memory(spec: RunSpec, check: bool = True) -> mem.MemoryEstimate:
     only build valid layouts."""
     if check:
         validate(spec)
-    return _memory(spec, count_params(spec.model), [])
+    return estimate_memory(spec, count_params(spec.model), [], every_stage=False)
 
 
 def _memory(spec: RunSpec, pc: ParamCount, warnings: list[str]) -> mem.MemoryEstimate:
-    """Per-device memory of the busiest pipeline stage and the fit verdict (plan/stage_memory.py)."""
-    return estimate_memory(spec, pc, warnings)
+    """Per-device memory of the busiest pipeline stage and the fit verdict (plan/stage_memory.py);
+    only the stages that can be the busiest are planned (`Plan.to_dict` lists every stage)."""
+    return estimate_memory(spec, pc, warnings, every_stage=False)
 
 
 # --------------------------------------------------------------------------- advice

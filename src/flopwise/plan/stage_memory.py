@@ -11,16 +11,19 @@ places them on stages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 from flopwise.plan import memory as mem
 from flopwise.plan.params import ParamCount
 from flopwise.plan.spec import RunSpec
 
 
-@dataclass(frozen=True)
-class StageMemory:
-    """One pipeline stage's per-device bytes (one TP rank of one DP replica)."""
+class StageMemory(NamedTuple):
+    """One pipeline stage's per-device bytes (one TP rank of one DP replica).
+
+    A named tuple rather than a frozen dataclass: as immutable, and cheap enough to build
+    for every stage of every layout a search tries."""
 
     stage: int
     layers: int
@@ -40,9 +43,10 @@ class StageMemory:
 
     def to_dict(self) -> dict:
         """JSON-able fields."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return self._asdict()
 
 
+@lru_cache(maxsize=4096)
 def stage_layers(n_layers: int, pp: int) -> tuple[int, ...]:
     """Layers per stage: L // p each, the remainder one by one on the middle stages first
     (the first stage already holds the embedding and the most micro-batches, the last the
@@ -72,12 +76,23 @@ def inflight_chunks(stage: int, pp: int, micro_batches: int, schedule: str, virt
     return float(min(pp - stage, micro_batches))
 
 
-def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str]) -> mem.MemoryEstimate:
-    """Per-stage memory and the busiest stage's figure with the fit verdict (appends warnings)."""
+def busiest_stage_candidates(pp: int) -> tuple[int, ...]:
+    """Stages that can be the busiest: the first (embedding, most micro-batches in flight),
+    the second (the first to get a remainder layer, the most in flight of the middle ones)
+    and the last (head and logits). Every other middle stage holds no more layers and no
+    more micro-batches than the second (see `stage_layers` and `inflight_chunks`)."""
+    return tuple(sorted({0, min(1, pp - 1), pp - 1}))
+
+
+def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: bool = True) -> mem.MemoryEstimate:
+    """Per-stage memory and the busiest stage's figure with the fit verdict (appends warnings).
+
+    `every_stage=False` plans only `busiest_stage_candidates` (the same busiest figure,
+    fewer stages listed), for searches that call this many thousand times."""
     lay, work, cluster = spec.layout, spec.workload, spec.cluster
     model, hw = spec.model, cluster.hardware
     framework = lay.framework
-    sb = mem.framework_state_bytes(work.precision, work.optimizer, framework, lay.zero_stage)
+    sb = _state_bytes(work.precision, work.optimizer, framework, lay.zero_stage)
     e = mem.activation_dtype_bytes(work.precision)
     cnn = model.arch == "cnn"
     if cnn:
@@ -87,27 +102,38 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str]) -> mem.M
     largest = mem.largest_unit_params(pc, lay.tp)
     buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.dp, lay.tp, lay.offload, framework)
     layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
-    per_layer = 0.0 if cnn else _per_layer_activation(spec, e)
-    stages = []
-    for i, n in enumerate(layers):
-        first, last = i == 0, i == lay.pp - 1
-        params = _stage_params(pc, n, first, last, model.tied_embeddings, lay.pp) / lay.tp
-        states = mem.model_states(params, sb, lay.zero_stage, lay.dp, lay.offload)
-        weights = states.weights
-        if framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params":
-            # torchtitan keeps a stage's weights gathered across its micro-batches
-            # (reshard_after_forward=False under pipelining) rather than re-gathering each
-            weights = params * sb.weight
-        activations, logits, inflight = (0.0, 0.0, 0.0) if cnn else _stage_activations(spec, e, per_layer, i, n)
+    terms = None if cnn else mem.activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
+                                                  lay.flash_attention)
+    per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, lay.recompute)
+    rebuilt = 0.0
+    if not cnn and (lay.recompute == "full" or mem.every_k(lay.recompute) is not None):
+        # the layer being back-propagated is rebuilt whole for a moment
+        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
+    # model states are linear in a stage's parameters: bytes per parameter, once
+    unit = _states_per_param(sb, lay.zero_stage, lay.dp, lay.offload)
+    weight_per_param = unit.weights
+    if framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params":
+        # torchtitan keeps a stage's weights gathered across its micro-batches
+        # (reshard_after_forward=False under pipelining) rather than re-gathering each
+        weight_per_param = sb.weight
+    fraction = cluster.allocator_reserve
+    rows = []  # plain tuples in StageMemory's field order: building dataclasses costs more than the sums
+    for i in range(len(layers)) if every_stage else busiest_stage_candidates(len(layers)):
+        n = layers[i]
+        params = _stage_params(pc, n, i == 0, i == lay.pp - 1, model.tied_embeddings, lay.pp) / lay.tp
+        if cnn:
+            activations = logits = inflight = 0.0
+        else:
+            activations, logits, inflight = _stage_activations(spec, e, terms, per_layer, rebuilt, i, n)
         fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest)
-        allocated = (weights + states.gradients + states.optimizer_states + states.master_weights
-                     + activations + logits + buffers + fp8)
-        reserve = mem.allocator_reserve_bytes(allocated, cluster.allocator_reserve)
-        stages.append(StageMemory(
-            i, n, params, weights, states.gradients, states.optimizer_states, states.master_weights,
-            activations, logits, buffers, fp8, reserve, states.cpu_bytes, inflight, allocated + reserve,
-        ))
-    worst = max(stages, key=lambda s: s.total_bytes)
+        weights, gradients = params * weight_per_param, params * unit.gradients
+        optimizer, master = params * unit.optimizer_states, params * unit.master_weights
+        allocated = weights + gradients + optimizer + master + activations + logits + buffers + fp8
+        reserve = allocated * fraction  # mem.allocator_reserve_bytes
+        rows.append((i, n, params, weights, gradients, optimizer, master, activations, logits, buffers, fp8,
+                     reserve, params * unit.cpu_bytes, inflight, allocated + reserve))
+    stages = tuple(StageMemory(*row) for row in rows)
+    worst = max(stages, key=lambda stage: stage.total_bytes)
     device_bytes = hw.memory_bytes or 0.0
     capacity = device_bytes - cluster.memory_reserve_gib * mem.GIB
     if not device_bytes:
@@ -120,8 +146,28 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str]) -> mem.M
         # (PyTorch "CUDA semantics — memory management"), so the fit is judged on allocated bytes
         bool(device_bytes) and worst.total_bytes - worst.allocator_reserve <= capacity,
         fp8_buffers=worst.fp8_buffers, allocator_reserve=worst.allocator_reserve, framework=framework,
-        worst_stage=worst.stage, stages=tuple(stages),
+        worst_stage=worst.stage, stages=stages,
     )
+
+
+def every_stage_memory(spec: RunSpec) -> tuple[StageMemory, ...]:
+    """Every pipeline stage's memory, first to last (the plan itself keeps only the stages
+    that can be the busiest)."""
+    from flopwise.plan.params import count_params
+
+    return estimate_memory(spec, count_params(spec.model), [], every_stage=True).stages
+
+
+@lru_cache(maxsize=256)
+def _state_bytes(precision: str, optimizer: str, framework: str, zero_stage: int) -> mem.StateBytes:
+    """`framework_state_bytes`, cached: searches ask for the same few combinations."""
+    return mem.framework_state_bytes(precision, optimizer, framework, zero_stage)
+
+
+@lru_cache(maxsize=4096)
+def _states_per_param(sb: mem.StateBytes, zero_stage: int, dp: int, offload: str) -> mem.ModelStates:
+    """Model-state bytes per parameter (they are linear in the parameters), cached."""
+    return mem.model_states(1.0, sb, zero_stage, dp, offload)
 
 
 def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bool, pp: int) -> float:
@@ -138,21 +184,10 @@ def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bo
     return params
 
 
-def _per_layer_activation(spec: RunSpec, e: float) -> float:
-    """One layer's saved bytes for one micro-batch on one TP rank under the recompute policy."""
-    lay, work = spec.layout, spec.workload
-    terms = mem.activation_terms(spec.model, work.seq_len, lay.micro_batch_size, e, work.dropout, lay.flash_attention)
-    return mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, lay.recompute)
-
-
-def _stage_activations(spec: RunSpec, e: float, per_layer: float, stage: int, layers: int) -> tuple[float, float, float]:
+def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_layer: float, rebuilt: float,
+                       stage: int, layers: int) -> tuple[float, float, float]:
     """(layer activations + embedding output, head inputs + logits, in-flight layers) of one stage."""
     model, lay, work = spec.model, spec.layout, spec.workload
-    terms = mem.activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout, lay.flash_attention)
-    rebuilt = 0.0
-    if lay.recompute == "full" or mem.every_k(lay.recompute) is not None:
-        # the layer being back-propagated is rebuilt whole for a moment
-        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
     chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages)
     inflight = layers * chunks
     activations = per_layer * inflight + rebuilt
