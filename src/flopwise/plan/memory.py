@@ -15,6 +15,14 @@ Sources:
   interleaving multiplies by 1 + (p−1)/(p·v)); GPipe (Huang et al. 2019) keeps all m.
 - DDP buckets: torch DistributedDataParallel `bucket_cap_mb=25`; FSDP all-gathers one
   unit ahead (`forward_prefetch` / implicit backward prefetch), so two gathered units.
+- Framework conventions (`framework_state_bytes`, `comm_buffer_bytes`,
+  `loss_logits_bytes_per_element`, `fp8_buffer_bytes`): Megatron-LM README "Distributed
+  optimizer" (6 + 12/d), deepspeed 0.19.8 `estimate_zero2/3_model_states_mem_needs`,
+  Megatron `_VocabParallelCrossEntropy`, torchtitan's loss, Transformer Engine fp8 caching.
+- Recompute policies by what they keep: Megatron selective (Korthikanti §5), torchtitan's
+  per-op policy (every second matmul) and every-K-th-block option, full (block inputs).
+- Allocator reserve: PyTorch "CUDA semantics — memory management"; the 10 % is a stated
+  assumption (docs/planner.md).
 """
 
 from __future__ import annotations
@@ -424,7 +432,8 @@ class MemoryEstimate:
     reserved memory (allocated + `allocator_reserve`), the figure published runs report;
     `fits` compares the allocated part with the capacity, since the allocator releases its
     cache before an allocation fails. Figures are the busiest pipeline stage's
-    (`worst_stage`); `stages` holds every stage. `activation_bytes_per_layer` is one layer,
+    (`worst_stage`); `stages` holds the stages planned (those that can be the busiest;
+    `stage_memory.every_stage_memory` gives all). `activation_bytes_per_layer` is one layer,
     one micro-batch, one TP rank.
     """
 
