@@ -76,12 +76,16 @@ def inflight_chunks(stage: int, pp: int, micro_batches: int, schedule: str, virt
     return float(min(pp - stage, micro_batches))
 
 
-def busiest_stage_candidates(pp: int) -> tuple[int, ...]:
+def busiest_stage_candidates(layers: tuple[int, ...]) -> tuple[int, ...]:
     """Stages that can be the busiest: the first (embedding, most micro-batches in flight),
-    the second (the first to get a remainder layer, the most in flight of the middle ones)
-    and the last (head and logits). Every other middle stage holds no more layers and no
-    more micro-batches than the second (see `stage_layers` and `inflight_chunks`)."""
-    return tuple(sorted({0, min(1, pp - 1), pp - 1}))
+    the last (head and logits) and, when it holds more layers than the first, the second
+    (the first to get a remainder layer, the most in flight of the middle ones). Every other
+    middle stage holds no more layers and no more micro-batches than the second (see
+    `stage_layers` and `inflight_chunks`)."""
+    pp = len(layers)
+    if pp > 2 and layers[1] > layers[0]:
+        return (0, 1, pp - 1)
+    return (0, pp - 1) if pp > 1 else (0,)
 
 
 def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: bool = True) -> mem.MemoryEstimate:
@@ -102,8 +106,8 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     largest = mem.largest_unit_params(pc, lay.tp)
     buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.dp, lay.tp, lay.offload, framework)
     layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
-    terms = None if cnn else mem.activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
-                                                  lay.flash_attention)
+    terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
+                                               lay.flash_attention)
     per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, lay.recompute)
     rebuilt = 0.0
     if not cnn and (lay.recompute == "full" or mem.every_k(lay.recompute) is not None):
@@ -118,7 +122,7 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         weight_per_param = sb.weight
     fraction = cluster.allocator_reserve
     rows = []  # plain tuples in StageMemory's field order: building dataclasses costs more than the sums
-    for i in range(len(layers)) if every_stage else busiest_stage_candidates(len(layers)):
+    for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers):
         n = layers[i]
         params = _stage_params(pc, n, i == 0, i == lay.pp - 1, model.tied_embeddings, lay.pp) / lay.tp
         if cnn:
@@ -156,6 +160,12 @@ def every_stage_memory(spec: RunSpec) -> tuple[StageMemory, ...]:
     from flopwise.plan.params import count_params
 
     return estimate_memory(spec, count_params(spec.model), [], every_stage=True).stages
+
+
+@lru_cache(maxsize=4096)
+def _activation_terms(model, seq_len: int, micro_batch: int, e: float, dropout: bool, flash: bool) -> mem.ActivationTerms:
+    """`activation_terms`, cached: a search tries many layouts with the same micro-batch."""
+    return mem.activation_terms(model, seq_len, micro_batch, e, dropout, flash)
 
 
 @lru_cache(maxsize=256)
