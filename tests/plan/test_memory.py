@@ -284,3 +284,9 @@ def test_every_kth_block_averages_full_and_none(k):
 def test_recompute_policy_names():
     assert all(mem.is_recompute_policy(p) for p in ("none", "selective", "op", "full", "every:3"))
     assert not any(mem.is_recompute_policy(p) for p in ("every:0", "every:x", "some"))
+
+
+def test_zero3_gather_conventions():
+    assert mem.zero3_gathers_per_step("fsdp", 1, 8) == 16 == mem.zero3_gathers_per_step("deepspeed", 1, 8)
+    assert mem.zero3_gathers_per_step("fsdp", 4, 8) == 1  # a pipeline stage stays gathered
+    assert mem.zero3_gathers_per_step("megatron", 1, 8) == 1

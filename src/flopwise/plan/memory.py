@@ -92,6 +92,24 @@ def framework_state_bytes(precision: str, optimizer: str, framework: str, zero_s
     raise ValueError(f"unknown framework {framework!r}")
 
 
+def zero3_gathers_per_step(framework: str, pp: int, micro_batches: int) -> int:
+    """All-gathers of a ZeRO-3 rank's weights per optimizer step, by framework convention
+    (for the communication model; memory follows the same conventions).
+
+    - fsdp: FSDP2 re-gathers for forward and again for backward on every micro-batch
+      (`reshard_after_forward=True`), 2·m; under pipelining torchtitan keeps a stage's
+      weights gathered across its micro-batches (`reshard_after_forward=False`): once.
+    - deepspeed: ZeRO-3 gathers each layer for forward and for backward per micro-batch, 2·m.
+    - megatron: its distributed optimizer (ZeRO-1) all-gathers the updated weights once per
+      step; it has no per-micro-batch gathers.
+    """
+    if framework == "megatron":
+        return 1
+    if framework == "fsdp" and pp > 1:
+        return 1
+    return 2 * micro_batches
+
+
 def activation_dtype_bytes(precision: str) -> float:
     """Bytes per saved activation element: 4 for fp32/tf32, else 2 (fp8 GEMMs save bf16 inputs)."""
     return 4.0 if precision in ("fp32", "tf32") else 2.0

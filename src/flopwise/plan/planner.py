@@ -35,13 +35,13 @@ EXAMPLE = {
     "gpus": 8,
     "precision": "bf16",
     "optimizer": "adamw",
-    "zero": 3,
     "seq_len": 4096,
     "batch_tokens": 4 * 2**20,
     "tokens": 2e12,
 }
 """The built-in example (`flopwise plan` with no options): Llama 2 7B on 8 × H100 SXM,
-bf16, AdamW, ZeRO-3, sequences of 4096, 4M-token (2^22) batches, 2T tokens."""
+bf16, AdamW, sequences of 4096, 4M-token (2^22) batches, 2T tokens; the ZeRO stage is
+chosen (`choose_zero_stage`)."""
 
 
 @dataclass(frozen=True)
