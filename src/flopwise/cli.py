@@ -3,39 +3,43 @@
 Each capability keeps its commands in its own package (`plan/commands.py`,
 `train/commands.py`, ...); this module only registers them. Command modules import
 heavy libraries (torch) inside the command functions, so `flopwise plan` stays fast and
-works where torch is absent.
+works where torch is absent. The typer app itself is built on first use: a plain
+`flopwise plan --json` is parsed from the same option table without it (plan/fast_json.py).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
-
-import typer
 
 from flopwise.errors import UserError
 
-app = typer.Typer(
-    name="flopwise",
-    help="Plan, train, compress and diagnose large-model training.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
 
+@functools.lru_cache(maxsize=1)
+def build_app():
+    """The typer app with every capability's commands registered."""
+    import typer
 
-def _register() -> None:
     from flopwise.catalog import commands as catalog_commands
     from flopwise.compress import commands as compress_commands
     from flopwise.diagnose import commands as diagnose_commands
     from flopwise.plan import commands as plan_commands
     from flopwise.train import commands as train_commands
 
+    app = typer.Typer(
+        name="flopwise",
+        help="Plan, train, compress and diagnose large-model training.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
     for module in (plan_commands, catalog_commands, train_commands, compress_commands, diagnose_commands):
         module.register(app)
+    app.command()(version)
+    return app
 
 
-@app.command()
 def version() -> None:
     """Print the flopwise version."""
     from flopwise import __version__
@@ -43,7 +47,11 @@ def version() -> None:
     print(__version__)
 
 
-_register()
+def __getattr__(name: str):
+    """`flopwise.cli.app` builds the typer app on first access."""
+    if name == "app":
+        return build_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,8 +60,14 @@ def main(argv: list[str] | None = None) -> None:
     Usage errors (unknown flag, missing argument) are handled by typer/click in
     standalone mode and also exit with code 2.
     """
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        app(args=argv, prog_name="flopwise")
+        if args[:1] == ["plan"]:
+            from flopwise.plan.fast_json import run_json_plan
+
+            if run_json_plan(args[1:]):
+                return
+        build_app()(args=args, prog_name="flopwise")
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

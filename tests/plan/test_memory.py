@@ -201,3 +201,92 @@ def test_fp32_llama_block_saved_tensors_match_the_formula(kv_heads):
     predicted = mem.layer_activation_bytes(spec, s, b, "fp32", dropout=False, flash_attention=True,
                                            kv_repeated=True, attn_output_copy=True)
     assert measured == pytest.approx(predicted, rel=0.01)  # the gap is RMSNorm's O(s*b) rstd
+
+
+# --------------------------------------------------------------------------- framework conventions
+
+
+def _states_total(psi, framework, stage, d, precision="bf16"):
+    sb = mem.framework_state_bytes(precision, "adamw", framework, stage)
+    s = mem.model_states(psi, sb, stage, d, "none")
+    return s.weights + s.gradients + s.optimizer_states + s.master_weights
+
+
+@pytest.mark.parametrize("d", [1, 8, 64])
+def test_megatron_convention_reproduces_readme_bytes_per_param(d):
+    # Megatron-LM README: bf16 params + fp32 grads: 18 plain, 6 + 12/d with the distributed optimizer.
+    assert _states_total(1.0, "megatron", 0, d) == mem.megatron_bytes_per_param("bf16", "fp32", d, False)
+    assert _states_total(1.0, "megatron", 1, d) == pytest.approx(mem.megatron_bytes_per_param("bf16", "fp32", d, True))
+
+
+def test_fsdp_convention_is_the_zero_paper():
+    for stage, name in enumerate(["baseline", "os", "os+g", "os+g+p"]):
+        assert _states_total(7.5e9, "fsdp", stage, 64) == pytest.approx(mem.zero_model_state_bytes(7.5e9, 64, name))
+
+
+def test_deepspeed_convention_reproduces_its_estimators_t5_3b():
+    # estimate_zero2 (no offload): 2Ψ + 18Ψ/N; estimate_zero3: 18Ψ/N + 4·largest layer (gathered 16-bit W + G).
+    psi, largest, n = 2851e6, 32e6, 8
+    assert _states_total(psi, "deepspeed", 2, n) == pytest.approx(mem.deepspeed_estimate_zero2(psi, n, 1, False)[1], rel=1e-9)
+    sb = mem.framework_state_bytes("bf16", "adamw", "deepspeed", 3)
+    from flopwise.plan.params import ParamCount
+
+    pc = ParamCount(total=int(psi), active=int(psi), embedding=int(largest), output_head=0, attention_per_layer=0,
+                    mlp_per_layer=0, mlp_active_per_layer=0, norms_per_layer=0, final_norm=0, other=0,
+                    non_embedding=0, n_layers=1)
+    gpu = _states_total(psi, "deepspeed", 3, n) + mem.comm_buffer_bytes(pc, sb, 3, n, 1, "none", "deepspeed")
+    expected = mem.deepspeed_estimate_zero3(psi, largest, n, 1, cpu_offload=False)[1]
+    assert gpu == pytest.approx(expected, rel=1e-9)
+
+
+def test_fp32_training_is_the_same_in_every_framework():
+    assert {_states_total(1.0, f, 0, 1, "fp32") for f in mem.FRAMEWORKS} == {16.0}
+
+
+def test_loss_logits_dtype_by_framework():
+    # Megatron's vocab-parallel loss: 16-bit output + fp32 softmax; torch F.cross_entropy(logits.float()) adds
+    # the fp32 log-softmax autograd keeps.
+    assert mem.loss_logits_bytes_per_element("megatron", 2.0) == 6.0
+    assert mem.loss_logits_bytes_per_element("fsdp", 2.0) == 10.0
+    assert mem.loss_logits_bytes_per_element("deepspeed", 4.0) == 8.0
+
+
+# --------------------------------------------------------------------------- recompute policies
+
+
+LLAMA = ModelSpec(key="l", name="l", n_layers=32, hidden=4096, n_heads=32, ffn_hidden=11008, vocab_size=32000,
+                  mlp="swiglu", norm="rmsnorm")
+
+
+def _per_layer(recompute, flash=True, spec=LLAMA):
+    terms = mem.activation_terms(spec, 4096, 1, 2.0, False, flash)
+    return mem.activation_bytes_per_layer(terms, 1, False, recompute)
+
+
+def test_megatron_selective_saves_nothing_with_flash_attention():
+    assert _per_layer("selective") == _per_layer("none")
+    assert _per_layer("selective", flash=False) < _per_layer("none", flash=False)
+
+
+def test_policies_ordered_by_what_they_keep():
+    none, op, full = _per_layer("none"), _per_layer("op"), _per_layer("full")
+    assert full < op < none
+    assert full == 2 * 4096 * 4096  # the block input, 2·sbh
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_every_kth_block_averages_full_and_none(k):
+    expected = _per_layer("full") / k + _per_layer("none") * (1 - 1 / k)
+    assert _per_layer(f"every:{k}") == pytest.approx(expected)
+    assert mem.recompute_forward_fraction(f"every:{k}") == 1 / k
+
+
+def test_recompute_policy_names():
+    assert all(mem.is_recompute_policy(p) for p in ("none", "selective", "op", "full", "every:3"))
+    assert not any(mem.is_recompute_policy(p) for p in ("every:0", "every:x", "some"))
+
+
+def test_zero3_gather_conventions():
+    assert mem.zero3_gathers_per_step("fsdp", 1, 8) == 16 == mem.zero3_gathers_per_step("deepspeed", 1, 8)
+    assert mem.zero3_gathers_per_step("fsdp", 4, 8) == 1  # a pipeline stage stays gathered
+    assert mem.zero3_gathers_per_step("megatron", 1, 8) == 1

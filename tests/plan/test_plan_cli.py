@@ -75,3 +75,64 @@ def test_plan_command_does_not_import_torch():
             "sys.stdout = sys.__stdout__")
     out = subprocess.run([sys.executable, "-c", NO_TORCH.format(body=body)], capture_output=True, text=True, env=ENV)
     assert out.stdout.strip().endswith("ok"), out.stderr
+
+
+NUMBER = (int, float)
+CONTRACT = {
+    "schema_version": int, "params": NUMBER, "active_params": NUMBER, "flops_per_token": NUMBER,
+    "training_flops": NUMBER, "pf_days": NUMBER, "gpu_hours": NUMBER, "energy_kwh": NUMBER,
+}
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other", "total")
+TIME_KEYS = ("step_seconds", "tokens_per_second", "mfu", "total_seconds")
+LAYOUT_KEYS = ("dp", "tp", "pp", "micro_batch", "grad_accum", "zero")
+
+
+def check_contract(data: dict) -> None:
+    """Every key of the `plan --json` contract (docs/planner.md), with its type."""
+    for key, kind in CONTRACT.items():
+        assert isinstance(data[key], kind) and not isinstance(data[key], bool), key
+    per_device = data["memory"]["per_device_bytes"]
+    for part in MEMORY_PARTS:
+        assert isinstance(per_device[part], NUMBER) and per_device[part] >= 0, part
+    assert per_device["total"] == pytest.approx(sum(per_device[p] for p in MEMORY_PARTS[:-1]))
+    assert isinstance(data["memory"]["device_bytes"], NUMBER) and isinstance(data["memory"]["fits"], bool)
+    for key in TIME_KEYS:
+        assert isinstance(data["time"][key], NUMBER) and data["time"][key] >= 0, key
+    assert set(data["cost_usd"]) == {"on_demand", "spot"}
+    assert all(v is None or isinstance(v, NUMBER) for v in data["cost_usd"].values())
+    for key in LAYOUT_KEYS:
+        assert isinstance(data["layout"][key], int) and not isinstance(data["layout"][key], bool), key
+    assert data["schema_version"] == 2
+
+
+def test_json_contract_every_key_and_type():
+    out = run("--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    check_contract(data)
+    assert data["params"] == data["details"]["params"]["total"]
+    assert data["layout"]["zero"] == 2 and data["defaults"][0].startswith("zero 2:")
+    assert data["facility"]["node_watts"] > 0 and isinstance(data["facility"]["exceeds_air_cooling"], bool)
+
+
+def test_json_contract_for_a_pipeline_with_the_typer_command_too():
+    args = ("--json", "--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--sequence-parallel",
+            "--framework", "megatron", "--recompute", "every:2")
+    fast = run(*args)
+    assert fast.returncode == 0, fast.stderr
+    check_contract(json.loads(fast.stdout))
+    # the same command line through the typer app (what `plan --json` ran before the fast path)
+    code = ("import json, sys; from flopwise.cli import build_app; "
+            f"build_app()(args=['plan', *{list(args)!r}], prog_name='flopwise', standalone_mode=False)")
+    slow = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert slow.returncode == 0, slow.stderr
+    assert json.loads(slow.stdout) == json.loads(fast.stdout)
+
+
+def test_help_shows_every_default():
+    out = run("--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    for flag in ("--model", "--gpus", "--zero", "--framework", "--allocator-reserve", "--recompute", "--tokens"):
+        assert flag in text
+    assert text.count("[default:") >= 30

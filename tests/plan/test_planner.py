@@ -21,7 +21,9 @@ MPT_7B = ModelSpec(key="mpt-7b", name="MPT-7B", n_layers=32, hidden=4096, n_head
 
 def test_default_example_plans_and_serialises():
     p = plan(build_runspec())
-    assert p.spec.model.key == "llama2-7b" and p.spec.layout.devices == 8 and p.spec.layout.zero_stage == 3
+    # The ZeRO stage is now chosen (fastest that fits, ZeRO-1/2 first among equals), no longer a fixed 3.
+    assert p.spec.model.key == "llama2-7b" and p.spec.layout.devices == 8 and p.spec.layout.zero_stage == 2
+    assert p.spec.cluster.extra["defaults"][0].startswith("zero 2: fits with")
     assert p.spec.layout.global_batch_size * p.spec.workload.seq_len == 4 * 2**20
     assert p.fits and p.memory.total_bytes < p.memory.capacity_bytes
     assert 0 < p.time.mfu <= p.time.efficiency + 1e-12 <= 1 + 1e-12
@@ -30,9 +32,10 @@ def test_default_example_plans_and_serialises():
     data = json.loads(json.dumps(p.to_dict(), allow_nan=False))
     for key in ("params", "flops", "memory", "comm", "time", "energy", "cost", "warnings", "advice", "inputs"):
         assert key in data
+    # fp8 copies and the allocator's reserve are now part of the total (reserved memory).
     assert data["memory"]["total_bytes"] == pytest.approx(sum(
         data["memory"][k] for k in ("weights", "gradients", "optimizer_states", "master_weights",
-                                   "activations", "logits", "comm_buffers")))
+                                   "activations", "logits", "comm_buffers", "fp8_buffers", "allocator_reserve")))
 
 
 def test_mosaicml_mpt_7b_h100_throughput_within_10_percent():
@@ -172,3 +175,49 @@ def test_hardware_without_price_gives_null_cost():
     priced = plan(build_runspec(hardware="rtx4090", model="gpt2-124m", gpus=1, seq_len=1024, global_batch=8,
                                 price_per_hour=0.5))
     assert priced.cost.on_demand_usd == pytest.approx(0.5 * priced.time.device_hours)
+
+
+TINYLLAMA_1B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+                "intermediate_size": 5632, "num_attention_heads": 32, "num_hidden_layers": 22,
+                "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048,
+                "tie_word_embeddings": False, "hidden_act": "silu"}
+
+
+@pytest.mark.parametrize("micro_batch", [1, 4, 8, 16])
+def test_a_1b_model_on_16_h100_pure_dp_does_not_default_to_zero_3(tmp_path, micro_batch):
+    # ZeRO-3 re-gathers weights each micro-batch across two nodes; a 1.1B model fits without it.
+    (tmp_path / "config.json").write_text(json.dumps(TINYLLAMA_1B))
+    spec = build_runspec(model=str(tmp_path / "config.json"), gpus=16, seq_len=2048, batch_tokens="2M",
+                         micro_batch=micro_batch, tokens="3T")
+    assert spec.layout.zero_stage in (1, 2)
+    (reason,) = spec.cluster.extra["defaults"]
+    assert reason.startswith(f"zero {spec.layout.zero_stage}: fits with") and "zero 3" in reason
+
+
+def test_the_default_zero_stage_is_the_fastest_that_fits():
+    from flopwise.plan.planner import ZERO_STAGES, _evaluate
+
+    spec = build_runspec(model="llama2-13b", gpus=16)
+    chosen = plan(spec)
+    for stage in ZERO_STAGES["fsdp"]:
+        alt = _evaluate(dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, zero_stage=stage)))
+        if alt.fits:
+            assert chosen.time.step_seconds <= alt.time.step_seconds * 1.01
+
+
+def test_a_given_zero_stage_is_kept_and_not_explained():
+    spec = build_runspec(gpus=16, zero=3)
+    assert spec.layout.zero_stage == 3 and "defaults" not in spec.cluster.extra
+
+
+def test_megatron_offers_only_its_distributed_optimizer():
+    spec = build_runspec(model="llama2-70b", gpus=64, tp=8, framework="megatron")
+    assert spec.layout.zero_stage in (0, 1)
+
+
+def test_tp_and_pp_are_chosen_when_nothing_fits_unsplit():
+    spec = build_runspec(model="llama2-70b", gpus=64)
+    assert spec.layout.tp * spec.layout.pp > 1 and plan(spec).fits
+    assert any(line.startswith(f"tp {spec.layout.tp}, pp {spec.layout.pp}:") for line in spec.cluster.extra["defaults"])
+    kept = build_runspec(model="llama2-70b", gpus=64, tp=1)  # a given split is kept, fitting or not
+    assert (kept.layout.tp, kept.layout.pp) == (1, 1)

@@ -106,7 +106,9 @@ def test_objectives_and_counts_are_reported():
         data = result.to_dict()
         assert data["objective"] == objective and data["ranked"][0]["plan"]["fits"]
     # GPT-3 1.3B: 24 heads, 24 layers on 16 devices: tp 16 does not divide the heads; pp 16 (uneven) is kept
-    assert data["rejected"] == {"tp does not divide the attention/KV heads": 1}
+    # (with the allocator reserve and fp32 logits counted, the largest micro-batches no longer fit)
+    assert data["rejected"]["tp does not divide the attention/KV heads"] == 1
+    assert set(data["rejected"]) <= {"tp does not divide the attention/KV heads", "does not fit in device memory"}
     assert data["fitting"] > 0
 
 

@@ -75,7 +75,7 @@ def test_zero3_regathers_cost_only_what_compute_does_not_hide():
 def test_zero3_reduces_every_micro_batch_only_under_deepspeed():
     spec = build_runspec(model="llama2-7b", hardware="a100-80gb", gpus=32, zero=3, seq_len=2048, global_batch=256,
                          micro_batch=1)
-    deepspeed = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, extra={"framework": "deepspeed"}))
+    deepspeed = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, framework="deepspeed"))
     assert plan(deepspeed).comm.dp_bytes > plan(spec).comm.dp_bytes
 
 

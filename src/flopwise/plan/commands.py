@@ -6,11 +6,13 @@ is imported only when a table is printed.
 
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 import typer
 
 from flopwise.plan import compare_cli
+from flopwise.plan.options import OPTIONS
 
 
 def register(app: typer.Typer) -> None:
@@ -19,75 +21,53 @@ def register(app: typer.Typer) -> None:
     compare_cli.register(app)
 
 
-def plan_command(
-    model: Optional[str] = typer.Option(None, "--model", help="Catalog key (see `flopwise models`) or a config.json path. [default: llama2-7b]"),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="Catalog key (see `flopwise hardware`). [default: h100-sxm]"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="Devices in all. [default: 8, or dp*tp*pp]"),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size. [default: gpus/(tp*pp)]"),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size. [default: 1]"),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel stages. [default: 1]"),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Sequences per device per micro-step. [default: 1]"),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per optimizer step."),
-    batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens", help="Tokens per optimizer step, e.g. 4M. [default: 4Mi]"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Training sequence length. [default: the model's]"),
-    tokens: Optional[str] = typer.Option(None, "--tokens", help="Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T]"),
-    precision: Optional[str] = typer.Option(None, "--precision", help="bf16|fp16|fp32|tf32|fp8. [default: bf16]"),
-    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw|sgd|adam8bit. [default: adamw]"),
-    zero: Optional[int] = typer.Option(None, "--zero", help="ZeRO stage 0-3 over data parallel (FSDP = 3). [default: 3 for pure DP, 1 with TP/PP, 0 without DP]"),
-    recompute: str = typer.Option("none", "--recompute", help="none|selective|full activation recompute."),
-    offload: str = typer.Option("none", "--offload", help="none|optimizer|params (params needs --zero 3)."),
-    schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b|gpipe|interleaved."),
-    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", help="Interleaved: model chunks per device. [default: 2]"),
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism with TP."),
-    no_flash_attention: bool = typer.Option(False, "--no-flash-attention", help="Keep the s x s attention scores (no flash attention)."),
-    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap", help="Overlap TP collectives with the GEMMs (Transformer Engine userbuffers)."),
-    dropout: bool = typer.Option(False, "--dropout", help="Count dropout masks in activation memory."),
-    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Achieved fraction of peak (overrides calibration)."),
-    price_per_hour: Optional[float] = typer.Option(None, "--price-per-hour", help="USD per device-hour (overrides the catalog)."),
-    pue: float = typer.Option(1.1, "--pue", help="Data-centre power usage effectiveness."),
-    calibrate: Optional[str] = typer.Option(None, "--calibrate", help="Run dir whose predicted_vs_measured.json MFU becomes the efficiency."),
-    memory_reserve_gib: float = typer.Option(2.0, "--memory-reserve-gib", help="Device memory kept back (context, fragmentation)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    search: bool = typer.Option(False, "--search", help="Search every layout for --gpus devices and rank those that fit."),
-    objective: str = typer.Option("time", "--objective", help="--search ranks by time|cost|energy."),
-    top: int = typer.Option(5, "--top", help="--search shows this many layouts."),
-    spot: bool = typer.Option(False, "--spot", help="Plan spot instances: checkpoint interval, expected time and cost."),
-    preemptions_per_day: Optional[float] = typer.Option(None, "--preemptions-per-day", help="--spot: job interruptions per day."),
-    checkpoint_seconds: Optional[float] = typer.Option(None, "--checkpoint-seconds", help="--spot: seconds to write one checkpoint."),
-    restart_seconds: float = typer.Option(0.0, "--restart-seconds", help="--spot: seconds from preemption to training again."),
-    spot_price_per_hour: Optional[float] = typer.Option(None, "--spot-price-per-hour", help="--spot: USD per device-hour (overrides the catalog)."),
-    host_memory_gib: Optional[float] = typer.Option(None, "--host-memory-gib", help="--search: host RAM per node for offloaded states. [default: unchecked]"),
-) -> None:
+def plan_command(**options) -> None:
     """Predict FLOPs, memory, time, energy and cost of a training run (no GPU needed).
 
-    With no options: Llama 2 7B on 8 x H100 SXM, bf16, AdamW, ZeRO-3, 4096-token
-    sequences, 4M-token batches, 2T tokens.
+    With no options: Llama 2 7B on 8 x H100 SXM, bf16, AdamW, 4096-token sequences,
+    4M-token batches, 2T tokens; the ZeRO stage is chosen and the reason printed.
     """
+    from flopwise.plan.options import runspec_kwargs
     from flopwise.plan.planner import build_runspec, plan
 
-    devices = gpus or ((dp * (tp or 1) * (pp or 1)) if dp else 8)
-    if search:  # the search picks the layout; one device keeps the global batch exactly as asked
-        gpus, dp, tp, pp, zero, micro_batch = 1, None, None, None, None, None
-    spec = build_runspec(
-        model=model, hardware=hardware, gpus=gpus, dp=dp, tp=tp, pp=pp, micro_batch=micro_batch,
-        global_batch=global_batch, batch_tokens=batch_tokens, seq_len=seq_len, tokens=tokens,
-        precision=precision, optimizer=optimizer, zero=zero, recompute=recompute, offload=offload,
-        schedule=schedule, virtual_stages=virtual_stages, sequence_parallel=sequence_parallel,
-        flash_attention=not no_flash_attention, dropout=dropout, efficiency=efficiency, tp_comm_overlap=tp_comm_overlap,
-        price_per_hour=price_per_hour, pue=pue, calibrate=calibrate, memory_reserve_gib=memory_reserve_gib,
-    )
-    if search or spot:
+    o = dict(options)
+    devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1)) if o["dp"] else 8)
+    if o["search"]:  # the search picks the layout; one device keeps the global batch exactly as asked
+        o.update(gpus=1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
+    spec = build_runspec(**runspec_kwargs(o))
+    if o["search"] or o["spot"]:
         from flopwise.plan.search_cli import run_search_and_spot
 
-        return run_search_and_spot(spec, devices, search, objective, top, spot, preemptions_per_day,
-                                   checkpoint_seconds, restart_seconds, spot_price_per_hour, as_json, host_memory_gib)
+        return run_search_and_spot(spec, devices, o["search"], o["objective"], o["top"], o["spot"],
+                                   o["preemptions_per_day"], o["checkpoint_seconds"], o["restart_seconds"],
+                                   o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"])
     result = plan(spec)
-    if as_json:
-        import json
-
-        print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+    if o["as_json"]:
+        print_plan_json(result)
         return
     print_plan(result)
+
+
+def _typer_signature() -> inspect.Signature:
+    """plan_command's signature for typer, from the one option table (plan/options.py)."""
+    parameters = []
+    for option in OPTIONS:
+        annotation = Optional[option.type] if option.default is None else option.type
+        parameters.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                            default=typer.Option(option.default, option.flag,
+                                                                 help=option.help.replace("[default:", r"\[default:"))))
+    return inspect.Signature(parameters, return_annotation=None)
+
+
+plan_command.__signature__ = _typer_signature()
+plan_command.__annotations__ = {p.name: p.annotation for p in plan_command.__signature__.parameters.values()}
+
+
+def print_plan_json(result) -> None:
+    """Print a Plan as the JSON of docs/planner.md ("JSON contract")."""
+    import json
+
+    print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
 
 
 def _gib(nbytes: float) -> str:
@@ -150,12 +130,16 @@ def print_plan(result) -> None:
         ("PF-days", f"{f.pf_days:,.1f}"),
     ])
     verdict = "[green]fits[/green]" if m.fits else "[red]does NOT fit[/red]"
-    table(f"Memory per device ({verdict})", [
+    where = f"stage {m.worst_stage} of {lay.pp}, " if lay.pp > 1 else ""
+    table(f"Memory per device ({where}{lay.framework} conventions; {verdict})", [
         ("weights", _gib(m.weights)), ("gradients", _gib(m.gradients)),
         ("optimizer states", _gib(m.optimizer_states)), ("fp32 master weights", _gib(m.master_weights)),
         (f"activations ({m.inflight_layers:g} layer-micro-batches)", _gib(m.activations)),
         ("final norm + head inputs, logits", _gib(m.logits)), ("communication buffers", _gib(m.comm_buffers)),
-        ("[bold]total[/bold]", f"[bold]{_gib(m.total_bytes)}[/bold]"),
+        *([("fp8 weight copies", _gib(m.fp8_buffers))] if m.fp8_buffers else []),
+        ("allocated", _gib(m.allocated_bytes)),
+        (f"allocator reserve ({spec.cluster.allocator_reserve:.0%} of allocated)", _gib(m.allocator_reserve)),
+        ("[bold]total (reserved)[/bold]", f"[bold]{_gib(m.total_bytes)}[/bold]"),
         (f"usable (of {_gib(m.device_bytes)}, reserve {spec.cluster.memory_reserve_gib:g} GiB)", _gib(m.capacity_bytes)),
         ("offloaded to CPU", _gib(m.cpu_offload_bytes)),
     ])
@@ -179,6 +163,13 @@ def print_plan(result) -> None:
         ("whole job", _duration(tm.total_seconds)),
         ("device-hours", f"{tm.device_hours:,.0f}"),
     ])
+    if lay.pp > 1:
+        from flopwise.plan.stage_memory import every_stage_memory
+
+        table("Memory per pipeline stage", [
+            (f"stage {st.stage} ({st.layers} layers{', embedding' if st.stage == 0 else ''}"
+             f"{', head' if st.stage == lay.pp - 1 else ''})", _gib(st.total_bytes)) for st in every_stage_memory(spec)
+        ])
     e, cost = result.energy, result.cost
     table("Energy and cost", [
         ("energy (TDP x hours x PUE)", "unknown" if e.kwh is None else f"{e.kwh / 1000:,.1f} MWh at {e.watts_per_device:g} W, PUE {e.pue:g}"),
@@ -187,6 +178,18 @@ def print_plan(result) -> None:
         ("spot", "n/a" if cost.spot_usd is None else f"${cost.spot_usd:,.0f} (${cost.spot_usd_per_device_hour:g}/h)"),
         ("price source", cost.price_source or cost.note),
     ])
+    from flopwise.plan.facility import estimate_facility
+
+    fac = estimate_facility(spec)
+    if fac.node_watts is not None:
+        cooling = "[red]above[/red]" if fac.exceeds_air_cooling else "within"
+        table("Facility (at TDP)", [
+            (f"per node ({fac.devices_per_node} devices + host, {fac.host_overhead_fraction:.0%} overhead)",
+             f"{fac.node_watts / 1000:,.1f} kW"),
+            (f"per rack ({fac.nodes_per_rack} nodes)", f"{fac.rack_kw:,.1f} kW, {cooling} air cooling"),
+            (f"cluster ({fac.nodes} nodes, {fac.racks} racks)", f"{fac.cluster_watts / 1000:,.1f} kW"),
+            ("air-cooling limit", fac.air_cooling_source),
+        ])
     if cost.price_source and "does not pay" in cost.note:
         console.print(f"[yellow]note:[/yellow] {cost.note.split('; ', 1)[1]}")
     console.print(f"[dim]efficiency source: {tm.efficiency_source}[/dim]")
@@ -194,6 +197,8 @@ def print_plan(result) -> None:
                   "model (shape-aware GEMM curves, memory-bound ops, hierarchical collectives at nccl-tests "
                   "bus bandwidths, DP overlapped with the last backward); activations per Korthikanti et al. "
                   "2022; energy at TDP. See docs/planner.md.[/dim]")
+    for line in spec.cluster.extra.get("defaults", ()):
+        console.print(f"[bold]default:[/bold] {line}")
     for line in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {line}")
     for line in result.advice:

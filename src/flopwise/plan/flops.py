@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec
+from flopwise.plan.memory import recompute_forward_fraction
 from flopwise.plan.params import ParamCount
 
 PF_DAY = 1e15 * 86_400  # FLOPs in one petaflop/s-day (Brown et al. 2020, App. D)
@@ -103,8 +104,10 @@ def estimate_flops(
         hardware = model + 2.0 * n + attn_fwd
     elif recompute == "selective":
         hardware = model + attn_fwd
-    else:
-        hardware = model
+    elif recompute == "op":  # per-op policy: every second matmul re-run, attention output kept
+        hardware = model + recompute_forward_fraction(recompute) * 2.0 * n
+    else:  # none, or every:K (full recompute of one block in K)
+        hardware = model + recompute_forward_fraction(recompute) * (2.0 * n + attn_fwd)
     model_total = model * units
     return FlopsEstimate(
         "token", float(n), dense, attention, model, hardware, units,

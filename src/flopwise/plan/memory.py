@@ -15,6 +15,14 @@ Sources:
   interleaving multiplies by 1 + (p−1)/(p·v)); GPipe (Huang et al. 2019) keeps all m.
 - DDP buckets: torch DistributedDataParallel `bucket_cap_mb=25`; FSDP all-gathers one
   unit ahead (`forward_prefetch` / implicit backward prefetch), so two gathered units.
+- Framework conventions (`framework_state_bytes`, `comm_buffer_bytes`,
+  `loss_logits_bytes_per_element`, `fp8_buffer_bytes`): Megatron-LM README "Distributed
+  optimizer" (6 + 12/d), deepspeed 0.19.8 `estimate_zero2/3_model_states_mem_needs`,
+  Megatron `_VocabParallelCrossEntropy`, torchtitan's loss, Transformer Engine fp8 caching.
+- Recompute policies by what they keep: Megatron selective (Korthikanti §5), torchtitan's
+  per-op policy (every second matmul) and every-K-th-block option, full (block inputs).
+- Allocator reserve: PyTorch "CUDA semantics — memory management"; the 10 % is a stated
+  assumption (docs/planner.md).
 """
 
 from __future__ import annotations
@@ -37,12 +45,15 @@ class StateBytes:
     16-bit training keeps 16-bit weights and gradients plus an fp32 master copy
     (Micikevicius et al. 2018; ZeRO's 2 + 2 + 12 with Adam). fp8 training keeps
     bf16 weights and fp32 masters, the fp8 copies being transient (Transformer Engine).
+    `grad_partition` is an fp32 gradient copy sharded like the optimizer (DeepSpeed's
+    ZeRO keeps one per optimizer partition); `grad` is the gradient buffer itself.
     """
 
     weight: float
     grad: float
     master: float
     optimizer: float
+    grad_partition: float = 0.0
 
 
 def state_bytes(precision: str, optimizer: str) -> StateBytes:
@@ -51,6 +62,52 @@ def state_bytes(precision: str, optimizer: str) -> StateBytes:
     if precision in ("fp32", "tf32"):
         return StateBytes(4.0, 4.0, 0.0, opt)
     return StateBytes(2.0, 2.0, 4.0, opt)
+
+
+FRAMEWORKS = ("fsdp", "megatron", "deepspeed")
+"""Whose memory conventions are planned; `fsdp` is what `flopwise train` runs."""
+
+
+def framework_state_bytes(precision: str, optimizer: str, framework: str, zero_stage: int) -> StateBytes:
+    """Bytes per parameter of each model state under one framework's conventions.
+
+    - fsdp (and the ZeRO paper): 16-bit weights and gradients, fp32 master, optimizer:
+      2 + 2 + 4 + 8 = 16 with Adam (Rajbhandari et al. 2020 §3, K = 12).
+    - megatron: bf16 weights, an fp32 gradient buffer (`main_grad`, accumulated in fp32),
+      fp32 master and Adam: 2 + 4 + 12 = 18, or 6 + 12/d with the distributed optimizer
+      (ZeRO-1) — Megatron-LM README, "Distributed optimizer".
+    - deepspeed: 16-bit weights and gradients plus an fp32 gradient partition, fp32 master
+      and Adam sharded by ZeRO; at stage 3 the 16-bit gradients exist only for the gathered
+      layer. ZeRO-2: 2 + 18/d, ZeRO-3: 18/d — deepspeed 0.19.8
+      `estimate_zero2/3_model_states_mem_needs`.
+    fp32/tf32 training: 4 + 4 + 0 + optimizer everywhere.
+    """
+    base = state_bytes(precision, optimizer)
+    if precision in ("fp32", "tf32") or framework == "fsdp":
+        return base
+    if framework == "megatron":
+        return StateBytes(base.weight, 4.0, base.master, base.optimizer)
+    if framework == "deepspeed":
+        return StateBytes(base.weight, 0.0 if zero_stage >= 3 else base.grad, base.master, base.optimizer, 4.0)
+    raise ValueError(f"unknown framework {framework!r}")
+
+
+def zero3_gathers_per_step(framework: str, pp: int, micro_batches: int) -> int:
+    """All-gathers of a ZeRO-3 rank's weights per optimizer step, by framework convention
+    (for the communication model; memory follows the same conventions).
+
+    - fsdp: FSDP2 re-gathers for forward and again for backward on every micro-batch
+      (`reshard_after_forward=True`), 2·m; under pipelining torchtitan keeps a stage's
+      weights gathered across its micro-batches (`reshard_after_forward=False`): once.
+    - deepspeed: ZeRO-3 gathers each layer for forward and for backward per micro-batch, 2·m.
+    - megatron: its distributed optimizer (ZeRO-1) all-gathers the updated weights once per
+      step; it has no per-micro-batch gathers.
+    """
+    if framework == "megatron":
+        return 1
+    if framework == "fsdp" and pp > 1:
+        return 1
+    return 2 * micro_batches
 
 
 def activation_dtype_bytes(precision: str) -> float:
@@ -76,6 +133,8 @@ class ActivationTerms:
     scores: float
     flash_stats: float
     layer_input: float
+    matmul_outputs: float = 0.0
+    attention_output: float = 0.0
 
 
 def activation_terms(
@@ -138,20 +197,66 @@ def activation_terms(
     else:
         scores = (e + (1.0 + e) * mask) * a * seq_len * sb
         flash_stats = 0.0
-    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h)
+    mlp_out = (2.0 if spec.mlp == "swiglu" else 1.0) * f
+    matmul_outputs = e * sb * ((d + 2 * k) + h + mlp_out + h)  # QKV, out-proj, MLP up(/gate), down
+    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * d)
+
+
+RECOMPUTE_POLICIES = ("none", "selective", "op", "full")
+"""Recompute policies by what they keep; `every:K` (full recompute of every K-th block) too."""
+
+
+def every_k(recompute: str) -> int | None:
+    """K of an `every:K` policy (full recompute of one block in K), else None."""
+    if recompute.startswith("every:"):
+        k = recompute.split(":", 1)[1]
+        return int(k) if k.isdigit() and int(k) >= 1 else None
+    return None
+
+
+def is_recompute_policy(recompute: str) -> bool:
+    """Whether `recompute` names a policy the planner models."""
+    return recompute in RECOMPUTE_POLICIES or every_k(recompute) is not None
+
+
+def recompute_forward_fraction(recompute: str) -> float:
+    """Share of the layers' forward matmul work run again in backward, by policy.
+
+    full: all of it; every:K: 1/K of the blocks; op (torchtitan's per-op policy, which
+    recomputes every second matmul): half; selective (Megatron) and none: no matmul
+    (selective re-runs only the attention core, counted separately).
+    """
+    if recompute == "full":
+        return 1.0
+    k = every_k(recompute)
+    if k is not None:
+        return 1.0 / k
+    return 0.5 if recompute == "op" else 0.0
 
 
 def activation_bytes_per_layer(
     terms: ActivationTerms, tp: int = 1, sequence_parallel: bool = False, recompute: str = "none"
 ) -> float:
-    """Bytes one layer keeps for backward on one TP rank (Korthikanti Table 2 rows).
+    """Bytes one layer keeps for backward on one TP rank, by what each policy keeps.
 
-    - none:      replicated + (sharded + scores)/t, or everything /t with SP
-    - selective: the scores term is recomputed, so dropped
+    - none:      replicated + (sharded + scores)/t, or everything /t with SP (Korthikanti Table 2)
+    - selective: Megatron's: everything but the attention core (the s×s scores), which
+                 flash attention never stores, so with flash it keeps as much as none
+    - op:        torchtitan's per-op policy: the block input, every second matmul output
+                 (half of them), the attention output and its log-sum-exp
     - full:      only the layer input (2·sbh in 16-bit; /t with SP)
+    - every:K:   full on one block in K, none on the others (the average layer)
     """
+    layer_input = terms.layer_input / tp if sequence_parallel else terms.layer_input
     if recompute == "full":
-        return terms.layer_input / tp if sequence_parallel else terms.layer_input
+        return layer_input
+    k = every_k(recompute)
+    if k is not None:
+        kept = activation_bytes_per_layer(terms, tp, sequence_parallel, "none")
+        return layer_input / k + kept * (1.0 - 1.0 / k)
+    if recompute == "op":
+        scores = terms.flash_stats if terms.flash_stats else terms.scores
+        return layer_input + (0.5 * terms.matmul_outputs + terms.attention_output + scores) / tp
     scores = 0.0 if recompute == "selective" else terms.scores
     replicated = terms.replicated / tp if sequence_parallel else terms.replicated
     return replicated + (terms.sharded + scores + terms.flash_stats) / tp
@@ -199,6 +304,20 @@ def inflight_layer_factor(n_layers: int, pp: int, micro_batches: int, schedule: 
     return per_stage * inflight
 
 
+def loss_logits_bytes_per_element(framework: str, dtype_bytes: float) -> float:
+    """Bytes per logit the loss materialises at its peak, by framework.
+
+    - megatron: the 16-bit matmul output, then `_VocabParallelCrossEntropy` works in fp32
+      and keeps the fp32 softmax for backward: 2 + 4 = 6 (vocab-parallel over t).
+    - fsdp (torchtitan, `F.cross_entropy(logits.float())`) and deepspeed (Hugging Face
+      models upcast logits before the loss): the 16-bit output, its fp32 copy and the fp32
+      log-softmax autograd keeps: 2 + 4 + 4 = 10.
+    With fp32 activations the copy is the output itself: 4 (+ 4 log-softmax, not Megatron).
+    """
+    copy = dtype_bytes if dtype_bytes < 4 else 0.0
+    return 4.0 + copy + (0.0 if framework == "megatron" else 4.0)
+
+
 def logits_bytes(seq_len: int, micro_batch: int, vocab: int, dtype_bytes: float, tp: int) -> float:
     """The s·b·V logits: an fp32 copy for the cross-entropy (4 bytes), plus the 16-bit matmul
     output when activations are 16-bit; vocab-parallel over t ranks (Megatron)."""
@@ -233,6 +352,7 @@ def model_states(
     psi = params_per_device
     weights = psi * sb.weight / (dp if zero_stage >= 3 else 1)
     gradients = psi * sb.grad / (dp if zero_stage >= 2 else 1)
+    gradients += psi * sb.grad_partition / (dp if zero_stage >= 1 else 1)
     optimizer = psi * sb.optimizer / (dp if zero_stage >= 1 else 1)
     master = psi * sb.master / (dp if zero_stage >= 1 else 1)
     cpu = 0.0
@@ -326,8 +446,13 @@ def deepspeed_estimate_zero3(
 class MemoryEstimate:
     """Per-device memory breakdown (bytes) and the fit verdict against usable capacity.
 
-    `capacity_bytes` is device memory minus the reserve (CUDA context, allocator slack).
-    `activation_bytes_per_layer` is one layer, one micro-batch, one TP rank.
+    `capacity_bytes` is device memory minus the reserve (CUDA context). `total_bytes` is
+    reserved memory (allocated + `allocator_reserve`), the figure published runs report;
+    `fits` compares the allocated part with the capacity, since the allocator releases its
+    cache before an allocation fails. Figures are the busiest pipeline stage's
+    (`worst_stage`); `stages` holds the stages planned (those that can be the busiest;
+    `stage_memory.every_stage_memory` gives all). `activation_bytes_per_layer` is one layer,
+    one micro-batch, one TP rank.
     """
 
     weights: float
@@ -344,10 +469,35 @@ class MemoryEstimate:
     activation_bytes_per_layer: float
     inflight_layers: float
     fits: bool
+    fp8_buffers: float = 0.0
+    allocator_reserve: float = 0.0
+    framework: str = "fsdp"
+    worst_stage: int = 0
+    stages: tuple = ()
+
+    @property
+    def allocated_bytes(self) -> float:
+        """Bytes the busiest device allocates at its peak (total less the allocator's reserve)."""
+        return self.total_bytes - self.allocator_reserve
+
+    def per_device_bytes(self) -> dict:
+        """The contract's six-way split of the busiest device: weights, gradients, optimizer
+        (states + fp32 masters), activations (+ logits), other (buffers, fp8 copies,
+        allocator reserve) and total."""
+        return {
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer_states + self.master_weights,
+            "activations": self.activations + self.logits,
+            "other": self.comm_buffers + self.fp8_buffers + self.allocator_reserve,
+            "total": self.total_bytes,
+        }
 
     def to_dict(self) -> dict:
-        """JSON-able fields, plus GiB figures for people."""
-        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        """JSON-able fields, plus GiB figures for people; stages as a list of dicts."""
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "stages"}
+        out["stages"] = [stage.to_dict() for stage in self.stages]
+        out["allocated_bytes"] = self.allocated_bytes
         out["total_gib"] = self.total_bytes / GIB
         out["capacity_gib"] = self.capacity_bytes / GIB
         return out
@@ -358,11 +508,52 @@ def largest_unit_params(params: ParamCount, tp: int) -> float:
     return max(params.per_layer, params.embedding, params.output_head) / tp
 
 
-def comm_buffer_bytes(params: ParamCount, sb: StateBytes, zero_stage: int, dp: int, tp: int, offload: str) -> float:
-    """Communication buffers: DDP 2 × 25 MiB buckets; ZeRO-3/FSDP two gathered units (current +
-    prefetched) in the weight dtype; ZeRO-1/2 two 25 MiB reduce buckets."""
+def comm_buffer_bytes(params: ParamCount, sb: StateBytes, zero_stage: int, dp: int, tp: int, offload: str,
+                      framework: str = "fsdp") -> float:
+    """Communication buffers, by framework.
+
+    - fsdp: DDP 2 × 25 MiB buckets; ZeRO-3 (FULL_SHARD) two gathered units (current +
+      prefetched) in the weight dtype; ZeRO-1/2 two 25 MiB reduce buckets.
+    - deepspeed ZeRO-3: the gathered largest layer's 16-bit weights and gradients,
+      4 bytes/param (`estimate_zero3_model_states_mem_needs`); ZeRO-1/2 as fsdp.
+    - megatron: none beyond the contiguous gradient and parameter buffers, which the
+      model states already count (the buckets are views into them).
+    """
     if dp == 1 and zero_stage < 3:
         return 0.0
+    if framework == "megatron" and zero_stage < 3 and offload != "params":
+        return 0.0
     if zero_stage >= 3 or offload == "params":
+        if framework == "deepspeed":
+            return 4.0 * largest_unit_params(params, tp)
         return 2.0 * largest_unit_params(params, tp) * sb.weight
     return 2.0 * DDP_BUCKET_BYTES
+
+
+FP8_CACHED_BYTES_PER_PARAM = 2.0
+"""Transformer Engine keeps an fp8 copy of each weight and of its transpose across
+micro-batches (TE docs, `fp8_autocast` / "weight caching"): 2 bytes per local parameter."""
+
+
+def fp8_buffer_bytes(precision: str, framework: str, params_on_device: float, largest_unit: float) -> float:
+    """fp8 weight copies: megatron/deepspeed (Transformer Engine) cache them for every local
+    weight; fsdp (torchao float8) casts per gathered unit, two units at a time."""
+    if precision != "fp8":
+        return 0.0
+    if framework == "fsdp":
+        return FP8_CACHED_BYTES_PER_PARAM * 2.0 * largest_unit
+    return FP8_CACHED_BYTES_PER_PARAM * params_on_device
+
+
+ALLOCATOR_RESERVE_FRACTION = 0.10
+"""Reserved-but-unallocated memory of PyTorch's caching allocator, as a fraction of the
+allocated peak. The allocator rounds requests up (512 B granules, 2 MiB small / 20 MiB
+large segments; PyTorch "CUDA semantics — memory management") and keeps freed blocks,
+so the reserved memory that `nvidia-smi`, `torch.cuda.max_memory_reserved` and
+published runs report exceeds the allocated peak. 10 % is a stated assumption, not a fit;
+`--allocator-reserve` changes it (0 compares with allocated memory)."""
+
+
+def allocator_reserve_bytes(allocated: float, fraction: float = ALLOCATOR_RESERVE_FRACTION) -> float:
+    """Allocator slack on top of the allocated peak: `fraction` × allocated."""
+    return allocated * fraction

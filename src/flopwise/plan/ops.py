@@ -175,6 +175,8 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         extra, extra_g, extra_a, extra_m = share * forward, share * fwd_g, share * attn_f, share * mem_f
     elif recompute == "selective":
         extra, extra_g, extra_a, extra_m = attn_f, 0.0, attn_f, 0.0
+    elif recompute == "op":  # torchtitan's per-op policy re-runs every second matmul (plan/memory.py)
+        extra, extra_g, extra_a, extra_m = 0.5 * fwd_g, 0.5 * fwd_g, 0.0, 0.0
     else:
         extra = extra_g = extra_a = extra_m = 0.0
     return LayerTimes(

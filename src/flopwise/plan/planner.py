@@ -23,25 +23,28 @@ from flopwise.plan.cost import CostEstimate, EnergyEstimate, estimate_cost, esti
 from flopwise.plan.flops import FlopsEstimate, estimate_flops
 from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import (
-    OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, Cluster, Layout, RunSpec, Workload,
+    FRAMEWORKS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, Cluster, Layout, RunSpec, Workload,
 )
 from flopwise.plan.gemm import GemmProfile, device_rates
+from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
 from flopwise.plan.timing import StepInputs, TimeEstimate, flat_time, step_time
 
 GIB = mem.GIB
+SCHEMA_VERSION = 2
+"""Version of `plan --json`: 2 is the contract of docs/planner.md ("JSON contract")."""
 EXAMPLE = {
     "model": "llama2-7b",
     "hardware": "h100-sxm",
     "gpus": 8,
     "precision": "bf16",
     "optimizer": "adamw",
-    "zero": 3,
     "seq_len": 4096,
     "batch_tokens": 4 * 2**20,
     "tokens": 2e12,
 }
 """The built-in example (`flopwise plan` with no options): Llama 2 7B on 8 × H100 SXM,
-bf16, AdamW, ZeRO-3, sequences of 4096, 4M-token (2^22) batches, 2T tokens."""
+bf16, AdamW, sequences of 4096, 4M-token (2^22) batches, 2T tokens; the ZeRO stage is
+chosen (`choose_zero_stage`)."""
 
 
 @dataclass(frozen=True)
@@ -65,19 +68,42 @@ class Plan:
         return self.memory.fits
 
     def to_dict(self) -> dict:
-        """JSON-able plan: the inputs, every section, warnings and advice."""
+        """JSON-able plan in the contract of docs/planner.md: flat headline figures in SI
+        units (bytes, seconds, FLOPs, kWh, USD) under fixed names, the richer sections
+        beside them (`memory` and `time` keep every field; parameters in `details`)."""
+        from flopwise.plan.facility import estimate_facility
+
         params = {name: getattr(self.params, name) for name in self.params.__dataclass_fields__}
         params["per_layer"] = self.params.per_layer
+        lay, time = self.spec.layout, self.time
+        memory = self.memory.to_dict()
+        memory["stages"] = [stage.to_dict() for stage in every_stage_memory(self.spec)]
+        memory.update(per_device_bytes=self.memory.per_device_bytes(), device_bytes=self.memory.device_bytes,
+                      fits=self.fits)
         return {
-            "inputs": runspec_to_dict(self.spec),
+            "schema_version": SCHEMA_VERSION,
+            "params": float(self.params.total),
+            "active_params": float(self.params.active),
+            "flops_per_token": self.flops.model_per_unit,
+            "training_flops": self.flops.model_total,
+            "pf_days": self.flops.pf_days,
+            "memory": memory,
+            "time": time.to_dict(),
+            "gpu_hours": time.device_hours,
+            "energy_kwh": self.energy.kwh,
+            "cost_usd": {"on_demand": self.cost.on_demand_usd, "spot": self.cost.spot_usd},
+            "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "micro_batch": lay.micro_batch_size,
+                       "grad_accum": lay.grad_accum, "zero": lay.zero_stage, "framework": lay.framework,
+                       "recompute": lay.recompute},
+            "facility": estimate_facility(self.spec).to_dict(),
+            "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
-            "params": params,
+            "inputs": runspec_to_dict(self.spec),
             "flops": self.flops.to_dict(),
-            "memory": self.memory.to_dict(),
             "comm": self.comm.to_dict(),
-            "time": self.time.to_dict(),
             "energy": self.energy.to_dict(),
             "cost": self.cost.to_dict(),
+            "details": {"params": params},
             "warnings": list(self.warnings),
             "advice": list(self.advice),
         }
@@ -110,7 +136,11 @@ def validate(spec: RunSpec) -> None:
             raise UserError(f"--{name} must be >= 1, got {value}")
     _choice("precision", work.precision, PRECISIONS)
     _choice("optimizer", work.optimizer, OPTIMIZERS)
-    _choice("recompute", lay.recompute, RECOMPUTE)
+    if not mem.is_recompute_policy(lay.recompute):
+        raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)} or every:K")
+    _choice("framework", lay.framework, FRAMEWORKS)
+    if not 0 <= spec.cluster.allocator_reserve < 1:
+        raise UserError(f"--allocator-reserve must be in [0, 1), got {spec.cluster.allocator_reserve}")
     _choice("offload", lay.offload, OFFLOAD)
     _choice("schedule", lay.pipeline_schedule, SCHEDULES)
     if lay.zero_stage not in (0, 1, 2, 3):
@@ -165,12 +195,8 @@ def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
 
 
 def _framework(spec: RunSpec) -> str:
-    """The training framework whose conventions apply (megatron | deepspeed | fsdp), default fsdp."""
-    for part in (spec.layout, spec.workload, spec.cluster):
-        value = getattr(part, "framework", None)
-        if value:
-            return value
-    return spec.cluster.extra.get("framework", "fsdp")
+    """The training framework whose conventions apply (megatron | deepspeed | fsdp): `--framework`."""
+    return spec.layout.framework
 
 
 def _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings):
@@ -257,59 +283,13 @@ def plan_memory(spec: RunSpec, check: bool = True) -> mem.MemoryEstimate:
     only build valid layouts."""
     if check:
         validate(spec)
-    return _memory(spec, count_params(spec.model), [])
+    return estimate_memory(spec, count_params(spec.model), [], every_stage=False)
 
 
 def _memory(spec: RunSpec, pc: ParamCount, warnings: list[str]) -> mem.MemoryEstimate:
-    """Per-device memory of the busiest device and the fit verdict (appends warnings)."""
-    lay, work, cluster = spec.layout, spec.workload, spec.cluster
-    hw = cluster.hardware
-    sb = mem.state_bytes(work.precision, work.optimizer)
-    psi = pc.total / (lay.tp * lay.pp)
-    states = mem.model_states(psi, sb, lay.zero_stage, lay.dp, lay.offload)
-    e = mem.activation_dtype_bytes(work.precision)
-    if spec.model.arch == "cnn":
-        per_layer = inflight = activations = logits = 0.0
-        warnings.append("CNN activation memory is not modelled; memory covers model states only")
-    else:
-        activations, logits, per_layer, inflight = _activation_memory(spec, e)
-    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.dp, lay.tp, lay.offload)
-    total = states.weights + states.gradients + states.optimizer_states + states.master_weights
-    total += activations + logits + buffers
-    device_bytes = hw.memory_bytes or 0.0
-    capacity = device_bytes - cluster.memory_reserve_gib * GIB
-    if not device_bytes:
-        warnings.append(f"{hw.key} has no known memory size; the fit verdict assumes it does not fit")
-    return mem.MemoryEstimate(
-        states.weights, states.gradients, states.optimizer_states, states.master_weights,
-        activations, logits, buffers, total, capacity, device_bytes, states.cpu_bytes,
-        per_layer, inflight, bool(device_bytes) and total <= capacity,
-    )
-
-
-def _activation_memory(spec: RunSpec, e: float) -> tuple[float, float, float, float]:
-    """(layer activations, embedding + logits, bytes per layer, in-flight layers) on the busiest stage."""
-    model, lay, work = spec.model, spec.layout, spec.workload
-    terms = mem.activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout, lay.flash_attention)
-    per_layer = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, lay.recompute)
-    if lay.recompute == "full":
-        # the layer being back-propagated is rebuilt whole for a moment
-        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
-    else:
-        rebuilt = 0.0
-    sbh = float(work.seq_len) * lay.micro_batch_size * model.hidden
-    embed = sbh * ((e / lay.tp if lay.sequence_parallel else e) + (1.0 if work.dropout else 0.0))
-    head = 2 * terms.layer_input + mem.logits_bytes(work.seq_len, lay.micro_batch_size, model.vocab_size, e, lay.tp)
-    inflight = mem.inflight_layer_factor(model.n_layers, lay.pp, lay.grad_accum, lay.pipeline_schedule,
-                                         lay.virtual_stages)
-    first = per_layer * inflight + rebuilt + embed
-    if lay.pp == 1:
-        return first, head, per_layer, inflight
-    last_inflight = (model.n_layers / lay.pp) * (lay.grad_accum if lay.pipeline_schedule == "gpipe" else 1)
-    last = per_layer * last_inflight + rebuilt
-    if last + head > first:
-        return last, head, per_layer, last_inflight
-    return first, 0.0, per_layer, inflight
+    """Per-device memory of the busiest pipeline stage and the fit verdict (plan/stage_memory.py);
+    only the stages that can be the busiest are planned (`Plan.to_dict` lists every stage)."""
+    return estimate_memory(spec, pc, warnings, every_stage=False)
 
 
 # --------------------------------------------------------------------------- advice
@@ -318,12 +298,13 @@ def _activation_memory(spec: RunSpec, e: float) -> tuple[float, float, float, fl
 def _advice(spec: RunSpec, result: Plan, profile: GemmProfile | None = None) -> tuple[str, ...]:
     """Plan single changes (then a combination) and keep those that fit."""
     lay = spec.layout
-    need = f"needs {result.memory.total_bytes / GIB:.1f} GiB of {result.memory.capacity_bytes / GIB:.1f} GiB usable per device"
+    need = f"needs {result.memory.allocated_bytes / GIB:.1f} GiB of {result.memory.capacity_bytes / GIB:.1f} GiB usable per device"
     candidates: list[tuple[str, Layout]] = []
     if lay.zero_stage < 3 and lay.dp > 1:
         candidates.append(("--zero 3", dataclasses.replace(lay, zero_stage=3)))
+    keeps_less = {"none": 0, "selective": 1, "op": 2, "full": 4}.get(lay.recompute, 3)  # every:K is 3
     for mode in ("selective", "full"):
-        if RECOMPUTE.index(mode) > RECOMPUTE.index(lay.recompute):
+        if {"selective": 1, "full": 4}[mode] > keeps_less:
             candidates.append((f"--recompute {mode}", dataclasses.replace(lay, recompute=mode)))
     if lay.offload == "none":
         candidates.append(("--offload optimizer", dataclasses.replace(lay, offload="optimizer")))
@@ -410,15 +391,20 @@ def build_runspec(
     calibrate: str | None = None,
     memory_reserve_gib: float = 2.0,
     devices_per_node: int = 0,
+    framework: str = "fsdp",
+    allocator_reserve: float = mem.ALLOCATOR_RESERVE_FRACTION,
+    nodes_per_rack: int = 4,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
     Layout: unspecified dp is gpus/(tp·pp) (so with only --gpus, dp = gpus); gpus
-    defaults to dp·tp·pp when dp is given, else 8. Unspecified ZeRO: 3 for pure data
-    parallelism, 1 with TP/PP, 0 with one data-parallel rank. The global batch (sequences, or
+    defaults to dp·tp·pp when dp is given, else 8. Unspecified ZeRO: the fastest stage the
+    framework offers that fits (`choose_zero_stage`), 0 with one data-parallel rank; the
+    reason is kept in `cluster.extra["defaults"]`. The global batch (sequences, or
     `batch_tokens`/seq_len) is split into micro-batches per data-parallel rank; if it does
     not divide, gradient accumulation rounds up and a warning says so.
     """
+    options = dict(locals())
     from flopwise.catalog.hardware import get_hardware
     from flopwise.catalog.models import get_model
 
@@ -459,10 +445,9 @@ def build_runspec(
         warnings.append(f"global batch {global_batch} is not a multiple of dp × micro-batch = {dp * micro_batch}; "
                         f"planned {accum * dp * micro_batch} sequences per step")
 
+    choose_zero = zero is None
     if zero is None:
-        # FSDP-style ZeRO-3 for pure data parallelism; with TP/PP, Megatron's distributed
-        # optimizer (ZeRO-1), since ZeRO-3 would re-gather weights on every micro-batch.
-        zero = 0 if dp == 1 else (EXAMPLE["zero"] if tp == pp == 1 else 1)
+        zero = 3 if offload == "params" else 0  # placeholder until `choose_zero_stage`
     total = parse_count(tokens if tokens is not None else EXAMPLE["tokens"], "--tokens")
     if schedule == "interleaved":
         virtual_stages = virtual_stages or 2
@@ -484,6 +469,8 @@ def build_runspec(
         raise UserError(f"--pue must be > 0, got {pue}")
     if price_per_hour is not None and price_per_hour < 0:
         raise UserError(f"--price-per-hour must be >= 0, got {price_per_hour}")
+    if nodes_per_rack < 1:
+        raise UserError(f"--nodes-per-rack must be >= 1, got {nodes_per_rack}")
     extra["warnings"] = tuple(warnings)
 
     layout = Layout(
@@ -491,6 +478,7 @@ def build_runspec(
         sequence_parallel=sequence_parallel, recompute=recompute, offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
         tp_comm_overlap=tp_comm_overlap,
+        framework=framework,
     )
     workload = Workload(
         precision=precision or EXAMPLE["precision"], optimizer=optimizer or EXAMPLE["optimizer"],
@@ -499,8 +487,95 @@ def build_runspec(
     )
     cluster = Cluster(
         hardware=hw, devices_per_node=devices_per_node, efficiency=efficiency,
-        price_per_device_hour=price_per_hour, pue=pue, memory_reserve_gib=memory_reserve_gib, extra=extra,
+        price_per_device_hour=price_per_hour, pue=pue, memory_reserve_gib=memory_reserve_gib,
+        allocator_reserve=allocator_reserve, nodes_per_rack=nodes_per_rack, extra=extra,
     )
     spec = RunSpec(model_spec, layout, workload, cluster)
     validate(spec)
+    if choose_zero and dp > 1 and offload != "params":
+        stage, reason = choose_zero_stage(spec)
+        extra["defaults"] = (reason,)
+        spec = dataclasses.replace(spec, layout=dataclasses.replace(layout, zero_stage=stage))
+    if choose_zero and options["tp"] is None and options["pp"] is None and options["dp"] is None and not cnn:
+        spec = _split_if_needed(spec, options)
     return spec
+
+
+def _split_if_needed(spec: RunSpec, options: dict) -> RunSpec:
+    """When the job fits on no ZeRO stage with tp = pp = 1 and no layout option was given
+    (dp, tp, pp, zero), the fastest
+    (tp, pp) that fits: TP within a node (with sequence parallelism, Korthikanti et al. 2022),
+    then pipeline stages; ties go to the smaller model-parallel size."""
+    if _evaluate(spec).fits:
+        return spec
+    hw, model = spec.cluster.hardware, spec.model
+    per_node = spec.cluster.devices_per_node or hw.devices_per_node or 8
+    gpus = spec.layout.devices
+    best = None
+    for tp in (1, 2, 4, 8):
+        if tp > per_node or gpus % tp or model.n_heads % tp:
+            continue
+        for pp in (1, 2, 4, 8, 16, 32):
+            if (tp, pp) == (1, 1) or (gpus // tp) % pp or pp > model.n_layers:
+                continue
+            try:
+                candidate = build_runspec(**{**options, "tp": tp, "pp": pp,
+                                             "sequence_parallel": options["sequence_parallel"] or tp > 1})
+            except UserError:
+                continue
+            result = _evaluate(candidate)
+            if result.fits and (best is None or result.time.step_seconds < best[1] * (1 - TIME_TIE)):
+                best = (candidate, result.time.step_seconds)
+    if best is None:
+        return spec
+    chosen = best[0]
+    lay = chosen.layout
+    reason = (f"tp {lay.tp}, pp {lay.pp}: the fastest split that fits (with tp = pp = 1 no ZeRO stage fits)")
+    defaults = (*chosen.cluster.extra.get("defaults", ()), reason)
+    return dataclasses.replace(chosen, cluster=dataclasses.replace(
+        chosen.cluster, extra={**chosen.cluster.extra, "defaults": defaults}))
+
+
+ZERO_STAGES = {"fsdp": (0, 2, 3), "megatron": (0, 1), "deepspeed": (0, 1, 2, 3)}
+"""ZeRO stages each framework offers: FSDP NO_SHARD / SHARD_GRAD_OP / FULL_SHARD; Megatron's
+distributed optimizer; DeepSpeed ZeRO 0-3."""
+TIME_TIE = 0.01
+"""Step times within 1 % count as equal (below the time model's resolution)."""
+TIE_ORDER = (1, 2, 0, 3)
+"""Among equally fast stages: ZeRO-1/2 first (the same bytes as an all-reduce for less
+memory, Rajbhandari et al. 2020 §7.2.1), then none, ZeRO-3 last (its per-layer gathers
+cost latency the time model may not see)."""
+
+
+def choose_zero_stage(spec: RunSpec) -> tuple[int, str]:
+    """The ZeRO stage a careful engineer would pick, and why, in one line.
+
+    Each stage the framework offers is planned with `plan()`'s own models; among those that
+    fit, the fastest step wins and, within 1 % of it, the first in `TIE_ORDER`. When none
+    fits, the most sharded stage, whose advice then says what else to change.
+    """
+    results = {}
+    for stage in ZERO_STAGES[spec.layout.framework]:
+        layout = dataclasses.replace(spec.layout, zero_stage=stage)
+        results[stage] = _evaluate(dataclasses.replace(spec, layout=layout))
+    fitting = {z: r for z, r in results.items() if r.fits}
+    if not fitting:
+        stage = max(results)
+        return stage, f"zero {stage}: no ZeRO stage fits; the most sharded one is planned"
+    fastest = min(r.time.step_seconds for r in fitting.values())
+    equal = [z for z, r in fitting.items() if r.time.step_seconds <= fastest * (1 + TIME_TIE)]
+    stage = min(equal, key=TIE_ORDER.index)
+    chosen = fitting[stage]
+    spare = (chosen.memory.capacity_bytes - chosen.memory.allocated_bytes) / GIB
+    reason = f"zero {stage}: fits with {spare:.0f} GiB to spare"
+    others = []
+    for z, r in sorted(results.items()):
+        if z == stage:
+            continue
+        if not r.fits:
+            others.append(f"zero {z} does not fit")
+        elif r.time.step_seconds > chosen.time.step_seconds * (1 + TIME_TIE):
+            others.append(f"zero {z} would cost {r.time.step_seconds / chosen.time.step_seconds - 1:.0%} more time")
+        else:
+            others.append(f"zero {z} is as fast with {(r.memory.capacity_bytes - r.memory.allocated_bytes) / GIB:.0f} GiB to spare")
+    return stage, "; ".join([reason, *others])

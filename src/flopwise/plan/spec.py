@@ -13,6 +13,8 @@ from flopwise.catalog.models import ModelSpec
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
 RECOMPUTE = ("none", "selective", "full")
+"""Policies the layout search tries; `op` and `every:K` are accepted too (plan/memory.py)."""
+FRAMEWORKS = ("fsdp", "megatron", "deepspeed")
 OFFLOAD = ("none", "optimizer", "params")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
@@ -40,6 +42,7 @@ class Layout:
     virtual_stages: int = 1
     flash_attention: bool = True
     tp_comm_overlap: bool = False  # TP collectives chunked behind the GEMMs (Transformer Engine userbuffers)
+    framework: str = "fsdp"
 
     @property
     def devices(self) -> int:
@@ -75,6 +78,8 @@ class Cluster:
 
     `efficiency` overrides the calibration table's achieved fraction of peak;
     `price_per_device_hour` overrides the catalog price; `pue` scales energy.
+    `memory_reserve_gib` is kept back from the device (CUDA context); `allocator_reserve`
+    is the caching allocator's slack as a fraction of allocated memory (plan/memory.py).
     """
 
     hardware: HardwareSpec
@@ -84,6 +89,8 @@ class Cluster:
     spot: bool = False
     pue: float = 1.1
     memory_reserve_gib: float = 2.0
+    allocator_reserve: float = 0.10
+    nodes_per_rack: int = 4
     extra: dict = field(default_factory=dict)
 
 

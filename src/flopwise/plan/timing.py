@@ -112,12 +112,14 @@ def bubble_fraction(pp: int, micro_batches: int, schedule: str, virtual: int) ->
 def split_layers(n_layers: int, pp: int, virtual: int) -> tuple[tuple[int, ...], ...]:
     """Layers of each chunk per device: chunk c of p·v runs on device c mod p.
 
-    Layers are spread evenly; the remainder goes to the middle chunks first, so the first
-    and last chunks (which also carry the embedding and the head) get the fewer layers."""
+    Layers are spread evenly; the remainder goes to the middle chunks first, then the last,
+    then the first: the first chunk carries the embedding and (1F1B) the most micro-batches
+    in flight, the last the head. The one split rule for time, memory (`stage_memory.py`)
+    and the trainer's pipeline stages."""
     chunks = pp * virtual
     base, extra = divmod(n_layers, chunks)
     counts = [base] * chunks
-    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
+    order = list(range(1, chunks - 1)) + [chunks - 1, 0] if chunks > 2 else list(range(chunks))[::-1]
     for c in order[:extra]:
         counts[c] += 1
     return tuple(tuple(counts[c] for c in range(dev, chunks, pp)) for dev in range(pp))

@@ -183,6 +183,7 @@ def runspec_for(cfg: RunConfig, spec, hardware: HardwareSpec, world_size: int, g
         pipeline_schedule=cfg.parallel.pipeline_schedule,
         recompute="full" if every == 1 else "none",
         flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA
+        framework="deepspeed" if strategy == "deepspeed" else "fsdp",
     )
     tokens = cfg.training.max_steps * layout.global_batch_size * cfg.data.seq_len
     workload = Workload(
@@ -191,7 +192,8 @@ def runspec_for(cfg: RunConfig, spec, hardware: HardwareSpec, world_size: int, g
         seq_len=cfg.data.seq_len,
         total_tokens=float(tokens),
     )
-    return RunSpec(model=spec, layout=layout, workload=workload, cluster=Cluster(hardware=hardware))
+    # the measured figures are allocated bytes: no caching-allocator reserve on top
+    return RunSpec(model=spec, layout=layout, workload=workload, cluster=Cluster(hardware=hardware, allocator_reserve=0.0))
 
 
 def model_flops_per_token(spec) -> float:

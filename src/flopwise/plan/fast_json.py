@@ -1,0 +1,26 @@
+"""`flopwise plan --json` without the typer app: the options are parsed from the same table
+(plan/options.py), so the process loads neither typer, rich nor pydantic and costs little
+more than the interpreter's start. Anything but a plain `--json` plan (help, search, spot,
+tables, a malformed value) is left to the typer command and its messages.
+"""
+
+from __future__ import annotations
+
+
+def run_json_plan(argv: list[str]) -> bool:
+    """Plan and print JSON for a plain `plan --json` command line; False when not one.
+
+    A UserError propagates to `flopwise.cli.main`, which prints its one line.
+    """
+    from flopwise.plan.options import parse_json_plan_args, runspec_kwargs
+
+    values = parse_json_plan_args(argv)
+    if values is None:
+        return False
+    from flopwise.plan.planner import build_runspec, plan
+
+    result = plan(build_runspec(**runspec_kwargs(values)))
+    import json
+
+    print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+    return True

@@ -1,0 +1,124 @@
+"""The options of `flopwise plan`, once, as plain data.
+
+`plan/commands.py` builds the typer command from this table (help, `--help` defaults) and
+`plan/fast_json.py` parses `flopwise plan --json` from it without loading typer, rich or
+pydantic, which cost more than the plan itself. Every option's default is shown in `--help`:
+a fixed one by typer, a derived one (None here) in its help text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One `flopwise plan` option: keyword name, flag, value type, default and help."""
+
+    name: str
+    flag: str
+    type: type
+    default: object
+    help: str
+
+
+OPTIONS = (
+    PlanOption("model", "--model", str, None, "Catalog key (see `flopwise models`) or a config.json path. [default: llama2-7b]"),
+    PlanOption("hardware", "--hardware", str, None, "Catalog key (see `flopwise hardware`). [default: h100-sxm]"),
+    PlanOption("gpus", "--gpus", int, None, "Devices in all. [default: 8, or dp*tp*pp]"),
+    PlanOption("dp", "--dp", int, None, "Data-parallel size. [default: gpus/(tp*pp)]"),
+    PlanOption("tp", "--tp", int, None, "Tensor-parallel size. [default: 1]"),
+    PlanOption("pp", "--pp", int, None, "Pipeline-parallel stages. [default: 1]"),
+    PlanOption("micro_batch", "--micro-batch", int, None, "Sequences per device per micro-step. [default: 1]"),
+    PlanOption("global_batch", "--global-batch", int, None, "Sequences per optimizer step. [default: batch-tokens / seq-len]"),
+    PlanOption("batch_tokens", "--batch-tokens", str, None, "Tokens per optimizer step, e.g. 4M. [default: 4Mi]"),
+    PlanOption("seq_len", "--seq-len", int, None, "Training sequence length. [default: the model's]"),
+    PlanOption("tokens", "--tokens", str, None, "Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T]"),
+    PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8. [default: bf16]"),
+    PlanOption("optimizer", "--optimizer", str, None, "adamw|sgd|adam8bit. [default: adamw]"),
+    PlanOption("framework", "--framework", str, "fsdp",
+               "Memory conventions: fsdp|megatron|deepspeed (gradient dtype, buffers, ZeRO-3 gathers)."),
+    PlanOption("zero", "--zero", int, None,
+               "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3). [default: the fastest stage the "
+               "framework offers that fits, printed with the reason; 0 without data parallelism]"),
+    PlanOption("recompute", "--recompute", str, "none",
+               "Activation recompute: none|selective (Megatron: attention core)|op (per-op: every second "
+               "matmul)|full|every:K (full on one block in K)."),
+    PlanOption("offload", "--offload", str, "none", "none|optimizer|params (params needs --zero 3)."),
+    PlanOption("schedule", "--schedule", str, "1f1b", "Pipeline schedule: 1f1b|gpipe|interleaved."),
+    PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]"),
+    PlanOption("sequence_parallel", "--sequence-parallel", bool, False, "Megatron sequence parallelism with TP."),
+    PlanOption("no_flash_attention", "--no-flash-attention", bool, False, "Keep the s x s attention scores (no flash attention)."),
+    PlanOption("tp_comm_overlap", "--tp-comm-overlap", bool, False,
+               "Overlap TP collectives with the GEMMs (Transformer Engine userbuffers)."),
+    PlanOption("dropout", "--dropout", bool, False, "Count dropout masks in activation memory."),
+    PlanOption("efficiency", "--efficiency", float, None, "Achieved fraction of peak (overrides calibration). [default: the calibration table]"),
+    PlanOption("price_per_hour", "--price-per-hour", float, None, "USD per device-hour (overrides the catalog). [default: cheapest dated catalog price]"),
+    PlanOption("pue", "--pue", float, 1.1, "Data-centre power usage effectiveness."),
+    PlanOption("calibrate", "--calibrate", str, None, "Run dir whose predicted_vs_measured.json MFU becomes the efficiency. [default: none]"),
+    PlanOption("memory_reserve_gib", "--memory-reserve-gib", float, 2.0, "Device memory kept back (CUDA context)."),
+    PlanOption("allocator_reserve", "--allocator-reserve", float, 0.10,
+               "Caching-allocator slack as a fraction of allocated memory, added to the reported total."),
+    PlanOption("nodes_per_rack", "--nodes-per-rack", int, 4, "Nodes per rack for the rack power density."),
+    PlanOption("as_json", "--json", bool, False, "Print the plan as JSON (schema in docs/planner.md)."),
+    PlanOption("search", "--search", bool, False, "Search every layout for --gpus devices and rank those that fit."),
+    PlanOption("objective", "--objective", str, "time", "--search ranks by time|cost|energy."),
+    PlanOption("top", "--top", int, 5, "--search shows this many layouts."),
+    PlanOption("spot", "--spot", bool, False, "Plan spot instances: checkpoint interval, expected time and cost."),
+    PlanOption("preemptions_per_day", "--preemptions-per-day", float, None, "--spot: job interruptions per day. [default: the catalog's]"),
+    PlanOption("checkpoint_seconds", "--checkpoint-seconds", float, None, "--spot: seconds to write one checkpoint. [default: estimated]"),
+    PlanOption("restart_seconds", "--restart-seconds", float, 0.0, "--spot: seconds from preemption to training again."),
+    PlanOption("spot_price_per_hour", "--spot-price-per-hour", float, None, "--spot: USD per device-hour (overrides the catalog). [default: the catalog's]"),
+    PlanOption("host_memory_gib", "--host-memory-gib", float, None, "--search: host RAM per node for offloaded states. [default: unchecked]"),
+)
+"""Every `flopwise plan` option, in `--help` order."""
+
+RUNSPEC_OPTIONS = (
+    "model", "hardware", "gpus", "dp", "tp", "pp", "micro_batch", "global_batch", "batch_tokens", "seq_len",
+    "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
+    "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
+    "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap",
+)
+"""The options passed straight to `build_runspec` (flash attention is the negated flag)."""
+
+
+def runspec_kwargs(values: dict) -> dict:
+    """`build_runspec` keyword arguments from parsed option values."""
+    kwargs = {name: values[name] for name in RUNSPEC_OPTIONS}
+    kwargs["flash_attention"] = not values["no_flash_attention"]
+    return kwargs
+
+
+def parse_json_plan_args(argv: list[str]) -> dict | None:
+    """Option values of a plain `plan --json` command line, or None for anything else (help,
+    search, spot, tables, a malformed value), which the typer command then handles with its
+    own messages."""
+    by_flag = {option.flag: option for option in OPTIONS}
+    values = {option.name: option.default for option in OPTIONS}
+    i = 0
+    while i < len(argv):
+        flag, _, inline = argv[i].partition("=")
+        option = by_flag.get(flag)
+        if option is None:
+            return None
+        if option.type is bool:
+            if inline:
+                return None
+            values[option.name] = True
+            i += 1
+            continue
+        if inline:
+            raw = inline
+        elif i + 1 < len(argv):
+            raw = argv[i + 1]
+            i += 1
+        else:
+            return None
+        try:
+            values[option.name] = option.type(raw)
+        except ValueError:
+            return None
+        i += 1
+    if not values["as_json"] or values["search"] or values["spot"]:
+        return None
+    return values

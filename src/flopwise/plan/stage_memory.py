@@ -1,0 +1,207 @@
+"""Memory of every pipeline stage, and the busiest one: what `plan()` reports as the
+per-device figure.
+
+Stages are not alike: the first holds the embedding and the most in-flight micro-batches,
+the last the output head and the logits (Narayanan et al. 2021; Korthikanti et al. 2022
+§4.2.3). Averaging the embedding over all stages understates the first stage of a
+large-vocabulary model, so each stage is planned with its own layers and parameters and
+the worst one is the device figure. Formulas live in `plan/memory.py`; this module only
+places them on stages.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from flopwise.plan import memory as mem
+from flopwise.plan.params import ParamCount
+from flopwise.plan.spec import RunSpec
+from flopwise.plan.timing import split_layers
+
+
+class StageMemory(NamedTuple):
+    """One pipeline stage's per-device bytes (one TP rank of one DP replica).
+
+    A named tuple rather than a frozen dataclass: as immutable, and cheap enough to build
+    for every stage of every layout a search tries."""
+
+    stage: int
+    layers: int
+    params: float
+    weights: float
+    gradients: float
+    optimizer_states: float
+    master_weights: float
+    activations: float
+    logits: float
+    comm_buffers: float
+    fp8_buffers: float
+    allocator_reserve: float
+    cpu_offload_bytes: float
+    inflight_layers: float
+    total_bytes: float
+
+    def to_dict(self) -> dict:
+        """JSON-able fields."""
+        return self._asdict()
+
+
+@lru_cache(maxsize=4096)
+def stage_layers(n_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage, by `timing.split_layers`' rule (the remainder on the middle stages
+    first): 126 layers over 16 stages are 7 on the first and last stages, 8 on the 14 others."""
+    return tuple(sum(chunks) for chunks in split_layers(n_layers, pp, 1))
+
+
+def inflight_chunks(stage: int, pp: int, micro_batches: int, schedule: str, virtual: int) -> float:
+    """Micro-batch chunks a stage holds at its peak, in units of the stage's layers.
+
+    1F1B: min(p − i, m) micro-batches (warm-up depth). GPipe: all m. Interleaved 1F1B:
+    Megatron's warm-up (p − i − 1)·2 + (v − 1)·p + 1 chunks of L/(p·v) layers, at most m·v;
+    for the first stage this is Korthikanti et al.'s L·(1 + (p−1)/(p·v)).
+    """
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(micro_batches)
+    if schedule == "interleaved":
+        chunks = min((pp - stage - 1) * 2 + (virtual - 1) * pp + 1, micro_batches * virtual)
+        return chunks / virtual
+    return float(min(pp - stage, micro_batches))
+
+
+def busiest_stage_candidates(layers: tuple[int, ...]) -> tuple[int, ...]:
+    """Stages that can be the busiest: the first (embedding, most micro-batches in flight),
+    the last (head and logits) and, when it holds more layers than the first, the second
+    (the first to get a remainder layer, the most in flight of the middle ones). Every other
+    middle stage holds no more layers and no more micro-batches than the second (see
+    `stage_layers` and `inflight_chunks`)."""
+    pp = len(layers)
+    if pp > 2 and layers[1] > layers[0]:
+        return (0, 1, pp - 1)
+    return (0, pp - 1) if pp > 1 else (0,)
+
+
+def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: bool = True) -> mem.MemoryEstimate:
+    """Per-stage memory and the busiest stage's figure with the fit verdict (appends warnings).
+
+    `every_stage=False` plans only `busiest_stage_candidates` (the same busiest figure,
+    fewer stages listed), for searches that call this many thousand times."""
+    lay, work, cluster = spec.layout, spec.workload, spec.cluster
+    model, hw = spec.model, cluster.hardware
+    framework = lay.framework
+    sb = _state_bytes(work.precision, work.optimizer, framework, lay.zero_stage)
+    e = mem.activation_dtype_bytes(work.precision)
+    cnn = model.arch == "cnn"
+    if cnn:
+        warnings.append("CNN activation memory is not modelled; memory covers model states only")
+    if framework == "deepspeed" and lay.pp > 1 and lay.zero_stage >= 2:
+        warnings.append("deepspeed: pipeline parallelism runs with ZeRO-0/1 only; planned as asked")
+    largest = mem.largest_unit_params(pc, lay.tp)
+    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.dp, lay.tp, lay.offload, framework)
+    layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
+    terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
+                                               lay.flash_attention)
+    per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, lay.recompute)
+    rebuilt = 0.0
+    if not cnn and (lay.recompute == "full" or mem.every_k(lay.recompute) is not None):
+        # the layer being back-propagated is rebuilt whole for a moment
+        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
+    # model states are linear in a stage's parameters: bytes per parameter, once
+    unit = _states_per_param(sb, lay.zero_stage, lay.dp, lay.offload)
+    weight_per_param = unit.weights
+    if framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params":
+        # torchtitan keeps a stage's weights gathered across its micro-batches
+        # (reshard_after_forward=False under pipelining) rather than re-gathering each
+        weight_per_param = sb.weight
+    fraction = cluster.allocator_reserve
+    rows = []  # plain tuples in StageMemory's field order: building dataclasses costs more than the sums
+    for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers):
+        n = layers[i]
+        params = _stage_params(pc, n, i == 0, i == lay.pp - 1, model.tied_embeddings, lay.pp) / lay.tp
+        if cnn:
+            activations = logits = inflight = 0.0
+        else:
+            activations, logits, inflight = _stage_activations(spec, e, terms, per_layer, rebuilt, i, n)
+        fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest)
+        weights, gradients = params * weight_per_param, params * unit.gradients
+        optimizer, master = params * unit.optimizer_states, params * unit.master_weights
+        allocated = weights + gradients + optimizer + master + activations + logits + buffers + fp8
+        reserve = allocated * fraction  # mem.allocator_reserve_bytes
+        rows.append((i, n, params, weights, gradients, optimizer, master, activations, logits, buffers, fp8,
+                     reserve, params * unit.cpu_bytes, inflight, allocated + reserve))
+    stages = tuple(StageMemory(*row) for row in rows)
+    worst = max(stages, key=lambda stage: stage.total_bytes)
+    device_bytes = hw.memory_bytes or 0.0
+    capacity = device_bytes - cluster.memory_reserve_gib * mem.GIB
+    if not device_bytes:
+        warnings.append(f"{hw.key} has no known memory size; the fit verdict assumes it does not fit")
+    return mem.MemoryEstimate(
+        worst.weights, worst.gradients, worst.optimizer_states, worst.master_weights,
+        worst.activations, worst.logits, worst.comm_buffers, worst.total_bytes, capacity, device_bytes,
+        worst.cpu_offload_bytes, per_layer, worst.inflight_layers,
+        # the allocator frees its cached blocks and retries before it fails an allocation
+        # (PyTorch "CUDA semantics — memory management"), so the fit is judged on allocated bytes
+        bool(device_bytes) and worst.total_bytes - worst.allocator_reserve <= capacity,
+        fp8_buffers=worst.fp8_buffers, allocator_reserve=worst.allocator_reserve, framework=framework,
+        worst_stage=worst.stage, stages=stages,
+    )
+
+
+def every_stage_memory(spec: RunSpec) -> tuple[StageMemory, ...]:
+    """Every pipeline stage's memory, first to last (the plan itself keeps only the stages
+    that can be the busiest)."""
+    from flopwise.plan.params import count_params
+
+    return estimate_memory(spec, count_params(spec.model), [], every_stage=True).stages
+
+
+@lru_cache(maxsize=4096)
+def _activation_terms(model, seq_len: int, micro_batch: int, e: float, dropout: bool, flash: bool) -> mem.ActivationTerms:
+    """`activation_terms`, cached: a search tries many layouts with the same micro-batch."""
+    return mem.activation_terms(model, seq_len, micro_batch, e, dropout, flash)
+
+
+@lru_cache(maxsize=256)
+def _state_bytes(precision: str, optimizer: str, framework: str, zero_stage: int) -> mem.StateBytes:
+    """`framework_state_bytes`, cached: searches ask for the same few combinations."""
+    return mem.framework_state_bytes(precision, optimizer, framework, zero_stage)
+
+
+@lru_cache(maxsize=4096)
+def _states_per_param(sb: mem.StateBytes, zero_stage: int, dp: int, offload: str) -> mem.ModelStates:
+    """Model-state bytes per parameter (they are linear in the parameters), cached."""
+    return mem.model_states(1.0, sb, zero_stage, dp, offload)
+
+
+def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bool, pp: int) -> float:
+    """Parameters held by one stage: its blocks, the embedding (and position/other terms) on
+    the first, the head and final norm on the last. A tied head is a second copy of the
+    embedding on the last stage when the pipeline splits them (Megatron keeps both)."""
+    if pp == 1:
+        return float(pc.total)
+    params = float(layers * pc.per_layer)
+    if first:
+        params += pc.embedding + pc.other
+    if last:
+        params += pc.final_norm + (pc.embedding if tied and not pc.output_head else pc.output_head)
+    return params
+
+
+def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_layer: float, rebuilt: float,
+                       stage: int, layers: int) -> tuple[float, float, float]:
+    """(layer activations + embedding output, head inputs + logits, in-flight layers) of one stage."""
+    model, lay, work = spec.model, spec.layout, spec.workload
+    chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages)
+    inflight = layers * chunks
+    activations = per_layer * inflight + rebuilt
+    if stage == 0:
+        sbh = float(work.seq_len) * lay.micro_batch_size * model.hidden
+        per_mb = sbh * ((e / lay.tp if lay.sequence_parallel else e) + (1.0 if work.dropout else 0.0))
+        activations += per_mb * chunks
+    logits = 0.0
+    if stage == lay.pp - 1:
+        per_element = mem.loss_logits_bytes_per_element(lay.framework, e)
+        logits = 2 * terms.layer_input + per_element * work.seq_len * lay.micro_batch_size * model.vocab_size / lay.tp
+    return activations, logits, inflight

@@ -1,0 +1,80 @@
+"""plan/stage_memory.py: per-stage memory with embedding and head where they really are."""
+
+import pytest
+
+from flopwise.catalog.hardware import get_hardware
+from flopwise.catalog.models import get_model
+from flopwise.plan import stage_memory as sm
+from flopwise.plan.params import count_params
+from flopwise.plan.planner import build_runspec, plan
+from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
+
+
+def test_uneven_split_keeps_the_ends_light():
+    assert sm.stage_layers(126, 16) == (7,) + (8,) * 14 + (7,)
+    assert sm.stage_layers(80, 4) == (20, 20, 20, 20)
+    assert sum(sm.stage_layers(61, 8)) == 61 and sm.stage_layers(61, 1) == (61,)
+
+
+def test_inflight_micro_batches_by_schedule():
+    # 1F1B warm-up depth p − i; interleaved first stage: Korthikanti's 1 + (p−1)/(p·v).
+    assert [sm.inflight_chunks(i, 4, 8, "1f1b", 1) for i in range(4)] == [4, 3, 2, 1]
+    assert sm.inflight_chunks(0, 4, 8, "interleaved", 2) == pytest.approx(4 * (1 + 3 / 8))
+    assert sm.inflight_chunks(0, 4, 8, "gpipe", 1) == 8
+    assert sm.inflight_chunks(0, 4, 2, "1f1b", 1) == 2  # fewer micro-batches than stages
+
+
+def _spec(model, pp, tp=8, framework="megatron", vocab_heavy=True):
+    return RunSpec(get_model(model), Layout(dp=2, tp=tp, pp=pp, micro_batch_size=1, grad_accum=16, zero_stage=1,
+                                            sequence_parallel=True, framework=framework),
+                   Workload(seq_len=4096, total_tokens=1e9), Cluster(get_hardware("h100-sxm")))
+
+
+def test_embedding_and_head_sit_on_the_first_and_last_stage_not_averaged():
+    spec = _spec("llama3-70b", 4)
+    pc = count_params(spec.model)
+    memory = sm.estimate_memory(spec, pc, [])
+    first, middle, last = memory.stages[0], memory.stages[1], memory.stages[-1]
+    assert first.params - middle.params == pytest.approx((pc.embedding + pc.other) / 8)
+    assert last.params - middle.params == pytest.approx((pc.output_head + pc.final_norm) / 8)
+    assert sum(s.params for s in memory.stages) == pytest.approx(pc.total / 8)
+    assert last.logits > 0 and first.logits == 0 == middle.logits
+    # the first stage holds p micro-batches in flight: it is the busiest here, and is the device figure
+    assert memory.worst_stage == 0 and memory.total_bytes == first.total_bytes
+    assert first.inflight_layers == 20 * 4 and last.inflight_layers == 20
+
+
+def test_pipeline_stage_json_lists_every_stage():
+    data = plan(build_runspec(model="llama3-70b", gpus=64, tp=8, pp=4, sequence_parallel=True)).to_dict()
+    stages = data["memory"]["stages"]
+    assert [s["stage"] for s in stages] == [0, 1, 2, 3] and sum(s["layers"] for s in stages) == 80
+    assert data["memory"]["worst_stage"] in range(4)
+    assert max(s["total_bytes"] for s in stages) == data["memory"]["per_device_bytes"]["total"]
+
+
+def test_fsdp_keeps_a_stage_gathered_across_micro_batches():
+    base = _spec("llama3-8b", 2, tp=1, framework="fsdp")
+    zero3 = RunSpec(base.model, Layout(dp=8, pp=2, grad_accum=8, zero_stage=3), base.workload, base.cluster)
+    memory = sm.estimate_memory(zero3, count_params(zero3.model), [])
+    assert memory.stages[1].weights == pytest.approx(memory.stages[1].params * 2)  # bf16, not /dp
+
+
+def test_allocator_reserve_is_on_top_of_allocated_and_does_not_decide_the_fit():
+    spec = _spec("llama3-8b", 1, tp=1, framework="fsdp")
+    memory = sm.estimate_memory(spec, count_params(spec.model), [])
+    assert memory.allocator_reserve == pytest.approx(0.10 * memory.allocated_bytes)
+    assert memory.fits == (memory.allocated_bytes <= memory.capacity_bytes)
+
+
+@pytest.mark.parametrize("model, pp, schedule, accum", [
+    ("llama3.1-405b", 16, "1f1b", 32), ("llama3.1-405b", 16, "1f1b", 4), ("llama3-70b", 8, "interleaved", 16),
+    ("llama3-70b", 5, "gpipe", 8), ("gpt3-175b", 12, "1f1b", 64), ("llama3-8b", 2, "1f1b", 8),
+])
+def test_the_busiest_stage_is_among_the_candidates(model, pp, schedule, accum):
+    spec = RunSpec(get_model(model), Layout(dp=2, tp=8, pp=pp, grad_accum=accum, zero_stage=1, sequence_parallel=True,
+                                            pipeline_schedule=schedule, virtual_stages=2 if schedule == "interleaved" else 1),
+                   Workload(seq_len=4096), Cluster(get_hardware("h100-sxm")))
+    pc = count_params(spec.model)
+    every, few = sm.estimate_memory(spec, pc, []), sm.estimate_memory(spec, pc, [], every_stage=False)
+    assert few.total_bytes == every.total_bytes and few.worst_stage == every.worst_stage
+    assert len(every.stages) == pp and len(few.stages) <= 3
