@@ -58,7 +58,16 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
     from flopwise.train.precision import apply_fp32_norm, fsdp_mixed_precision_policy
 
     notes: list[str] = []
-    model = build_model(cfg.model, vocab_size)
+    pretrained = cfg.model.pretrained
+    if pretrained is not None:  # weights from a save_pretrained folder (train/hf_pretrained.py)
+        from flopwise.train.hf_pretrained import build_pretrained_skeleton, materialize_pretrained
+
+        model = build_pretrained_skeleton(cfg.model, vocab_size)
+        if cfg.parallel.strategy != "fsdp":  # FSDP2 shards the meta model first, then loads per rank
+            materialize_pretrained(model, pretrained, env.device)
+        notes.append(f"pretrained weights: {pretrained}")
+    else:
+        model = build_model(cfg.model, vocab_size)
 
     if cfg.precision.fp32_norm:
         changed = apply_fp32_norm(model)
@@ -85,6 +94,8 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
 
     mp_policy = fsdp_mixed_precision_policy(cfg.precision.mode) if cfg.parallel.strategy == "fsdp" else None
     wrapped = wrap_model(model, blocks, cfg.parallel, env, mp_policy=mp_policy)
+    if pretrained is not None and cfg.parallel.strategy == "fsdp":
+        materialize_pretrained(wrapped, pretrained, env.device)
     notes.append(f"strategy: {cfg.parallel.strategy} on {env.world_size} process(es), {env.device.type}")
     return BuiltModel(
         model=wrapped,
