@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,8 +121,9 @@ def cache_key(cfg: DataConfig, fmt: str) -> str:
 
 def load_records(source: HFDatasetConfig, fmt: str, cache_dir: Path):
     """The `datasets` Dataset (or IterableDataset when streaming) for one split, offline."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from flopwise.train.hf_logging import quiet_hf_libraries
+
+    quiet_hf_libraries()
     import datasets
 
     datasets.disable_progress_bars()
@@ -205,7 +205,9 @@ def chat_renderer(cfg: DataConfig):
         raise UserError("data.hf_dataset.messages_field: a chat template needs the model's tokenizer "
                         "(set model.pretrained or data.tokenizer to a folder's tokenizer.json)")
     folder = Path(cfg.tokenizer).expanduser().parent
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from flopwise.train.hf_logging import quiet_hf_libraries
+
+    quiet_hf_libraries()
     from transformers import AutoTokenizer
 
     try:
