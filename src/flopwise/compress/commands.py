@@ -8,6 +8,7 @@ command only.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -108,7 +109,8 @@ def register(app: typer.Typer) -> None:
 
             batch = latency_batch or (cfg.latency_batch if "latency_batch" in cfg.model_fields_set else 1)
             result = compress_llm_run(Path(source), cfg, Path(out_dir), latency_batch=batch,
-                                      new_tokens=cfg.new_tokens, report=lambda line: print(line, flush=True))
+                                      new_tokens=cfg.new_tokens,
+                                      report=lambda line: print(line, flush=True, file=sys.stderr if as_json else sys.stdout))
             if as_json:
                 print(json.dumps(result, indent=2))
             else:
