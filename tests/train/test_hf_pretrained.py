@@ -88,16 +88,17 @@ def test_the_model_tokenizer_is_used_unless_data_tokenizer_overrides(folders, tm
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_fsdp2_ranks_fill_their_shards_from_the_pretrained_weights(folders, tmp_path):
+@pytest.mark.parametrize("name", ["sharded", "tied"])
+def test_fsdp2_ranks_fill_their_shards_from_the_pretrained_weights(folders, tmp_path, name):
     """2 ranks, FSDP2 on the meta model: each rank's first loss equals transformers' on that rank's batch."""
     from transformers import AutoModelForCausalLM
 
     from flopwise.train.data import TokenLoader, prepare_data
 
     run_dir = tmp_path / "run"
-    overrides = ["model.kind=hf", f"model.pretrained={folders / 'sharded'}", f"data.hf_dataset={folders / 'data.jsonl'}",
+    overrides = ["model.kind=hf", f"model.pretrained={folders / name}", f"data.hf_dataset={folders / 'data.jsonl'}",
                  "parallel.strategy=fsdp", "parallel.nproc_per_node=2", "parallel.fsdp_min_params=0",
-                 "training.max_steps=1", "data.seq_len=32", "training.micro_batch_size=2", "training.eval_batches=1",
+                 "training.max_steps=2", "data.seq_len=32", "training.micro_batch_size=2", "training.eval_batches=1",
                  f"data.cache_dir={folders / 'cache'}", f"logging.run_dir={run_dir}", "logging.progress=false"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
@@ -106,7 +107,7 @@ def test_fsdp2_ranks_fill_their_shards_from_the_pretrained_weights(folders, tmp_
     assert result.returncode == 0, result.stderr[-3000:]
     cfg = load_config(run_dir / "config.yaml", [])
     prepared = prepare_data(cfg.data)
-    model = AutoModelForCausalLM.from_pretrained(str(folders / "sharded"), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(folders / name), dtype=torch.float32).eval()
     for rank in range(2):
         loader = TokenLoader(prepared, "train", 32, 2, rank=rank, world_size=2, seed=cfg.training.seed, prefetch=0)
         inputs, targets = loader.batch_at(0)
