@@ -70,7 +70,9 @@ def save_compressed(out: Path, model: nn.Module, *, manifest: dict, example: tor
     for name, text in (files or {}).items():
         (out / name).write_text(text, encoding="utf-8")
     if manifest["format"] == "pt2":
-        program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+        from flopwise.compress.export_shapes import dynamic_shapes
+
+        program = torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes(example))
         torch.export.save(program, str(out / "model.pt2"))
         weights = out / "model.pt2"
     else:
