@@ -131,7 +131,8 @@ def register(app: typer.Typer) -> None:
         from flopwise.compress.report import print_table, write_report
         from flopwise.compress.run import compress_task
 
-        result = compress_task(build_task(cfg, source), cfg, Path(out_dir))
+        result = compress_task(build_task(cfg, source), cfg, Path(out_dir),
+                               progress=lambda line: print(line, flush=True, file=sys.stderr if as_json else sys.stdout))
         result["report"] = write_report(result, Path(out_dir))
         if as_json:
             print(json.dumps(result, indent=2, default=str))
