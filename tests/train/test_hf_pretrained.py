@@ -88,16 +88,17 @@ def test_the_model_tokenizer_is_used_unless_data_tokenizer_overrides(folders, tm
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["sharded", "tied"])
-def test_fsdp2_ranks_fill_their_shards_from_the_pretrained_weights(folders, tmp_path, name):
-    """2 ranks, FSDP2 on the meta model: each rank's first loss equals transformers' on that rank's batch."""
+@pytest.mark.parametrize("strategy,name", [("fsdp", "sharded"), ("fsdp", "tied"), ("ddp", "sharded")])
+def test_two_ranks_start_from_the_pretrained_weights(folders, tmp_path, strategy, name):
+    """2 ranks (FSDP2: sharded on the meta model, each rank fills its own shards; DDP: filled before
+    wrapping): each rank's first loss equals transformers' on that rank's batch."""
     from transformers import AutoModelForCausalLM
 
     from flopwise.train.data import TokenLoader, prepare_data
 
     run_dir = tmp_path / "run"
     overrides = ["model.kind=hf", f"model.pretrained={folders / name}", f"data.hf_dataset={folders / 'data.jsonl'}",
-                 "parallel.strategy=fsdp", "parallel.nproc_per_node=2", "parallel.fsdp_min_params=0",
+                 f"parallel.strategy={strategy}", "parallel.nproc_per_node=2", "parallel.fsdp_min_params=0",
                  "training.max_steps=2", "data.seq_len=32", "training.micro_batch_size=2", "training.eval_batches=1",
                  f"data.cache_dir={folders / 'cache'}", f"logging.run_dir={run_dir}", "logging.progress=false"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
