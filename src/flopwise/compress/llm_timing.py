@@ -65,4 +65,5 @@ def speedup_text(before: Timing, after: Timing) -> tuple[float | None, str]:
     if after.q1_s <= before.q3_s and before.q1_s <= after.q3_s:
         return None, "no measurable difference (the interquartile ranges overlap)"
     ratio = before.median_s / after.median_s
-    return ratio, f"{ratio:.2f}x {'faster' if ratio > 1 else 'slower'} (interquartile ranges apart)"
+    words = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+    return ratio, f"{words} (interquartile ranges apart)"
