@@ -112,7 +112,8 @@ def sparsify(task: Task, cfg: CompressConfig) -> tuple[nn.Module, dict]:
             if cfg.finetune_steps:
                 finetune(model.train(), task, cfg.finetune_steps, cfg.lr, cfg.batch_size)
         prune.make_permanent(model)
-        details["note"] = "unstructured sparsity: no speed-up with dense kernels; only the sparse file is smaller"
+        details["note"] = ("unstructured sparsity: no speed-up with dense kernels; saved dense with zeros "
+                           "and a sparsity_config (compressed-tensors fields)")
     else:
         skipped = sparsity.apply_two_four(model)
         if cfg.finetune_steps:
@@ -165,6 +166,10 @@ def compress_task(task: Task, cfg: CompressConfig, out: Path, progress=None) -> 
         "rebuild": task.rebuild,
         "requantize": backend if fmt == "safetensors" and cfg.method in INT8_METHODS else None,
     }
+    if cfg.method in ("prune", "2:4"):
+        from flopwise.compress.sparsity_layout import sparsity_config
+
+        manifest["sparsity_config"] = sparsity_config(cfg.method, details)
     example = task.make_input(2)
     saved = model if fmt == "pt2" or cfg.method not in INT8_METHODS else task.model  # torchao / eager: float weights, re-quantized on load
     save_compressed(out, saved, manifest=manifest, example=example, files=task.files)
