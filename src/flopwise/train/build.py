@@ -3,7 +3,8 @@
 Techniques are applied in this fixed order, each by its own unit and each only when its
 switch is on (turning one off leaves no trace):
 
-1. build the fp32 model            `model.build_model`
+1. build the fp32 model            `model.build_model`; with `model.pretrained`, on the meta
+                                   device (`hf_pretrained`), filled here, or after step 6 for FSDP2
 2. fp32 norms                      `precision.apply_fp32_norm`            (precision.fp32_norm)
 3. activation checkpointing        `checkpointing.apply_activation_checkpointing`
                                                                          (training.gradient_checkpointing)

@@ -161,18 +161,17 @@ def hf_tokenizer(cfg, tokenizer_path: Path | None):
     from flopwise.train.tokenizer import end_of_text_id, load_tokenizer
 
     pretrained = cfg.model.pretrained
-    if pretrained is not None and _same_file(Path(pretrained) / "tokenizer.json", tokenizer_path):
+    own = Path(pretrained) / "tokenizer.json" if pretrained is not None else None
+    if own is not None and own.is_file() and cfg.data.tokenizer is not None and _same_path(own, cfg.data.tokenizer):
+        # the run used the model's own tokenizer: keep its config (special tokens, chat template)
         return AutoTokenizer.from_pretrained(str(pretrained), local_files_only=True)
     raw = load_tokenizer(Path(tokenizer_path))
     eot = raw.id_to_token(end_of_text_id(raw, str(tokenizer_path)))
     return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=eot, bos_token=eot, pad_token=eot)
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.is_file() and Path(b).is_file() and a.read_bytes() == Path(b).read_bytes()
-    except OSError:
-        return False
+def _same_path(a: Path, b: Path) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 def _set_special_ids(hf_model: nn.Module, tokenizer) -> None:
