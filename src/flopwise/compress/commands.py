@@ -104,6 +104,12 @@ def register(app: typer.Typer) -> None:
         out_dir = out or cfg.out or default_out(cfg, source)
         from flopwise.compress.config import LLM_METHODS
 
+        if latency_batch is not None and latency_batch < 1:
+            raise UserError(f"--latency-batch: {latency_batch} must be >= 1")
+        if latency_batch == 1 and cfg.method not in LLM_METHODS:
+            raise UserError("--latency-batch 1: batch 1 is always measured for this method; "
+                            "--latency-batch sets the second, larger batch (>= 2)")
+
         if cfg.method in LLM_METHODS:  # an HF folder transformers loads (compress/llm.py)
             from flopwise.compress.llm import compress_llm_run, print_llm_result
 
