@@ -44,7 +44,7 @@ def compress_llm_run(run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_
     baseline_folder = resolve_hf_folder(run_dir)
     held_out = held_out_tokens(run_dir)
     seq_len = _seq_len(run_dir)
-    device_type = "cuda" if _cuda() else "cpu"
+    device_type = "cpu"  # loaded, quantized and measured on the CPU; a GPU path is not wired yet
     note = method.note(device_type)
     report(f"quantizing {baseline_folder} with {method.name}{f' ({note})' if note else ''} ...")
     quantize_folder(baseline_folder, Path(out), method.torchao_config(device_type))
@@ -213,9 +213,3 @@ def print_llm_result(result: dict) -> None:
     Console().print(table)
     if result["note"]:
         print(f"note: {result['note']}")
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
