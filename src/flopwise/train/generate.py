@@ -3,7 +3,8 @@
 Loads an HF folder (`flopwise export`'s `hf/`, a `flopwise compress` LLM folder, or any local
 save_pretrained folder) with `AutoModelForCausalLM` / `AutoTokenizer` and samples with
 transformers' `generate` (KV cache; temperature, top-k, top-p). A run directory is
-exported first when it has no `export/hf/` yet.
+exported first when it has no `export/hf/` yet; an existing export is used as it is (export
+again after further training).
 """
 
 from __future__ import annotations
