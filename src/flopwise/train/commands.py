@@ -82,4 +82,3 @@ def register_export(app: typer.Typer) -> None:
               f"{result.tensors} tensors) to {result.out / 'model.safetensors'}")
         if result.hf_folder:
             print(f"HF folder: {result.hf_folder}")
-
