@@ -11,7 +11,7 @@ Writes JSON (default benchmarks/results/compress.json). Cases:
 - the CNN's INT8 accuracy and latency vs fp32.
 
 Latency figures depend on what else runs on the machine; run it on a quiet one.
-Usage: python benchmarks/compress.py [--out PATH] [--threads N] [--cases a,b] [--quick]
+Usage: python benchmarks/compress.py [--out PATH] [--threads N] [--cases a,b [--update]] [--quick]
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=32, help="the larger latency batch (>= 16)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="smaller MLP and fewer steps (a smoke run)")
+    parser.add_argument("--update", action="store_true",
+                        help="rerun only --cases and replace them in an existing --out file (the others are kept)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -133,6 +135,12 @@ def main(argv: list[str] | None = None) -> dict:
         "cases": results,
         "checks": checks,
     }
+    if args.update and args.out.exists():
+        previous = json.loads(args.out.read_text())
+        report["cases"] = {**{k: results.get(k, v) for k, v in previous["cases"].items()}, **results}
+        report["checks"] = {**previous.get("checks", {}), **checks}
+        report["updated_cases"] = {**previous.get("updated_cases", {}),
+                                   **{case: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) for case in results}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps(checks, indent=2, default=str))

@@ -58,7 +58,14 @@ def test_seed_pruning_yaml_prunes_the_builtin_cnn_and_writes_the_report(tmp_path
     report = json.loads(result.stdout)
     assert report["method"] == "prune"
     assert report["details"]["sparsity"]["overall"] == pytest.approx(0.6, abs=1e-3)
-    assert report["summary"]["disk_ratio"] > 1.8
+    assert report["summary"]["disk_ratio"] == pytest.approx(1.0, abs=0.02)  # dense with zeros: the standard layout
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as handle:
+        assert not [k for k in handle.keys() if "__mask__" in k]
+        config = json.loads(handle.metadata()["sparsity_config"])
+    assert config["format"] == "dense" and config["sparsity_structure"] == "unstructured"
+    assert config["global_sparsity"] == pytest.approx(0.6, abs=1e-3)
     for name in ("report.json", "report.md", "report.png", "model.safetensors", "compressed.json"):
         assert (tmp_path / "out" / name).exists(), name
 

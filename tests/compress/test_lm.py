@@ -94,3 +94,15 @@ def test_lm_compiled_int8_static_and_qat_keep_validation_loss(exported_run, tmp_
     assert result["backend"] == "pt2e-x86" and result["compiled"]
     assert result["summary"]["relative_quality_loss"] < 0.05
     assert result["summary"]["memory_ratio"] > 2.0  # Linear weights int8; embeddings stay fp32
+
+
+def test_lm_int8_graph_takes_any_sequence_length_in_a_fresh_process(exported_run, tmp_path):
+    """The .pt2 is exported with a dynamic sequence dimension (up to max_seq_len), not fixed at calibration length."""
+    task = lm_task(exported_run, eval_batches=2, batch_size=4)
+    compress_task(task, _cfg(method="int8-dynamic"), tmp_path)
+    code = ("import sys, torch\nfrom flopwise.compress import load_compressed\nm = load_compressed(sys.argv[1])\n"
+            "print([tuple(m(torch.randint(0, 300, (b, t))).shape) for b, t in ((1, 8), (3, 17), (2, 32))])")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[(1, 8, 300), (3, 17, 300), (2, 32, 300)]"

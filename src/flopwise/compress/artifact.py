@@ -5,8 +5,9 @@ A compressed model is a folder:
 - `compressed.json`: what it is (method, backend, format) and how to rebuild it;
 - `model.pt2` for INT8 graphs: a `torch.export` program holding int8 weights and the
   q/dq graph (PT2E's native format), or `model.safetensors` for float / pruned weights,
-  where any tensor with zeros is stored as a 1-bit-per-weight mask plus its non-zero
-  values (so 60% sparsity saves ~52% of the bytes; dense zeros would save nothing);
+  stored dense with the zeros in place plus a `sparsity_config` in the metadata
+  (`sparsity_layout.py`: the standard layout any safetensors reader understands). Folders
+  written before that stored zeros as a 1-bit mask (`.__mask__` keys); they still load;
 - `config.yaml` for language models (to rebuild the architecture); `report.*`.
 """
 
@@ -70,12 +71,16 @@ def save_compressed(out: Path, model: nn.Module, *, manifest: dict, example: tor
     for name, text in (files or {}).items():
         (out / name).write_text(text, encoding="utf-8")
     if manifest["format"] == "pt2":
-        program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+        from flopwise.compress.export_shapes import dynamic_shapes
+
+        program = torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes(example))
         torch.export.save(program, str(out / "model.pt2"))
         weights = out / "model.pt2"
     else:
-        tensors, metadata = sparse_state_dict(model.state_dict())
-        save_file(tensors, str(out / "model.safetensors"), metadata=metadata)
+        from flopwise.compress.sparsity_layout import dense_tensors, metadata
+
+        save_file(dense_tensors(model.state_dict()), str(out / "model.safetensors"),
+                  metadata=metadata(manifest.get("sparsity_config")))
         weights = out / "model.safetensors"
     manifest = {**manifest, "example_shape": list(example.shape), "example_dtype": str(example.dtype).removeprefix("torch.")}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")

@@ -8,6 +8,7 @@ command only.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -75,7 +76,7 @@ def register(app: typer.Typer) -> None:
     @app.command("compress")
     def compress(
         target: Optional[str] = typer.Argument(None, help="CONFIG.yaml, RUN_DIR (with export/model.safetensors), or digits-cnn / digits-mlp"),
-        method: Optional[str] = typer.Option(None, "--method", "-m", help="int8-static | int8-dynamic | qat | prune | 2:4"),
+        method: Optional[str] = typer.Option(None, "--method", "-m", help="int8-static | int8-dynamic | qat | prune | 2:4 | LLM: int8-weight-only | int4-weight-only | w8a8-dynamic"),
         task: Optional[str] = typer.Option(None, "--task", help="built-in task: digits-cnn | digits-mlp"),
         sparsity: Optional[float] = typer.Option(None, "--sparsity", help="prune: fraction of weights set to zero"),
         scope: Optional[str] = typer.Option(None, "--scope", help="prune: layer | global"),
@@ -87,6 +88,8 @@ def register(app: typer.Typer) -> None:
         backend: Optional[str] = typer.Option(None, "--backend", help="auto | pt2e-x86 | torchao | eager"),
         threads: Optional[int] = typer.Option(None, "--threads", help="intra-op threads for latency (default: torch's)"),
         no_compile: bool = typer.Option(False, "--no-compile", help="measure the INT8 graph in eager mode (slow, no INT8 kernels)"),
+        latency_batch: Optional[int] = typer.Option(None, "--latency-batch", help="batch of the timed calls (LLM methods: default 1)"),
+        new_tokens: Optional[int] = typer.Option(None, "--new-tokens", help="LLM methods: tokens generated per timed call"),
         out: Optional[Path] = typer.Option(None, "--out", help="output folder"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
     ) -> None:
@@ -94,10 +97,32 @@ def register(app: typer.Typer) -> None:
         options = dict(
             method=method, task=task, sparsity=sparsity, scope=scope, schedule=schedule, calib_batches=calib_batches,
             observer=observer, qat_steps=qat_steps, finetune_steps=finetune_steps, backend=backend, threads=threads,
-            compile=False if no_compile else None,
+            compile=False if no_compile else None, new_tokens=new_tokens,
+            latency_batch=latency_batch if latency_batch is None or latency_batch >= 2 else None,
         )
         cfg, source = resolve_config(target, options)
         out_dir = out or cfg.out or default_out(cfg, source)
+        from flopwise.compress.config import LLM_METHODS
+
+        if latency_batch is not None and latency_batch < 1:
+            raise UserError(f"--latency-batch: {latency_batch} must be >= 1")
+        if latency_batch == 1 and cfg.method not in LLM_METHODS:
+            raise UserError("--latency-batch 1: batch 1 is always measured for this method; "
+                            "--latency-batch sets the second, larger batch (>= 2)")
+
+        if cfg.method in LLM_METHODS:  # an HF folder transformers loads (compress/llm.py)
+            from flopwise.compress.llm import compress_llm_run, print_llm_result
+
+            batch = latency_batch or (cfg.latency_batch if "latency_batch" in cfg.model_fields_set else 1)
+            result = compress_llm_run(Path(source), cfg, Path(out_dir), latency_batch=batch,
+                                      new_tokens=cfg.new_tokens,
+                                      report=lambda line: print(line, flush=True, file=sys.stderr if as_json else sys.stdout))
+            if as_json:
+                print(json.dumps(result, indent=2))
+            else:
+                print_llm_result(result)
+                print(f"compressed model: {out_dir} (transformers loads it; try `flopwise generate {out_dir} --prompt ...`)")
+            return
         import logging
         import warnings
 
@@ -112,7 +137,8 @@ def register(app: typer.Typer) -> None:
         from flopwise.compress.report import print_table, write_report
         from flopwise.compress.run import compress_task
 
-        result = compress_task(build_task(cfg, source), cfg, Path(out_dir))
+        result = compress_task(build_task(cfg, source), cfg, Path(out_dir),
+                               progress=lambda line: print(line, flush=True, file=sys.stderr if as_json else sys.stdout))
         result["report"] = write_report(result, Path(out_dir))
         if as_json:
             print(json.dumps(result, indent=2, default=str))

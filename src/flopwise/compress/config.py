@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flopwise.errors import UserError
 
-METHODS = ("int8-static", "int8-dynamic", "qat", "prune", "2:4")
+METHODS = ("int8-static", "int8-dynamic", "qat", "prune", "2:4", "int8-weight-only", "int4-weight-only", "w8a8-dynamic")
+LLM_METHODS = ("int8-weight-only", "int4-weight-only", "w8a8-dynamic")  # compress/methods/: HF folders out
 TASKS = ("lm", "digits-cnn", "digits-mlp")
 
 
@@ -23,7 +24,8 @@ class CompressConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    method: Literal["int8-static", "int8-dynamic", "qat", "prune", "2:4"] = "int8-static"
+    method: Literal["int8-static", "int8-dynamic", "qat", "prune", "2:4",
+                    "int8-weight-only", "int4-weight-only", "w8a8-dynamic"] = "int8-static"
     # auto: PT2E + X86InductorQuantizer on x86 CPUs (measured fastest here); eager torch.ao is the fallback.
     backend: Literal["auto", "pt2e-x86", "torchao", "eager"] = "auto"
     observer: Literal["minmax", "histogram", "percentile"] = "histogram"
@@ -40,6 +42,7 @@ class CompressConfig(BaseModel):
     batch_size: int = Field(32, ge=1)
     eval_batches: int = Field(8, ge=1)
     latency_batch: int = Field(16, ge=2)
+    new_tokens: int = Field(32, ge=1)  # LLM methods: tokens generated per timed call
     latency_warmup: int = Field(3, ge=1)
     latency_iters: int = Field(20, ge=3)
     threads: int | None = Field(None, ge=1)
@@ -72,6 +75,9 @@ def check_combination(cfg: CompressConfig, source: str = "config") -> None:
     """Combinations that each key allows alone but that cannot run together, caught before any training."""
     if cfg.method == "prune" and cfg.schedule == "gradual" and cfg.finetune_steps == 0:
         raise UserError(f"{source}: compress.schedule: gradual pruning needs compress.finetune_steps > 0 (or schedule: oneshot)")
+    if cfg.method in LLM_METHODS and cfg.task not in (None, "lm"):
+        raise UserError(f"{source}: compress.method: {cfg.method} compresses a trained causal LM (a run directory), "
+                        f"not the {cfg.task} task")
     if cfg.method in ("int8-static", "qat") and cfg.backend in ("torchao", "eager"):
         raise UserError(f"{source}: compress.backend: {cfg.method} runs on the PT2E flow only (allowed: auto, pt2e-x86)")
 

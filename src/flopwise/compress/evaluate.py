@@ -98,9 +98,12 @@ def measure_latency(run: Callable[[torch.Tensor], torch.Tensor], example: torch.
             times.append(time.perf_counter() - start)
     times.sort()
     median = statistics.median(times)
+    q1, q3 = (statistics.quantiles(times, n=4, method="inclusive")[i] for i in (0, 2)) if len(times) > 1 else (median, median)
     return {
         "batch_size": int(example.shape[0]),
         "median_ms": median * 1e3,
+        "q1_ms": q1 * 1e3,  # quartiles: a speed-up is claimed only when two [q1, q3] ranges are apart
+        "q3_ms": q3 * 1e3,
         "p10_ms": times[len(times) // 10] * 1e3,
         "p90_ms": times[(len(times) * 9) // 10] * 1e3,
         "throughput_per_s": example.shape[0] / median,

@@ -141,11 +141,13 @@ def x86_quantizer(config):
 
 
 def export_graph(model: nn.Module, example: torch.Tensor) -> torch.fx.GraphModule:
-    """`torch.export` with a dynamic batch dimension, as a GraphModule the PT2E flow can annotate."""
+    """`torch.export` with a dynamic batch (and, for token ids, sequence) dimension, as a GraphModule
+    the PT2E flow can annotate (`export_shapes.dynamic_shapes`)."""
+    from flopwise.compress.export_shapes import dynamic_shapes, max_sequence_length
+
     model = model.eval()
-    batch = torch.export.Dim.DYNAMIC
     try:
-        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+        program = torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes(example, max_sequence_length(model)))
     except Exception as err:  # export failures are model-specific; say which model and why
         raise UserError(
             f"torch.export could not capture {type(model).__name__} for PT2E quantization "

@@ -41,8 +41,11 @@ def notes(result: dict) -> list[str]:
     if "sparsity" in details:
         lines.append(f"achieved sparsity {details['sparsity']['overall']:.3f} over prunable weights")
     s = result["summary"]
-    speed = ", ".join(f"batch {b}: {v['vs_fp32_eager']:.2f}x vs fp32 eager, {v['vs_fastest_fp32']:.2f}x vs fastest fp32" for b, v in s["speedup"].items())
-    lines.append(f"speed-up {speed}")
+    several = len(result.get("baselines", (None, None))) > 1  # a compiled fp32 baseline as well
+    speed = "; ".join(f"batch {b}: {_ratio(v, 'fp32_eager', 'fp32 eager')}"
+                      + (f", {_ratio(v, 'fastest_fp32', 'fastest fp32')}" if several else "")
+                      for b, v in s["speedup"].items())
+    lines.append(f"speed {speed}")
     lines.append(f"memory {s['memory_ratio']:.2f}x smaller, disk {s['disk_ratio']:.2f}x smaller; "
                  f"{result['quality_metric']} {s['quality_before']:.4f} -> {s['quality_after']:.4f} "
                  f"(relative loss {100 * s['relative_quality_loss']:.2f}%)")
@@ -52,6 +55,14 @@ def notes(result: dict) -> list[str]:
                      else "PTQ lost nothing measurable here, so there is nothing for QAT to recover")
         lines.append(f"same settings, PTQ relative loss {100 * r['ptq_relative_loss']:.2f}%, QAT {100 * r['qat_relative_loss']:.2f}%: {recovered}")
     return lines
+
+
+def _ratio(entry: dict, key: str, label: str) -> str:
+    """"2.10x faster than X", or "no measurable difference from X" when the latency quartile ranges overlap."""
+    if not entry.get(f"measurable_vs_{key}", True):
+        return f"no measurable difference from {label} (interquartile ranges overlap)"
+    ratio = entry[f"vs_{key}"]
+    return f"{ratio:.2f}x faster than {label}" if ratio >= 1 else f"{1 / ratio:.2f}x slower than {label}"
 
 
 def print_table(result: dict) -> None:

@@ -112,7 +112,8 @@ def sparsify(task: Task, cfg: CompressConfig) -> tuple[nn.Module, dict]:
             if cfg.finetune_steps:
                 finetune(model.train(), task, cfg.finetune_steps, cfg.lr, cfg.batch_size)
         prune.make_permanent(model)
-        details["note"] = "unstructured sparsity: no speed-up with dense kernels; only the sparse file is smaller"
+        details["note"] = ("unstructured sparsity: no speed-up with dense kernels; saved dense with zeros "
+                           "and a sparsity_config (compressed-tensors fields)")
     else:
         skipped = sparsity.apply_two_four(model)
         if cfg.finetune_steps:
@@ -125,25 +126,33 @@ def sparsify(task: Task, cfg: CompressConfig) -> tuple[nn.Module, dict]:
     return model, details
 
 
-def compress_task(task: Task, cfg: CompressConfig, out: Path) -> dict:
-    """Run `cfg.method` on `task`, save the result in `out`, and return before/after measurements."""
+def compress_task(task: Task, cfg: CompressConfig, out: Path, progress=None) -> dict:
+    """Run `cfg.method` on `task`, save the result in `out`, and return before/after measurements.
+
+    `progress(line)`, when given, hears each phase as it starts (compiling takes minutes on a CPU).
+    """
     from flopwise.compress.quantize import compile_for_cpu
 
+    say = progress or (lambda line: None)
     threads = cfg.threads or torch.get_num_threads()
     task.model.eval()
+    say(f"measuring fp32 eager ({threads} thread(s), batches 1 and {cfg.latency_batch}) ...")
     before = measure(task, task.model, task.model, cfg, threads, float_disk_bytes(task.model))
     before["label"] = "fp32 eager"
     baselines = [before]
     backend = resolve_backend(cfg)
     if cfg.method in INT8_METHODS:
         if cfg.compile and backend != "eager":
+            say("compiling and measuring fp32 (torch.compile, Inductor; one graph per batch size, can take minutes) ...")
             compiled_float = measure(task, task.model, compile_for_cpu(copy.deepcopy(task.model)), cfg, threads, before["bytes_on_disk"])
             compiled_float["label"] = "fp32 compiled"
             baselines.append(compiled_float)
+        say(f"quantizing: {cfg.method} with {backend} ...")
         model, details = quantize(task, cfg, backend)
         fmt = "pt2" if isinstance(model, torch.fx.GraphModule) else "safetensors"
         run = compile_for_cpu(model) if cfg.compile and backend != "eager" else model
     else:
+        say(f"sparsifying: {cfg.method} ...")
         model, details = sparsify(task, cfg)
         fmt, run = "safetensors", model
     if cfg.method == "2:4":
@@ -157,9 +166,15 @@ def compress_task(task: Task, cfg: CompressConfig, out: Path) -> dict:
         "rebuild": task.rebuild,
         "requantize": backend if fmt == "safetensors" and cfg.method in INT8_METHODS else None,
     }
+    if cfg.method in ("prune", "2:4"):
+        from flopwise.compress.sparsity_layout import sparsity_config
+
+        manifest["sparsity_config"] = sparsity_config(cfg.method, details)
     example = task.make_input(2)
     saved = model if fmt == "pt2" or cfg.method not in INT8_METHODS else task.model  # torchao / eager: float weights, re-quantized on load
     save_compressed(out, saved, manifest=manifest, example=example, files=task.files)
+    compiling = " (compiling the INT8 graph first: can take minutes)" if fmt == "pt2" and cfg.compile else ""
+    say(f"measuring {cfg.method}{compiling} ...")
     after = measure(task, model, run, cfg, threads, evaluate.bytes_on_disk(out / ("model.pt2" if fmt == "pt2" else "model.safetensors")))
     after["label"] = cfg.method
     result = {
@@ -189,6 +204,13 @@ def qat_recovery(task: Task, float_q: dict, ptq_q: dict, qat_q: dict) -> dict:
     return {"ptq_relative_loss": ptq_loss, "qat_relative_loss": qat_loss, "recovered_fraction": recovered}
 
 
+def ranges_apart(a: dict, b: dict) -> bool:
+    """Whether two latency measurements' [q1, q3] ranges do not overlap (older records: p10/p90)."""
+    lo_a, hi_a = a.get("q1_ms", a["p10_ms"]), a.get("q3_ms", a["p90_ms"])
+    lo_b, hi_b = b.get("q1_ms", b["p10_ms"]), b.get("q3_ms", b["p90_ms"])
+    return hi_a < lo_b or hi_b < lo_a
+
+
 def summarize(task: Task, result: dict) -> dict:
     """Speed-up (vs the fastest fp32 baseline), size ratios and quality change in one place."""
     after = result["compressed"]
@@ -196,10 +218,14 @@ def summarize(task: Task, result: dict) -> dict:
     base = result["baselines"][0]
     speedups = {}
     for i, lat in enumerate(after["latency"]["by_batch"]):
-        fastest = min(b["latency"]["by_batch"][i]["median_ms"] for b in result["baselines"])
+        fastest = min((b["latency"]["by_batch"][i] for b in result["baselines"]), key=lambda x: x["median_ms"])
+        eager = base["latency"]["by_batch"][i]
         speedups[str(lat["batch_size"])] = {
-            "vs_fp32_eager": base["latency"]["by_batch"][i]["median_ms"] / lat["median_ms"],
-            "vs_fastest_fp32": fastest / lat["median_ms"],
+            "vs_fp32_eager": eager["median_ms"] / lat["median_ms"],
+            "vs_fastest_fp32": fastest["median_ms"] / lat["median_ms"],
+            # False when the interquartile ranges overlap: the ratio is then not a measured difference
+            "measurable_vs_fp32_eager": ranges_apart(eager, lat),
+            "measurable_vs_fastest_fp32": ranges_apart(fastest, lat),
         }
     return {
         "speedup": speedups,

@@ -3,7 +3,8 @@
 Techniques are applied in this fixed order, each by its own unit and each only when its
 switch is on (turning one off leaves no trace):
 
-1. build the fp32 model            `model.build_model`
+1. build the fp32 model            `model.build_model`; with `model.pretrained`, on the meta
+                                   device (`hf_pretrained`), filled here, or after step 6 for FSDP2
 2. fp32 norms                      `precision.apply_fp32_norm`            (precision.fp32_norm)
 3. activation checkpointing        `checkpointing.apply_activation_checkpointing`
                                                                          (training.gradient_checkpointing)
@@ -58,7 +59,16 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
     from flopwise.train.precision import apply_fp32_norm, fsdp_mixed_precision_policy
 
     notes: list[str] = []
-    model = build_model(cfg.model, vocab_size)
+    pretrained = cfg.model.pretrained
+    if pretrained is not None:  # weights from a save_pretrained folder (train/hf_pretrained.py)
+        from flopwise.train.hf_pretrained import build_pretrained_skeleton, materialize_pretrained
+
+        model = build_pretrained_skeleton(cfg.model, vocab_size)
+        if cfg.parallel.strategy != "fsdp":  # FSDP2 shards the meta model first, then loads per rank
+            materialize_pretrained(model, pretrained, env.device)
+        notes.append(f"pretrained weights: {pretrained}")
+    else:
+        model = build_model(cfg.model, vocab_size)
 
     if cfg.precision.fp32_norm:
         changed = apply_fp32_norm(model)
@@ -85,6 +95,8 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
 
     mp_policy = fsdp_mixed_precision_policy(cfg.precision.mode) if cfg.parallel.strategy == "fsdp" else None
     wrapped = wrap_model(model, blocks, cfg.parallel, env, mp_policy=mp_policy)
+    if pretrained is not None and cfg.parallel.strategy == "fsdp":
+        materialize_pretrained(wrapped, pretrained, env.device)
     notes.append(f"strategy: {cfg.parallel.strategy} on {env.world_size} process(es), {env.device.type}")
     return BuiltModel(
         model=wrapped,

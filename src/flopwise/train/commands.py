@@ -37,6 +37,9 @@ def register(app: typer.Typer) -> None:
             overrides.append(f"checkpoint.resume_from={resume_from}")
         launch(load_config(config_path, overrides))
 
+    from flopwise.train.generate_cli import register_generate
+
+    register_generate(app)
     register_export(app)
     from flopwise.train.launch_cli import register_launch
 

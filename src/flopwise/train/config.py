@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -23,6 +23,7 @@ class ModelConfig(Section):
 
     kind: Literal["llama", "gpt2", "hf"] = "llama"
     hf_config: Path | None = None
+    pretrained: Path | None = None  # a save_pretrained folder: its weights, config.json and tokenizer
     trust_remote_code: bool = False
     n_layers: int = Field(4, ge=1)
     hidden: int = Field(192, ge=8)
@@ -36,10 +37,27 @@ class ModelConfig(Section):
     rope_theta: float = Field(10000.0, gt=0)
 
 
+class HFDatasetConfig(Section):
+    """A `datasets` source read offline: local data files, a `save_to_disk` folder, or either streamed.
+
+    Each record becomes one document: its `text_field`, or its `messages_field` rendered with
+    the tokenizer's chat template.
+    """
+
+    path: Path
+    format: Literal["auto", "json", "csv", "parquet", "text", "disk"] = "auto"
+    split: str = "train"
+    text_field: str = "text"
+    messages_field: str | None = None
+    streaming: bool = False
+    max_records: int | None = Field(None, ge=1)
+
+
 class DataConfig(Section):
     """Where the tokens come from. Empty `paths` means the Python standard library's source."""
 
     paths: list[str] = Field(default_factory=list)
+    hf_dataset: HFDatasetConfig | None = None
     format: Literal["auto", "text", "jsonl", "tfrecord", "tokens"] = "auto"
     text_field: str = "text"
     token_dtype: Literal["uint16", "uint32"] = "uint16"
@@ -51,6 +69,12 @@ class DataConfig(Section):
     max_bytes: int | None = Field(None, ge=1)  # cap on the text (or token bytes) read; None = all
     tokenizer_train_bytes: int = Field(4_000_000, ge=1)  # BPE is learned on a sample this large
     prefetch: int = Field(4, ge=0)
+
+    @field_validator("hf_dataset", mode="before")
+    @classmethod
+    def _path_alone(cls, value):
+        """`data.hf_dataset=FILE_OR_FOLDER` is short for `data.hf_dataset.path=FILE_OR_FOLDER`."""
+        return {"path": value} if isinstance(value, (str, Path)) else value
 
 
 class ParallelConfig(Section):
@@ -185,6 +209,10 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _check_across_sections(self) -> "RunConfig":
+        if self.model.pretrained is not None:
+            _resolve_pretrained(self)
+        if self.data.hf_dataset is not None and self.data.paths:
+            raise ValueError("data.hf_dataset: set either data.hf_dataset or data.paths, not both")
         if self.model.kind != "hf" and self.data.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len {self.model.max_seq_len} "
@@ -196,3 +224,16 @@ class RunConfig(Section):
                 f"parallel.strategy=fsdp (got {self.parallel.strategy}; allowed otherwise: fp32, bf16, fp16)"
             )
         return self
+
+
+def _resolve_pretrained(cfg: RunConfig) -> None:
+    """`model.pretrained` supplies the architecture and, unless `data.tokenizer` is set, the tokenizer."""
+    folder = Path(cfg.model.pretrained).expanduser()
+    if cfg.model.kind != "hf":
+        raise ValueError(f"model.pretrained: needs model.kind=hf (got {cfg.model.kind})")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model.pretrained: {folder} has no config.json (expected a save_pretrained folder)")
+    if cfg.model.hf_config is None:
+        cfg.model.hf_config = folder / "config.json"
+    if cfg.data.tokenizer is None and (folder / "tokenizer.json").is_file():
+        cfg.data.tokenizer = folder / "tokenizer.json"

@@ -83,6 +83,10 @@ class PreparedData:
 
 def prepare_data(cfg: DataConfig) -> PreparedData:
     """Build (once) or load the token shards for `cfg`; safe to call from several processes."""
+    if cfg.hf_dataset is not None:  # a `datasets` source (train/hf_dataset.py)
+        from flopwise.train.hf_dataset import prepare_hf_dataset
+
+        return prepare_hf_dataset(cfg)
     inputs = resolve_inputs(list(cfg.paths), cfg.format)
     key = cache_key(inputs, cfg)
     cache_dir = Path(cfg.cache_dir).expanduser()
@@ -184,11 +188,18 @@ def tokenizer_sample(inputs: list[InputFile], cfg: DataConfig) -> Iterator[str]:
 
 
 def _build_from_text(inputs: list[InputFile], cfg: DataConfig, staging: Path) -> dict:
+    return build_text_shards(lambda: CappedPieces(inputs, cfg.text_field, cfg.max_bytes),
+                             lambda: tokenizer_sample(inputs, cfg), cfg, staging, _describe(inputs))
+
+
+def build_text_shards(read, sample, cfg: DataConfig, staging: Path, what: str) -> dict:
+    """Tokenize the documents `read()` yields (Pieces; `.bytes_read`, `.truncated`) into train/val
+    shards in `staging`; `sample()` gives the texts a new BPE learns from. Returns the entry's meta."""
     if cfg.tokenizer is not None:
         tokenizer = load_tokenizer(_existing_tokenizer_path(cfg.tokenizer))
         source = str(cfg.tokenizer)
     else:
-        tokenizer = train_bpe(tokenizer_sample(inputs, cfg), cfg.vocab_size)
+        tokenizer = train_bpe(sample(), cfg.vocab_size)
         source = "the trained tokenizer"
     eot = end_of_text_id(tokenizer, source)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -197,7 +208,7 @@ def _build_from_text(inputs: list[InputFile], cfg: DataConfig, staging: Path) ->
 
     writers = {"train": ShardWriter(staging, "train", dtype), "val": ShardWriter(staging, "val", dtype)}
     documents = {"train": 0, "val": 0}
-    pieces = CappedPieces(inputs, cfg.text_field, cfg.max_bytes)
+    pieces = read()
     batch: list[Piece] = []
     batch_chars = 0
     for piece in pieces:
@@ -209,7 +220,7 @@ def _build_from_text(inputs: list[InputFile], cfg: DataConfig, staging: Path) ->
     _encode_into(batch, tokenizer, eot, cfg.val_fraction, writers, documents)
     train_paths, val_paths = writers["train"].close(), writers["val"].close()
     if writers["train"].tokens + writers["val"].tokens == 0:
-        raise UserError(f"the corpus ({_describe(inputs)}) holds no text")
+        raise UserError(f"the corpus ({what}) holds no text")
     if writers["val"].tokens == 0:
         # Too few documents to hold one out: take the tail of the token stream instead.
         val_paths = _split_tail(train_paths, staging, dtype, cfg.val_fraction)

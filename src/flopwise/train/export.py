@@ -4,8 +4,9 @@
 
     model.safetensors   every model tensor, full (unsharded), keyed like `build_model(...)`'s state_dict
     config.yaml         the run's resolved config (to rebuild the model)
-    hf/                 for `model.kind=hf`: config.json + model.safetensors, loadable with
-                        `AutoModelForCausalLM.from_pretrained(path)`
+    hf/                 config.json + model.safetensors + tokenizer files, loadable with
+                        `AutoModelForCausalLM.from_pretrained(path)` / `AutoTokenizer.from_pretrained(path)`
+                        (every model kind: see `train/export_hf.py`)
 
 The checkpoint is verified first (sha256), and only the model part of the DCP checkpoint is
 read (the optimizer state is never loaded). DCP reassembles the shards of any world size
@@ -14,7 +15,6 @@ into the plain tensors of a freshly built model on the CPU, in this process alon
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +43,10 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     from flopwise.train.checkpoint_safe_read import LOAD_ERRORS, safe_dcp_load
     from flopwise.train.config import RunConfig
     from flopwise.train.config_loading import dump_config
+    from flopwise.train.hf_logging import quiet_hf_libraries
     from flopwise.train.model import build_model
 
+    quiet_hf_libraries()
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
@@ -82,7 +84,9 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     (out / "config.yaml").write_text(config_text)
     if not (run_dir / "config.yaml").exists():
         (run_dir / "config.yaml").write_text(config_text)
-    hf_folder = _export_hf(model, out / "hf") if cfg.model.kind == "hf" else None
+    from flopwise.train.export_hf import write_hf_folder
+
+    hf_folder = write_hf_folder(model, cfg, run_tokenizer(run_dir, cfg), out / "hf")
     return ExportResult(
         checkpoint=path, out=out, step=int(manifest["step"]), tensors=len(tensors),
         parameters=sum(p.numel() for p in model.parameters()), hf_folder=hf_folder,
@@ -101,8 +105,9 @@ def _unshared(state: dict) -> dict:
     return result
 
 
-def _export_hf(model, folder: Path) -> Path:
-    """The HF model's own folder (config.json + model.safetensors), readable by `from_pretrained`."""
-    shutil.rmtree(folder, ignore_errors=True)
-    model.hf.save_pretrained(str(folder), safe_serialization=True)
-    return folder
+def run_tokenizer(run_dir: Path, cfg) -> Path | None:
+    """The tokenizer.json the run trained with: the copy in the run directory, else `data.tokenizer`."""
+    copy = Path(run_dir) / "tokenizer.json"
+    if copy.is_file():
+        return copy
+    return Path(cfg.data.tokenizer) if cfg.data.tokenizer is not None else None

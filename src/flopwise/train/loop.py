@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import statistics
 import time
 import warnings
@@ -325,6 +326,8 @@ def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
     barrier(env)
     if prepared is None:
         prepared = prepare_data(cfg.data)
+    if env.is_main and prepared.tokenizer_path is not None:  # `flopwise export` / `generate` read it here
+        shutil.copyfile(prepared.tokenizer_path, run_dir / "tokenizer.json")
 
     _, dp_size, micro_per_pass = data_parallel_shape(cfg.parallel, env)
     global_batch, grad_accum = batch_layout(cfg.training, dp_size, micro_per_pass)

@@ -165,7 +165,8 @@ def wrap_model(
     root is not resharded after forward because backward needs it at once (as in
     torchtitan). `mp_policy` is a `MixedPrecisionPolicy` for the `*-params` modes.
     """
-    model.to(env.device)
+    if not any(p.is_meta for p in model.parameters()):  # a meta model (pretrained, FSDP2) is filled after sharding
+        model.to(env.device)
     if cfg.strategy == "single":
         return model
     if cfg.strategy == "ddp":

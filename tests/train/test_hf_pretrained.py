@@ -1,0 +1,119 @@
+"""`model.pretrained`: weights of a save_pretrained folder, loaded without a random full copy first.
+
+Single process in this process; FSDP2 on 2 ranks through torchrun (each rank fills only its
+own shards), checked against transformers' loss on the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flopwise.errors import UserError
+from flopwise.train.build import build_training_model
+from flopwise.train.config_loading import load_config
+from flopwise.train.hf_pretrained import parameters_on_meta, weight_files
+from flopwise.train.parallel import init_distributed
+from tests.hf_fixtures import write_jsonl, write_pretrained
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretrained")
+    write_pretrained(root / "sharded", max_shard_size="150KB")
+    write_pretrained(root / "tied", tie=True, seed=1)
+    write_jsonl(root / "data.jsonl")
+    return root
+
+
+def build(folder, *extra):
+    cfg = load_config(None, ["model.kind=hf", f"model.pretrained={folder}", "parallel.strategy=single",
+                             "parallel.nproc_per_node=1", "data.seq_len=32", *extra])
+    return build_training_model(cfg, 384, init_distributed(cfg.parallel))
+
+
+def test_sharded_weights_load_exactly(folders):
+    from transformers import AutoModelForCausalLM
+
+    assert len(weight_files(folders / "sharded")) > 1
+    built = build(folders / "sharded")
+    reference = AutoModelForCausalLM.from_pretrained(str(folders / "sharded"), dtype=torch.float32)
+    ours = built.module.hf.state_dict()
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(ours[name], tensor), name
+    assert not any(p.is_meta for p in built.module.parameters())
+    # Non-persistent buffers (rotary frequencies) survive: computed at build, not loaded.
+    torch.testing.assert_close(built.module.hf.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)
+
+
+def test_tied_embeddings_stay_tied(folders):
+    built = build(folders / "tied")
+    hf = built.module.hf
+    assert hf.lm_head.weight is hf.model.embed_tokens.weight
+    assert hf.lm_head.weight.abs().sum() > 0
+
+
+def test_parameters_on_meta_keeps_buffers_real():
+    with parameters_on_meta():
+        layer = torch.nn.BatchNorm1d(4)
+    assert layer.weight.is_meta and not layer.running_mean.is_meta
+    assert not torch.nn.Linear(2, 2).weight.is_meta  # the patch is gone afterwards
+
+
+def test_folder_without_weights_is_one_line_error(folders, tmp_path):
+    (tmp_path / "config.json").write_text((folders / "sharded" / "config.json").read_text())
+    with pytest.raises(UserError, match="has no model.safetensors or model.safetensors.index.json"):
+        build(tmp_path)
+
+
+def test_pretrained_needs_the_hf_kind(folders):
+    with pytest.raises(UserError, match="model.pretrained: needs model.kind=hf"):
+        load_config(None, [f"model.pretrained={folders / 'sharded'}"])
+
+
+def test_the_model_tokenizer_is_used_unless_data_tokenizer_overrides(folders, tmp_path):
+    cfg = load_config(None, ["model.kind=hf", f"model.pretrained={folders / 'sharded'}"])
+    assert cfg.data.tokenizer == folders / "sharded" / "tokenizer.json"
+    assert cfg.model.hf_config == folders / "sharded" / "config.json"
+    other = tmp_path / "tokenizer.json"
+    other.write_text((folders / "tied" / "tokenizer.json").read_text())
+    cfg = load_config(None, ["model.kind=hf", f"model.pretrained={folders / 'sharded'}", f"data.tokenizer={other}"])
+    assert cfg.data.tokenizer == other
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy,name", [("fsdp", "sharded"), ("fsdp", "tied"), ("ddp", "sharded")])
+def test_two_ranks_start_from_the_pretrained_weights(folders, tmp_path, strategy, name):
+    """2 ranks (FSDP2: sharded on the meta model, each rank fills its own shards; DDP: filled before
+    wrapping): each rank's first loss equals transformers' on that rank's batch."""
+    from transformers import AutoModelForCausalLM
+
+    from flopwise.train.data import TokenLoader, prepare_data
+
+    run_dir = tmp_path / "run"
+    overrides = ["model.kind=hf", f"model.pretrained={folders / name}", f"data.hf_dataset={folders / 'data.jsonl'}",
+                 f"parallel.strategy={strategy}", "parallel.nproc_per_node=2", "parallel.fsdp_min_params=0",
+                 "training.max_steps=2", "data.seq_len=32", "training.micro_batch_size=2", "training.eval_batches=1",
+                 f"data.cache_dir={folders / 'cache'}", f"logging.run_dir={run_dir}", "logging.progress=false"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-m", "flopwise", "train", *overrides], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = load_config(run_dir / "config.yaml", [])
+    prepared = prepare_data(cfg.data)
+    model = AutoModelForCausalLM.from_pretrained(str(folders / name), dtype=torch.float32).eval()
+    for rank in range(2):
+        loader = TokenLoader(prepared, "train", 32, 2, rank=rank, world_size=2, seed=cfg.training.seed, prefetch=0)
+        inputs, targets = loader.batch_at(0)
+        window = torch.cat([inputs, targets[:, -1:]], dim=1)
+        with torch.no_grad():
+            reference = float(model(input_ids=window, labels=window).loss)
+        first = json.loads((run_dir / f"metrics.rank{rank}.jsonl").read_text().splitlines()[0])
+        assert first["loss"] == pytest.approx(reference, rel=1e-5), rank
