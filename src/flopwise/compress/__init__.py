@@ -4,8 +4,12 @@
 """
 
 
-def load_compressed(path, compile: bool = False):
-    """Load a compressed model folder written by `flopwise compress` (see flopwise.compress.artifact)."""
+def load_compressed(path, compile: bool = False, trust: bool = False):
+    """Load a compressed model folder written by `flopwise compress` (see flopwise.compress.artifact).
+
+    Folders not written by this user's flopwise are refused unless `trust=True`: loading a
+    `.pt2` can run code stored in it (docs/compress.md, "Trust boundary").
+    """
     from flopwise.compress.artifact import load_compressed as _load
 
-    return _load(path, compile=compile)
+    return _load(path, compile=compile, trust=trust)
