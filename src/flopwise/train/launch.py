@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -29,8 +30,14 @@ from pathlib import Path
 from flopwise.errors import UserError
 from flopwise.train.config import RunConfig
 from flopwise.train.config_loading import dump_config
+from flopwise.train.faults import Preempted
 
 ERROR_FILE_ENV = "FLOPWISE_ERROR_FILE"
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
+class LauncherStopped(Preempted):
+    """The launcher itself got a stop signal: the workers saved (exit 75); the job is stopped, not restarted."""
 
 
 def world_size_of(cfg: RunConfig) -> int:
@@ -55,16 +62,39 @@ def torchrun_args(cfg: RunConfig, config_path: Path) -> list[str]:
     # One node: flopwise restarts a fresh torchrun itself (`_run_torchrun_with_restarts`); torchrun's
     # in-place restarts can fail to reconnect a gloo group (pytorch#167288). Several nodes: torchrun's.
     restarts = p.max_restarts if p.nnodes > 1 else 0
-    args += [f"--max-restarts={restarts}", "-m", "flopwise.train.worker", str(config_path)]
+    # SIGUSR1 (Slurm's warning) too: torchrun forwards each handled signal to the workers, which save.
+    args += [f"--max-restarts={restarts}", f"--signals-to-handle={FORWARDED_SIGNALS}",
+             "-m", "flopwise.train.worker", str(config_path)]
     return args
 
 
 def launch(cfg: RunConfig) -> None:
-    """Run `cfg`: directly when one process (or already inside a launch), else under torchrun."""
+    """Run `cfg`: directly when one process (or already inside a launch), else under torchrun.
+
+    The run directory is claimed first (lock, reuse and config checks: run_directory.py)
+    by the one process that leads the run, and released when it ends.
+    """
     from flopwise.train.parallel import check_strategy, launched_externally
+    from flopwise.train.run_directory import claim_run_directory
 
     check_strategy(cfg.parallel)
-    if launched_externally():
+    external = launched_externally()
+    if _leads_run(cfg, external):
+        with claim_run_directory(cfg):
+            _launch(cfg, external)
+    else:
+        _launch(cfg, external)
+
+
+def _leads_run(cfg: RunConfig, external: bool) -> bool:
+    """Global rank 0 inside an external launch; node 0's launcher otherwise."""
+    if external:
+        return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
+    return cfg.parallel.nnodes == 1 or cfg.parallel.node_rank == 0
+
+
+def _launch(cfg: RunConfig, external: bool) -> None:
+    if external:
         run_here(cfg)  # torchrun or Slurm restarts this process; no retry loop of our own
         return
     if world_size_of(cfg) == 1:
@@ -115,7 +145,7 @@ def _run_torchrun_with_restarts(cfg: RunConfig, config_path: Path) -> None:
             _run_torchrun(torchrun_args(cfg, config_path))
             return
         except Preempted as stop:
-            if attempt == restarts:
+            if attempt == restarts or isinstance(stop, LauncherStopped):
                 raise
             print(f"{stop}; restart {attempt + 1} of {restarts}", file=sys.stderr, flush=True)
         except SystemExit as failed:  # a rank crashed (its output is above)
@@ -133,16 +163,27 @@ def _prepare_data_once(cfg: RunConfig) -> None:
 
 
 def _run_torchrun(args: list[str]) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
+
+    from flopwise.train.worker import LAUNCHER_PID_ENV
 
     # torchrun sets OMP_NUM_THREADS=1 with a warning when unset; say it once, quietly.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    handlers = {sig: signal.getsignal(sig) for sig in _signals(FORWARDED_SIGNALS)}
     with tempfile.TemporaryDirectory(prefix="flopwise-errors-") as errors:
         os.environ[ERROR_FILE_ENV] = str(Path(errors) / "error")
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
         try:
             run(get_args_parser().parse_args(args))
+        except SignalException as stopped:  # torchrun forwarded it and waited for the workers to save
+            for sig in handlers:
+                signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
+            message = _first_user_error(Path(errors))
+            raise LauncherStopped(message or f"stopped by {stopped.sigval.name} before training started; "
+                                  "nothing was saved") from None
         except ChildFailedError as failed:
             from flopwise.train.faults import PREEMPTED_EXIT_CODE, Preempted
 
@@ -157,6 +198,13 @@ def _run_torchrun(args: list[str]) -> None:
             raise SystemExit(1) from None
         finally:
             os.environ.pop(ERROR_FILE_ENV, None)
+            os.environ.pop(LAUNCHER_PID_ENV, None)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+
+def _signals(names: str) -> list[signal.Signals]:
+    return [getattr(signal, name) for name in names.split(",") if hasattr(signal, name)]
 
 
 def _first_user_error(folder: Path) -> str | None:

@@ -14,6 +14,8 @@ import traceback
 
 from flopwise.errors import UserError
 
+LAUNCHER_PID_ENV = "FLOPWISE_LAUNCHER_PID"
+
 
 def main(argv: list[str] | None = None) -> None:
     """Load the config and run this rank, then leave without interpreter teardown.
@@ -24,6 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     torn down during interpreter finalization, which would turn a finished run into a
     failed rank.
     """
+    from flopwise.train.parent_watch import die_with_parent
+
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    die_with_parent(int(launcher) if launcher and launcher.isdigit() else None)  # no orphans if the launcher dies
     code = run(sys.argv[1:] if argv is None else argv)
     sys.stdout.flush()
     sys.stderr.flush()
