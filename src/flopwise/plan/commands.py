@@ -62,6 +62,9 @@ def plan_command(
     With no options: Llama 2 7B on 8 x H100 SXM, bf16, AdamW, ZeRO-3, 4096-token
     sequences, 4M-token batches, 2T tokens.
     """
+    from flopwise.plan.flag_bounds import check_flag_values
+
+    check_flag_values(locals())  # every numeric flag in its physical / practical range, before any search
     from flopwise.plan.planner import build_runspec, plan
 
     devices = gpus or ((dp * (tp or 1) * (pp or 1)) if dp else 8)

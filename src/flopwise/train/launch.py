@@ -171,6 +171,10 @@ def _run_torchrun(args: list[str]) -> None:
 
     # torchrun sets OMP_NUM_THREADS=1 with a warning when unset; say it once, quietly.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Each elastic module's logger has its own level, so quiet them one by one (e.g. the agent's
+    # "Received 15 death signal" warning: the one line that matters is ours).
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     handlers = {sig: signal.getsignal(sig) for sig in _signals(FORWARDED_SIGNALS)}
     with tempfile.TemporaryDirectory(prefix="flopwise-errors-") as errors:

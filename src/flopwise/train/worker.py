@@ -50,6 +50,15 @@ def run(args: list[str]) -> int:
     except UserError as err:
         _report(str(err))
         return err.exit_code
+    except ModuleNotFoundError as err:  # an optional extra (deepspeed, transformers, ...) is missing
+        from flopwise.extras import missing_extra_message
+
+        message = missing_extra_message(err)
+        if message is None:
+            traceback.print_exc()
+            return 1
+        _report(message)
+        return 2
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:  # a bug: show it, fail this rank
