@@ -129,8 +129,8 @@ def _run_here_with_restarts(cfg: RunConfig) -> None:
             run_here(cfg)
             return
         except Preempted as stop:
-            if attempt == cfg.parallel.max_restarts:
-                raise
+            if attempt == cfg.parallel.max_restarts or str(stop).startswith("preempted by SIGINT"):
+                raise  # Ctrl-C means stop, not "restart after a preemption"
             print(f"{stop}; restart {attempt + 1} of {cfg.parallel.max_restarts}", file=sys.stderr, flush=True)
 
 
