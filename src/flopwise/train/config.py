@@ -143,7 +143,7 @@ class TrainingConfig(Section):
     max_steps: int = Field(150, ge=1, le=MAX_STEPS)
     seed: int = Field(1234, ge=0, le=MAX_SEED)
     micro_batch_size: int = Field(8, ge=1, le=MAX_COUNT)
-    global_batch_size: int | None = Field(None, ge=1, le=2**30)
+    global_batch_size: int | None = Field(None, ge=1, le=2**24)
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(3e-3, gt=0, le=MAX_LR)
     min_lr: float = Field(3e-4, ge=0, le=MAX_LR)

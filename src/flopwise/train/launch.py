@@ -75,9 +75,11 @@ def launch(cfg: RunConfig) -> None:
     by the one process that leads the run, and released when it ends.
     """
     from flopwise.train.parallel import check_strategy, launched_externally
+    from flopwise.train.host_memory import check_fits_this_machine
     from flopwise.train.run_directory import claim_run_directory
 
     check_strategy(cfg.parallel)
+    check_fits_this_machine(cfg)  # an impossible size is one line now, not an allocator traceback per rank
     external = launched_externally()
     if _leads_run(cfg, external):
         with claim_run_directory(cfg):
