@@ -152,7 +152,7 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     """`key (old -> new)` for every key that differs and must not change on a resume."""
     old, new = _flatten(saved), _flatten(current)
     changed = []
-    for key in sorted(set(old) | set(new)):
+    for key in sorted(set(old) & set(new)):  # a key one side lacks is a schema change between versions, not the user's
         if key in RESUMABLE_KEYS or key.startswith(RESUMABLE_PREFIXES):
             continue
         if old.get(key) != new.get(key):
