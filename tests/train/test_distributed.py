@@ -147,7 +147,8 @@ def test_torchrun_command_line_for_one_and_several_nodes(tmp_path):
 
     single = load_config(None, ["parallel.nproc_per_node=4"])
     assert torchrun_args(single, tmp_path / "c.yaml") == [
-        "--nproc-per-node=4", "--standalone", "--max-restarts=0", "-m", "flopwise.train.worker", str(tmp_path / "c.yaml")]
+        "--nproc-per-node=4", "--standalone", "--max-restarts=0",
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "-m", "flopwise.train.worker", str(tmp_path / "c.yaml")]
     multi = load_config(Path(__file__).resolve().parents[2] / "configs" / "multi_node.yaml",
                         ["parallel.node_rank=1", "parallel.max_restarts=2"])
     args = torchrun_args(multi, tmp_path / "c.yaml")
