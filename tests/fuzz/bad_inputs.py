@@ -162,6 +162,13 @@ def _cli_cases(rng: random.Random) -> list[Case]:
                 for value in ("1e300", "-1", "nan", "x", "1e400", "99999999999999P"):
                     cases.append(Case("cli", (command, f"--{name.replace('_', '-')}", value)))
     cases += [Case("cli", ("plan", "--gpus", str(rng.randint(10**7, 10**30)), "--search")) for _ in range(3)]
+    for flag, values in (("--nproc", ["100000", "0", "-3", "1e9"]), ("--iters", ["0", "-1", "10000000000"]),
+                         ("--warmup", ["-1", "10000000000"]), ("--sizes", ["1000G", "0", "-1K", "x", ",", "1e400"])):
+        cases += [Case("cli", ("bench", flag, value)) for value in values]
+    for flag, values in (("--sparsity", ["nan", "1.5", "-0.1"]), ("--threads", ["0", "100000"]),
+                         ("--calib-batches", ["0", "1000000000000"]), ("--qat-steps", ["0", "-5"]),
+                         ("--finetune-steps", ["-1", "10000000000000"])):
+        cases += [Case("cli", ("compress", "--task", "digits-mlp", "--method", "prune", flag, value)) for value in values]
     return cases
 
 
