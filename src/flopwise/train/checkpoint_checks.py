@@ -25,7 +25,8 @@ from flopwise.train.checkpoint import (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # Keys a newer flopwise adds are tolerated; a missing key or a wrong type is what breaks a resume.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class RngState(_Strict):
