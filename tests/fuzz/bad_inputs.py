@@ -137,6 +137,16 @@ FILES = [
     "model: {kind: llama, hidden: .nan}\n",
 ]
 
+LAUGHS = "\n".join(['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+                   + [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)])
+FILES += [  # "billion laughs": aliases that expand to 9^9 strings; the error must not print them
+    "compress:\n  refs:\n" + "\n".join("    " + line for line in LAUGHS.splitlines()) + "\n  method: *a8\n",
+    "compress:\n  method: prune\n  out:\n" + "\n".join("    " + line for line in LAUGHS.splitlines()) + "\n",
+    "refs:\n" + "\n".join("  " + line for line in LAUGHS.splitlines()) + "\ndata:\n  paths: *a8\n",
+    "refs:\n" + "\n".join("  " + line for line in LAUGHS.splitlines()) + "\ntraining:\n  betas: *a8\n",
+    "model:\n  hidden: '" + "9" * 100_000 + "'\n",
+]
+
 _PLAN_SPECIAL = {"zero": ["4", "-1"], "pue": ["0.5", "0.99"], "memory_reserve_gib": ["-1", "inf"]}
 
 

@@ -91,8 +91,17 @@ def describe_error(err: ValidationError) -> str:
         allowed = ", ".join(CompressConfig.model_fields)
         return f"compress.{key}: unknown key (allowed: {allowed})"
     if first["type"] == "literal_error":
-        return f"compress.{key}: {first['input']!r} is not allowed ({first['msg'].replace('Input should be ', 'expected ')})"
-    return f"compress.{key}: {first['msg']} (got {str(repr(first['input']))[:200]})"
+        return f"compress.{key}: {_short(first['input'])} is not allowed ({first['msg'].replace('Input should be ', 'expected ')})"
+    return f"compress.{key}: {first['msg']} (got {_short(first['input'])})"
+
+
+def _short(value) -> str:
+    """A bounded repr: a value built from YAML aliases can be huge (a "billion laughs" document)."""
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxlevel, shortener.maxstring, shortener.maxother = 2, 80, 80
+    return shortener.repr(value)
 
 
 def check_method(method: str) -> str:

@@ -7,6 +7,7 @@ No torch here: `flopwise train --help` and config errors stay fast.
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def describe_validation_error(
             full = loc + tuple(field.split("."))
             return f"{_source_of(full, source, override_keys or {})}: {'.'.join(full)}: {rest}"
     given = first.get("input")
-    shown = "" if isinstance(given, (dict, list)) or given is None else f" (got {given!r})"
+    shown = "" if isinstance(given, (dict, list)) or given is None else f" (got {reprlib.repr(given)})"
     if kind == "missing":
         shown = ""
     return f"{where}: {'.'.join(_clean_loc(loc))}: {message[:1].lower()}{message[1:]}{shown}"
