@@ -44,7 +44,7 @@ class ModelConfig(Section):
     kind: Literal["llama", "gpt2", "hf"] = "llama"
     hf_config: Path | None = None
     trust_remote_code: bool = False
-    n_layers: int = Field(4, ge=1, le=MAX_COUNT)
+    n_layers: int = Field(4, ge=1, le=4096)
     hidden: int = Field(192, ge=8, le=MAX_WIDTH)
     n_heads: int = Field(6, ge=1, le=MAX_COUNT)
     n_kv_heads: int | None = Field(None, ge=1, le=MAX_COUNT)
@@ -104,7 +104,7 @@ class ParallelConfig(Section):
     fsdp_min_params: int = Field(100_000, ge=0, le=2**62)
     zero_stage: int = Field(3, ge=0, le=3)
     offload: Literal["none", "optimizer", "params"] = "none"
-    pipeline_microbatches: int = Field(4, ge=1, le=MAX_COUNT)
+    pipeline_microbatches: int = Field(4, ge=1, le=4096)
     pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
     zero3_persistence_threshold: int = Field(100_000, ge=0, le=2**62)  # DeepSpeed: smaller parameters stay whole on every rank
     timeout_minutes: float = Field(10.0, gt=0, le=7 * 24 * 60)  # a week

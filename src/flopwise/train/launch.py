@@ -75,7 +75,7 @@ def launch(cfg: RunConfig) -> None:
     by the one process that leads the run, and released when it ends.
     """
     from flopwise.train.parallel import check_strategy, launched_externally
-    from flopwise.train.host_memory import check_fits_this_machine
+    from flopwise.train.machine_fit import check_fits_this_machine
     from flopwise.train.run_directory import claim_run_directory
 
     check_strategy(cfg.parallel)

@@ -1,4 +1,7 @@
-"""Refuse, before any process starts, a run this machine cannot even build.
+"""Refuse, before any process starts, a run this machine cannot even build or host.
+
+Processes: without CUDA, more than 8 ranks per CPU core only thrash the machine (each
+rank is a full Python process with its own model copy and threads).
 
 Two lower bounds, so a run that would fit is never refused: every process builds the whole
 model in fp32 before it is sharded (4 bytes per parameter), and the loss reads fp32
@@ -33,8 +36,23 @@ def parameter_lower_bound(cfg) -> int:
     return m.n_layers * per_layer + embeddings
 
 
+RANKS_PER_CORE = 8
+
+
+def check_process_count(cfg) -> None:
+    """On a machine without CUDA, at most RANKS_PER_CORE processes per CPU core."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    most = RANKS_PER_CORE * cores
+    if not torch.cuda.is_available() and cfg.parallel.nproc_per_node > most:
+        raise UserError(f"parallel.nproc_per_node: {cfg.parallel.nproc_per_node} processes on {cores} CPU core(s) "
+                        f"without a GPU (allowed here: at most {most}, {RANKS_PER_CORE} per core)")
+
+
 def check_fits_this_machine(cfg) -> None:
-    """One UserError line when the lower bound of memory for the processes on this node exceeds the machine's."""
+    """One UserError line when the processes, or the lower bound of their memory, exceed this machine."""
+    check_process_count(cfg)
     if cfg.model.kind == "hf":
         return
     total = machine_memory_bytes()

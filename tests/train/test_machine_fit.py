@@ -6,7 +6,7 @@ import pytest
 
 from flopwise.errors import UserError
 from flopwise.train.config_loading import load_config
-from flopwise.train.host_memory import check_fits_this_machine, machine_memory_bytes, parameter_lower_bound
+from flopwise.train.machine_fit import check_fits_this_machine, machine_memory_bytes, parameter_lower_bound
 from flopwise.train.launch import launch
 
 
@@ -31,3 +31,17 @@ def test_the_default_run_fits_and_the_bound_stays_below_the_real_count():
 
     real = sum(p.numel() for p in build_model(cfg.model, cfg.data.vocab_size).parameters())
     assert parameter_lower_bound(cfg) <= real
+
+
+def test_more_processes_than_a_cpu_machine_can_host_are_refused(tmp_path):
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the process limit applies to machines without CUDA")
+    too_many = 8 * (os.cpu_count() or 1) + 1
+    cfg = load_config(None, [f"parallel.nproc_per_node={too_many}", f"logging.run_dir={tmp_path / 'run'}"])
+    with pytest.raises(UserError, match=f"parallel.nproc_per_node: {too_many} processes"):
+        launch(cfg)
+    assert not (tmp_path / "run").exists()
