@@ -55,15 +55,6 @@ class ModelConfig(Section):
     norm_eps: float = Field(1e-5, gt=0, lt=1)
     rope_theta: float = Field(10000.0, gt=0, le=1e12)
 
-    @model_validator(mode="after")
-    def _check_heads(self) -> "ModelConfig":
-        if self.kind != "hf":
-            if self.hidden % self.n_heads:
-                raise ValueError(f"n_heads: {self.n_heads} does not divide hidden {self.hidden}")
-            if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-                raise ValueError(f"n_kv_heads: {self.n_kv_heads} does not divide n_heads {self.n_heads}")
-        return self
-
 
 class DataConfig(Section):
     """Where the tokens come from. Empty `paths` means the Python standard library's source."""
@@ -80,13 +71,6 @@ class DataConfig(Section):
     max_bytes: int | None = Field(None, ge=1, le=MAX_BYTES)  # cap on the text (or token bytes) read; None = all
     tokenizer_train_bytes: int = Field(4_000_000, ge=1, le=MAX_BYTES)  # BPE is learned on a sample this large
     prefetch: int = Field(4, ge=0, le=1024)
-
-    @model_validator(mode="after")
-    def _check_vocab(self) -> "DataConfig":
-        if self.token_dtype == "uint16" and self.vocab_size > 2**16:
-            raise ValueError(f"vocab_size: {self.vocab_size} does not fit token_dtype uint16 (allowed: <= 65536, "
-                             "or token_dtype: uint32)")
-        return self
 
 
 class ParallelConfig(Section):
