@@ -71,6 +71,14 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except ModuleNotFoundError as err:  # an optional extra that is not installed
+        from flopwise.extras import missing_extra_message
+
+        message = missing_extra_message(err)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

@@ -4,18 +4,12 @@
 """
 
 
-def load_compressed(path, compile: bool = False):
-    """Load a compressed model folder written by `flopwise compress` (see flopwise.compress.artifact)."""
+def load_compressed(path, compile: bool = False, trust: bool = False):
+    """Load a compressed model folder written by `flopwise compress` (see flopwise.compress.artifact).
+
+    Folders not written by this user's flopwise are refused unless `trust=True`: loading a
+    `.pt2` can run code stored in it (docs/compress.md, "Trust boundary").
+    """
     from flopwise.compress.artifact import load_compressed as _load
 
-    register_quantized_ops()
-    return _load(path, compile=compile)
-
-
-def register_quantized_ops() -> None:
-    """Register the `quantized_decomposed` ops an INT8 `.pt2` graph calls; without them a fresh
-    process cannot deserialize it ("failed to resolve torch.ops.quantized_decomposed...")."""
-    import logging
-
-    logging.getLogger("torchao").setLevel(logging.ERROR)  # CUDA-library load notices on a CPU
-    import torchao.quantization.pt2e  # noqa: F401  (registers the ops on import)
+    return _load(path, compile=compile, trust=trust)

@@ -9,6 +9,10 @@ A compressed model is a folder:
   (`sparsity_layout.py`: the standard layout any safetensors reader understands). Folders
   written before that stored zeros as a 1-bit mask (`.__mask__` keys); they still load;
 - `config.yaml` for language models (to rebuild the architecture); `report.*`.
+
+`compressed.json` also records the SHA-256 of the files above and this user's signature
+(flopwise.compress.artifact_trust); `load_compressed` checks both before reading a byte
+of the model, because `torch.export.load` unpickles.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from flopwise.compress.artifact_trust import seal, verify
 from flopwise.errors import UserError
 
 MANIFEST = "compressed.json"
@@ -83,6 +88,7 @@ def save_compressed(out: Path, model: nn.Module, *, manifest: dict, example: tor
                   metadata=metadata(manifest.get("sparsity_config")))
         weights = out / "model.safetensors"
     manifest = {**manifest, "example_shape": list(example.shape), "example_dtype": str(example.dtype).removeprefix("torch.")}
+    manifest = seal(out, manifest, [weights.name, *(files or {})])
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     return weights
 
@@ -99,20 +105,43 @@ def rebuild_float_model(path: Path, rebuild: dict) -> nn.Module:
     return build_network(rebuild["task"], **rebuild.get("network_kwargs", {}))
 
 
-def load_compressed(path: str | Path, compile: bool = False) -> nn.Module:
+def register_quantized_ops() -> None:
+    """Register the `quantized_decomposed` q/dq operators a PT2E INT8 graph calls.
+
+    PT2E (torchao) registers them as a side effect of its own imports; a fresh process that
+    only loads a saved graph has not imported it, and deserialization fails with
+    "quantized_decomposed.dequantize_per_channel ... not registered". This torch module
+    defines them (no torchao needed to run the graph).
+    """
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers the ops on import)
+
+
+def load_compressed(path: str | Path, compile: bool = False, trust: bool = False) -> nn.Module:
     """Load a model written by `flopwise compress` for inference.
 
     INT8 graphs come back as the exported q/dq program (correct in eager mode);
     `compile=True` also runs it through Inductor with freezing to get the INT8 kernels
     (call it under torch.no_grad()). Pruned / 2:4 models come back as ordinary float
     modules with the zeros in place.
+
+    Trust boundary: the folder's files must match the SHA-256 recorded at save time, and
+    the record must carry this user's signature; `trust=True` accepts a folder written
+    elsewhere (its hashes are still checked when present). Loading a `.pt2` can run code
+    stored in it, so pass `trust=True` only for sources you would run code from.
     """
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.exists():
         raise UserError(f"{path}: not a compressed model folder (no {MANIFEST})")
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{manifest_path}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") not in ("pt2", "safetensors"):
+        raise UserError(f"{manifest_path}: 'format' must be 'pt2' or 'safetensors'")
+    verify(path, manifest, trust=trust)
     if manifest["format"] == "pt2":
+        register_quantized_ops()
         model = torch.export.load(str(path / "model.pt2")).module()
     else:
         from safetensors import safe_open

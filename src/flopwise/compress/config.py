@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from flopwise.errors import UserError
 
@@ -22,7 +22,7 @@ TASKS = ("lm", "digits-cnn", "digits-mlp")
 class CompressConfig(BaseModel):
     """What to compress and how to measure it. Defaults give INT8 static PTQ with a histogram observer."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     method: Literal["int8-static", "int8-dynamic", "qat", "prune", "2:4",
                     "int8-weight-only", "int4-weight-only", "w8a8-dynamic"] = "int8-static"
@@ -32,23 +32,30 @@ class CompressConfig(BaseModel):
     percentile: float = Field(99.99, gt=50.0, le=100.0)
     per_channel: bool = True
     weight_bits: int = Field(8, ge=2, le=8)
-    calib_batches: int = Field(16, ge=1)
-    qat_steps: int = Field(100, ge=1)
+    calib_batches: int = Field(16, ge=1, le=10**6)
+    qat_steps: int = Field(100, ge=1, le=10**9)
     sparsity: float = Field(0.6, ge=0.0, lt=1.0)
     scope: Literal["layer", "global"] = "layer"
     schedule: Literal["oneshot", "gradual"] = "oneshot"
-    finetune_steps: int = Field(0, ge=0)
-    lr: float = Field(1e-4, gt=0.0)
-    batch_size: int = Field(32, ge=1)
-    eval_batches: int = Field(8, ge=1)
-    latency_batch: int = Field(16, ge=2)
-    new_tokens: int = Field(32, ge=1)  # LLM methods: tokens generated per timed call
-    latency_warmup: int = Field(3, ge=1)
-    latency_iters: int = Field(20, ge=3)
-    threads: int | None = Field(None, ge=1)
+    finetune_steps: int = Field(0, ge=0, le=10**9)
+    lr: float = Field(1e-4, gt=0.0, le=10.0)
+    batch_size: int = Field(32, ge=1, le=2**20)
+    eval_batches: int = Field(8, ge=1, le=10**6)
+    latency_batch: int = Field(16, ge=2, le=2**16)
+    new_tokens: int = Field(32, ge=1, le=4096)  # LLM methods: tokens generated per timed call
+    latency_warmup: int = Field(3, ge=1, le=10**4)
+    latency_iters: int = Field(20, ge=3, le=10**6)
+    threads: int | None = Field(None, ge=1, le=4096)
     compile: bool = True
     task: Literal["lm", "digits-cnn", "digits-mlp"] | None = None
     out: Path | None = None
+
+    @field_validator("out", mode="after")
+    @classmethod
+    def _plain_path(cls, value):
+        if value is not None and ("\x00" in str(value) or len(str(value)) > 4096):
+            raise ValueError("must be a path without NUL characters, at most 4096 characters")
+        return value
 
 
 def parse_compress_config(section: dict | None, pruning: object | None = None, source: str = "config") -> CompressConfig:
@@ -90,8 +97,17 @@ def describe_error(err: ValidationError) -> str:
         allowed = ", ".join(CompressConfig.model_fields)
         return f"compress.{key}: unknown key (allowed: {allowed})"
     if first["type"] == "literal_error":
-        return f"compress.{key}: {first['input']!r} is not allowed ({first['msg'].replace('Input should be ', 'expected ')})"
-    return f"compress.{key}: {first['msg']} (got {first['input']!r})"
+        return f"compress.{key}: {_short(first['input'])} is not allowed ({first['msg'].replace('Input should be ', 'expected ')})"
+    return f"compress.{key}: {first['msg']} (got {_short(first['input'])})"
+
+
+def _short(value) -> str:
+    """A bounded repr: a value built from YAML aliases can be huge (a "billion laughs" document)."""
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxlevel, shortener.maxstring, shortener.maxother = 2, 80, 80
+    return shortener.repr(value)
 
 
 def check_method(method: str) -> str:

@@ -368,10 +368,28 @@ def launch(
     return result
 
 
+MAX_MESSAGE_BYTES = 4 * 2**30
+MAX_CALLS = 10**6
+
+
+def check_bench_bounds(sizes: list[int], nproc: int | None, iters: int, warmup: int) -> None:
+    """Practical ceilings, so a typo cannot start thousands of processes or allocate terabytes."""
+    import os
+
+    if iters > MAX_CALLS or warmup > MAX_CALLS:
+        raise UserError(f"--iters / --warmup: at most {MAX_CALLS:,} calls per size (got {iters:,} / {warmup:,})")
+    if max(sizes) > MAX_MESSAGE_BYTES:
+        raise UserError(f"--sizes: {format_size(max(sizes))} is above the {format_size(MAX_MESSAGE_BYTES)} per message allowed")
+    most = max(2, 8 * (os.cpu_count() or 1))
+    if nproc is not None and nproc > most:
+        raise UserError(f"--nproc {nproc}: more than {most} local processes (8 per CPU core) would only thrash this machine")
+
+
 def run_bench(ops: list[str], sizes: list[int], nproc: int, iters: int, warmup: int, backend: str) -> dict | None:
     """Measure in place inside a launch, otherwise start one; None on ranks other than 0."""
     if iters < 1 or warmup < 0:
         raise UserError("--iters must be >= 1 and --warmup >= 0")
+    check_bench_bounds(sizes, nproc, iters, warmup)
     if inside_launch():
         return run_in_launch(ops, sizes, iters, warmup, backend)
     return launch(ops, sizes, nproc, iters, warmup, choose_backend(backend))

@@ -27,6 +27,9 @@ def plan_command(**options) -> None:
     With no options: Llama 2 7B on 8 x H100 SXM, bf16, AdamW, 4096-token sequences,
     4M-token batches, 2T tokens; the ZeRO stage is chosen and the reason printed.
     """
+    from flopwise.plan.flag_bounds import check_flag_values
+
+    check_flag_values(options)  # every numeric flag in its physical / practical range, before any search
     from flopwise.plan.options import runspec_kwargs
     from flopwise.plan.planner import build_runspec, plan
 

@@ -53,6 +53,9 @@ def compare_command(
     Devices without a published price are compared on time and energy only. With --local,
     plan your own cards (e.g. --hardware rtx4090 --gpus 4) against a cloud node.
     """
+    from flopwise.plan.flag_bounds import check_flag_values
+
+    check_flag_values(locals())  # every numeric flag in its physical / practical range, before any search
     from flopwise.errors import UserError
 
     keys = [h.strip() for h in hardware.split(",") if h.strip()] if hardware else None

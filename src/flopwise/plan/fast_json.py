@@ -17,10 +17,18 @@ def run_json_plan(argv: list[str]) -> bool:
     values = parse_json_plan_args(argv)
     if values is None:
         return False
+    from flopwise.plan.flag_bounds import check_flag_values
     from flopwise.plan.planner import build_runspec, plan
 
+    check_flag_values(values)  # the same ranges as the typer command
     result = plan(build_runspec(**runspec_kwargs(values)))
     import json
 
-    print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+    try:
+        print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+    except BrokenPipeError:  # `flopwise plan --json | head`: the reader left, nothing more to say
+        import os
+        import sys
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return True

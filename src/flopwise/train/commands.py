@@ -29,13 +29,12 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Load the config (one-line errors, exit 2) and start the run."""
-        from flopwise.train.config_loading import load_config
         from flopwise.train.launch import launch
 
         config_path, overrides = split_arguments(args or [])
         if resume_from:
             overrides.append(f"checkpoint.resume_from={resume_from}")
-        launch(load_config(config_path, overrides))
+        launch(load_train_config(config_path, overrides))
 
     from flopwise.train.generate_cli import register_generate
 
@@ -44,6 +43,17 @@ def register(app: typer.Typer) -> None:
     from flopwise.train.launch_cli import register_launch
 
     register_launch(app)
+
+
+def load_train_config(config_path: str | None, overrides: list[str]):
+    """The run config with every section validated before any process starts, `compress:` included."""
+    from flopwise.compress.config import parse_compress_config
+    from flopwise.train.config_loading import load_config
+
+    cfg = load_config(config_path, overrides)
+    if cfg.compress is not None:
+        parse_compress_config(cfg.compress, cfg.training.pruning, source=config_path or "config")
+    return cfg
 
 
 def split_arguments(args: list[str]) -> tuple[str | None, list[str]]:

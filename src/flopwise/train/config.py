@@ -7,15 +7,35 @@ reported as one line naming the key path and what is allowed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
+
+# Practical ceilings: far above any real run, low enough that no value reaches torch or the
+# allocator as an absurd size. Seeds must fit numpy's and torch's 32-bit seeding.
+MAX_SEED = 2**32 - 1
+MAX_STEPS = 10**12
+MAX_COUNT = 2**20  # layers, heads, batch sizes, processes, micro-batches
+MAX_WIDTH = 2**20  # hidden sizes
+MAX_SEQ = 2**24  # tokens per sequence
+MAX_VOCAB = 2**24
+MAX_BYTES = 2**50  # 1 PiB
+MAX_LR = 10.0
 
 
 class Section(BaseModel):
     """Base for config sections: unknown keys are errors, values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _plain_text(cls, value):
+        """Paths and names: no NUL character (the OS refuses them later with a traceback), at most 4096 chars."""
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, (str, Path)) and ("\x00" in str(text) or len(str(text)) > 4096):
+                raise ValueError("must be text without NUL characters, at most 4096 characters")
+        return value
 
 
 class ModelConfig(Section):
@@ -25,16 +45,16 @@ class ModelConfig(Section):
     hf_config: Path | None = None
     pretrained: Path | None = None  # a save_pretrained folder: its weights, config.json and tokenizer
     trust_remote_code: bool = False
-    n_layers: int = Field(4, ge=1)
-    hidden: int = Field(192, ge=8)
-    n_heads: int = Field(6, ge=1)
-    n_kv_heads: int | None = Field(None, ge=1)
-    ffn_hidden: int | None = Field(None, ge=1)
-    max_seq_len: int = Field(256, ge=8)
+    n_layers: int = Field(4, ge=1, le=4096)
+    hidden: int = Field(192, ge=8, le=MAX_WIDTH)
+    n_heads: int = Field(6, ge=1, le=MAX_COUNT)
+    n_kv_heads: int | None = Field(None, ge=1, le=MAX_COUNT)
+    ffn_hidden: int | None = Field(None, ge=1, le=MAX_WIDTH * 8)
+    max_seq_len: int = Field(256, ge=8, le=MAX_SEQ)
     tie_embeddings: bool = False
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    norm_eps: float = Field(1e-5, gt=0)
-    rope_theta: float = Field(10000.0, gt=0)
+    norm_eps: float = Field(1e-5, gt=0, lt=1)
+    rope_theta: float = Field(10000.0, gt=0, le=1e12)
 
 
 class HFDatasetConfig(Section):
@@ -62,13 +82,13 @@ class DataConfig(Section):
     text_field: str = "text"
     token_dtype: Literal["uint16", "uint32"] = "uint16"
     tokenizer: Path | None = None
-    vocab_size: int = Field(4096, ge=260)
-    seq_len: int = Field(128, ge=8)
+    vocab_size: int = Field(4096, ge=260, le=MAX_VOCAB)
+    seq_len: int = Field(128, ge=8, le=MAX_SEQ)
     val_fraction: float = Field(0.02, gt=0.0, lt=0.5)
     cache_dir: Path = Path(".cache/flopwise")
-    max_bytes: int | None = Field(None, ge=1)  # cap on the text (or token bytes) read; None = all
-    tokenizer_train_bytes: int = Field(4_000_000, ge=1)  # BPE is learned on a sample this large
-    prefetch: int = Field(4, ge=0)
+    max_bytes: int | None = Field(None, ge=1, le=MAX_BYTES)  # cap on the text (or token bytes) read; None = all
+    tokenizer_train_bytes: int = Field(4_000_000, ge=1, le=MAX_BYTES)  # BPE is learned on a sample this large
+    prefetch: int = Field(4, ge=0, le=1024)
 
     @field_validator("hf_dataset", mode="before")
     @classmethod
@@ -81,22 +101,31 @@ class ParallelConfig(Section):
     """How processes split the work. `nproc_per_node` > 1 makes `flopwise train` start torchrun."""
 
     strategy: Literal["single", "ddp", "fsdp", "deepspeed", "pipeline"] = "fsdp"
-    nproc_per_node: int = Field(2, ge=1)
-    nnodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0)
+    nproc_per_node: int = Field(2, ge=1, le=1024)
+    nnodes: int = Field(1, ge=1, le=MAX_COUNT)
+    node_rank: int = Field(0, ge=0, lt=MAX_COUNT)
     rdzv_endpoint: str = "localhost:29500"
     rdzv_id: str = "flopwise"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    ddp_bucket_mb: float = Field(25.0, gt=0)
+    ddp_bucket_mb: float = Field(25.0, gt=0, le=65536)
     fsdp_reshard_after_forward: bool = True
-    fsdp_min_params: int = Field(100_000, ge=0)
+    fsdp_min_params: int = Field(100_000, ge=0, le=2**62)
     zero_stage: int = Field(3, ge=0, le=3)
     offload: Literal["none", "optimizer", "params"] = "none"
-    pipeline_microbatches: int = Field(4, ge=1)
+    pipeline_microbatches: int = Field(4, ge=1, le=4096)
     pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    zero3_persistence_threshold: int = Field(100_000, ge=0)  # DeepSpeed: smaller parameters stay whole on every rank
-    timeout_minutes: float = Field(10.0, gt=0)
-    max_restarts: int = Field(0, ge=0)
+    zero3_persistence_threshold: int = Field(100_000, ge=0, le=2**62)  # DeepSpeed: smaller parameters stay whole on every rank
+    timeout_minutes: float = Field(10.0, gt=0, le=7 * 24 * 60)  # a week
+    max_restarts: int = Field(0, ge=0, le=1000)
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> "ParallelConfig":
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank: {self.node_rank} is not below nnodes {self.nnodes}")
+        host, sep, port = self.rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"rdzv_endpoint: {self.rdzv_endpoint!r} is not HOST:PORT with a port in 1-65535")
+        return self
 
 
 class PrecisionConfig(Section):
@@ -104,8 +133,8 @@ class PrecisionConfig(Section):
 
     mode: Literal["fp32", "bf16", "fp16", "bf16-params", "fp16-params"] = "fp32"
     fp32_norm: bool = True
-    initial_scale: float = Field(2.0**16, gt=0)
-    growth_interval: int = Field(2000, ge=1)
+    initial_scale: float = Field(2.0**16, gt=0, le=2.0**64)
+    growth_interval: int = Field(2000, ge=1, le=10**9)
 
 
 class PruningConfig(Section):
@@ -119,23 +148,23 @@ class PruningConfig(Section):
 class TrainingConfig(Section):
     """The optimisation loop."""
 
-    max_steps: int = Field(150, ge=1)
-    seed: int = 1234
-    micro_batch_size: int = Field(8, ge=1)
-    global_batch_size: int | None = Field(None, ge=1)
+    max_steps: int = Field(150, ge=1, le=MAX_STEPS)
+    seed: int = Field(1234, ge=0, le=MAX_SEED)
+    micro_batch_size: int = Field(8, ge=1, le=MAX_COUNT)
+    global_batch_size: int | None = Field(None, ge=1, le=2**24)
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: float = Field(3e-3, gt=0)
-    min_lr: float = Field(3e-4, ge=0)
-    warmup_steps: int = Field(15, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    momentum: float = Field(0.9, ge=0)
-    grad_clip: float | None = Field(1.0, gt=0)
+    lr: float = Field(3e-3, gt=0, le=MAX_LR)
+    min_lr: float = Field(3e-4, ge=0, le=MAX_LR)
+    warmup_steps: int = Field(15, ge=0, le=MAX_STEPS)
+    weight_decay: float = Field(0.1, ge=0, le=100)
+    betas: tuple[StrictFloat, StrictFloat] = (0.9, 0.95)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    grad_clip: float | None = Field(1.0, gt=0, le=1e9)
     gradient_checkpointing: bool | int = False
     activation_compression: Literal["none", "int8"] = "none"
     compile: bool = False
-    eval_every: int = Field(50, ge=1)
-    eval_batches: int = Field(8, ge=1)
+    eval_every: int = Field(50, ge=1, le=MAX_STEPS)
+    eval_batches: int = Field(8, ge=1, le=MAX_COUNT)
     measure_sync_wait: bool | None = None  # time the wait for other ranks before gradient sync; None = when > 1 rank
     pruning: PruningConfig | None = None
 
@@ -144,7 +173,7 @@ class TrainingConfig(Section):
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr: {self.min_lr} is above lr {self.lr} (allowed: 0 <= min_lr <= lr)")
         if self.gradient_checkpointing is not True and self.gradient_checkpointing is not False:
-            if self.gradient_checkpointing < 0:
+            if not 0 <= self.gradient_checkpointing <= MAX_COUNT:
                 raise ValueError("gradient_checkpointing: must be true, false or k >= 0 (checkpoint every k-th block)")
         for beta in self.betas:
             if not 0.0 <= beta < 1.0:
@@ -172,15 +201,16 @@ class CheckpointConfig(Section):
     run stops (without a scaler the first one stops it).
     """
 
-    every_steps: int | None = Field(None, ge=1)
-    every_minutes: float | None = Field(None, gt=0)
+    every_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    every_minutes: float | None = Field(None, gt=0, le=10**6)
     at_end: bool = True
-    keep_last: int = Field(3, ge=1)
-    pin: list[int] = Field(default_factory=list)
+    keep_last: int = Field(3, ge=1, le=10**6)
+    pin: list[Annotated[StrictInt, Field(ge=0, le=MAX_STEPS)]] = Field(default_factory=list)
     resume: bool = True
     resume_from: str | None = None
-    grace_seconds: float = Field(25.0, gt=0)
-    nan_patience: int = Field(3, ge=1)
+    overwrite: bool = False  # resume=false in a used run_dir: move the old run aside to <run_dir>.old-<time>
+    grace_seconds: float = Field(25.0, gt=0, le=86400)
+    nan_patience: int = Field(3, ge=1, le=10**6)
     verify_on_save: bool = True
 
 
@@ -188,7 +218,7 @@ class LoggingConfig(Section):
     """Where results go."""
 
     run_dir: Path = Path("runs/default")
-    log_every: int = Field(10, ge=1)
+    log_every: int = Field(10, ge=1, le=MAX_STEPS)
     tensorboard: bool = False
     wandb: bool = False
     wandb_project: str = "flopwise"

@@ -7,6 +7,7 @@ No torch here: `flopwise train --help` and config errors stay fast.
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,29 @@ from flopwise.train.config import RunConfig
 DEFAULT_CONFIG_NAME = "default.yaml (embedded)"
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last, silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: let PyYAML report it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (each key may appear once per mapping)", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_unique(text: str):
+    """Parse YAML with the safe loader, duplicate keys being an error."""
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Build the run config from an optional YAML file plus overrides; schema defaults fill the rest."""
     source = DEFAULT_CONFIG_NAME if path is None else str(path)
@@ -28,10 +52,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         keys, value = parse_override(item)
         set_dotted(data, keys, value, item)
         override_keys[keys] = item
+    if path is not None:
+        default_run_dir(data, Path(path))
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise UserError(describe_validation_error(err, source, override_keys)) from None
+
+
+def default_run_dir(data: dict, path: Path) -> None:
+    """A config file without `logging.run_dir` trains into runs/<file stem>, so two configs never share a run."""
+    logging = data.get("logging")
+    if logging is None:
+        logging = data["logging"] = {}
+    if isinstance(logging, dict) and logging.get("run_dir") is None:
+        logging["run_dir"] = f"runs/{path.stem}"
 
 
 def read_yaml(path: Path) -> dict:
@@ -41,7 +76,9 @@ def read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise UserError(f"{path}: not a file (expected a YAML config)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load_unique(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise UserError(f"{path}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -63,7 +100,11 @@ def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise UserError(f"override '{item}': expected section.key=value (e.g. training.max_steps=100)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else raw
+        value = safe_load_unique(raw) if raw.strip() else raw
+    except yaml.constructor.ConstructorError as err:
+        raise UserError(f"override '{item[:200]}': {err.problem}") from None
+    except RecursionError:
+        raise UserError(f"override '{item[:200]}': value nested too deeply") from None
     except yaml.YAMLError:
         value = raw
     return tuple(key.split(".")), value
@@ -104,7 +145,7 @@ def describe_validation_error(
             full = loc + tuple(field.split("."))
             return f"{_source_of(full, source, override_keys or {})}: {'.'.join(full)}: {rest}"
     given = first.get("input")
-    shown = "" if isinstance(given, (dict, list)) or given is None else f" (got {given!r})"
+    shown = "" if isinstance(given, (dict, list)) or given is None else f" (got {reprlib.repr(given)})"
     if kind == "missing":
         shown = ""
     return f"{where}: {'.'.join(_clean_loc(loc))}: {message[:1].lower()}{message[1:]}{shown}"

@@ -21,7 +21,7 @@ from flopwise.errors import UserError
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): "try again later"; torchrun/Slurm relaunch on it
 DIVERGED_EXIT_CODE = 3
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # SIGINT: Ctrl-C, forwarded by torchrun
 
 
 class Preempted(UserError):
@@ -208,7 +208,8 @@ class StepBoundary:
     # ----------------------------------------------------------------------------------
 
     def _save(self, state):
-        from flopwise.train.checkpoint import prune_checkpoints, save_checkpoint
+        from flopwise.train.checkpoint import save_checkpoint
+        from flopwise.train.checkpoint_checks import prune_keeping_valid as prune_checkpoints  # corrupt ones hold no slot
 
         if self.last_saved_step == state.step:
             from flopwise.train.checkpoint import checkpoints_dir
@@ -236,9 +237,9 @@ class StepBoundary:
 
     def _agreed_resume_step(self) -> int:
         """Rank 0 picks (and verifies) the checkpoint; every rank learns its step, or the error."""
-        from flopwise.train.checkpoint import (
-            latest_valid, read_manifest, resolve_checkpoint, resume_from_done, supersede_newer,
-        )
+        from flopwise.train.checkpoint import read_manifest, resolve_checkpoint, resume_from_done, supersede_newer
+        from flopwise.train.checkpoint_checks import check_checkpoint_schema
+        from flopwise.train.checkpoint_checks import latest_valid_or_stop as latest_valid  # all invalid: one line
 
         step, error = -1, None
         if self.env.is_main:
@@ -252,6 +253,8 @@ class StepBoundary:
                     supersede_newer(self.run_dir, path, report=self.report)
                 elif not spec and self.cfg.resume:
                     path = latest_valid(self.run_dir, report=self.report)
+                if path is not None:
+                    check_checkpoint_schema(path)  # a bad trainer state: one line here, not a KeyError on one rank
                 step = int(read_manifest(path)["step"]) if path is not None else -1
             except UserError as err:
                 error, step = err, self.NO_CHECKPOINT_ERROR

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -42,7 +43,7 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 class StoppedBySignal(Preempted):
-    """This launcher was signalled (scancel, a pod's deletion) and its ranks saved a checkpoint.
+    """This launcher was signalled (Ctrl-C, scancel, a pod's deletion) and its ranks saved a checkpoint.
 
     Exit code 75 like any preemption, but never restarted here: the job itself is being
     stopped, so the scheduler requeues it (or not).
@@ -92,11 +93,34 @@ def started_as_one_rank(cfg: RunConfig) -> bool:
 
 
 def launch(cfg: RunConfig) -> None:
-    """Run `cfg`: directly when one process (or already one rank of a launch), else under torchrun."""
+    """Run `cfg`: directly when one process (or already one rank of a launch), else under torchrun.
+
+    The run directory is claimed first (lock, reuse and config checks: run_directory.py)
+    by the one process that leads the run, and released when it ends.
+    """
+    from flopwise.train.machine_fit import check_fits_this_machine
     from flopwise.train.parallel import check_strategy
+    from flopwise.train.run_directory import claim_run_directory
 
     check_strategy(cfg.parallel)
-    if started_as_one_rank(cfg):
+    check_fits_this_machine(cfg)  # an impossible size is one line now, not an allocator traceback per rank
+    one_rank = started_as_one_rank(cfg)
+    if _leads_run(cfg, one_rank):
+        with claim_run_directory(cfg):
+            _launch(cfg, one_rank)
+    else:
+        _launch(cfg, one_rank)
+
+
+def _leads_run(cfg: RunConfig, one_rank: bool) -> bool:
+    """Global rank 0 when a launcher made this process one rank; node 0's launcher otherwise."""
+    if one_rank:
+        return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
+    return cfg.parallel.nnodes == 1 or cfg.parallel.node_rank == 0
+
+
+def _launch(cfg: RunConfig, one_rank: bool) -> None:
+    if one_rank:
         run_here(cfg)  # torchrun or Slurm restarts this process; no retry loop of our own
         return
     if world_size_of(cfg) == 1:
@@ -129,8 +153,8 @@ def _run_here_with_restarts(cfg: RunConfig) -> None:
             run_here(cfg)
             return
         except Preempted as stop:
-            if attempt == cfg.parallel.max_restarts:
-                raise
+            if attempt == cfg.parallel.max_restarts or str(stop).startswith("preempted by SIGINT"):
+                raise  # Ctrl-C means stop, not "restart after a preemption"
             print(f"{stop}; restart {attempt + 1} of {cfg.parallel.max_restarts}", file=sys.stderr, flush=True)
 
 
@@ -172,21 +196,31 @@ def _run_torchrun(cfg: RunConfig) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    from flopwise.train.worker import LAUNCHER_PID_ENV
+
     # torchrun sets OMP_NUM_THREADS=1 with a warning when unset; say it once, quietly.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # After an in-place restart the ranks must meet in a fresh store. torchrun's default shares its
     # rendezvous store with the ranks, unprefixed and kept across rounds, so restarted ranks read the
     # previous round's process-group keys (peer addresses of dead ranks) and hang while connecting.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Each elastic module's logger has its own level, so quiet them one by one (e.g. the agent's
+    # "Received 15 death signal" warning: the one line that matters is ours).
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    handlers = {sig: signal.getsignal(sig) for sig in _signals(FORWARDED_SIGNALS)}
     with tempfile.TemporaryDirectory(prefix="flopwise-launch-") as name:
         node_dir = Path(name)  # on this node's disk: the config copy and the ranks' error messages
         config_path = node_dir / "config.yaml"
         config_path.write_text(dump_config(cfg))
         os.environ[ERROR_FILE_ENV] = str(node_dir / "error")
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
         try:
             run(get_args_parser().parse_args(torchrun_args(cfg, config_path)))
-        except SignalException as stopped:  # torchrun passed a signal on to the ranks and stopped them
+        except SignalException as stopped:  # torchrun forwarded it and waited for the workers to save
+            for sig in handlers:
+                signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
             message = _first_user_error(node_dir)
             if message and message.startswith("preempted"):
                 raise StoppedBySignal(message) from None
@@ -205,6 +239,13 @@ def _run_torchrun(cfg: RunConfig) -> None:
             raise SystemExit(1) from None
         finally:
             os.environ.pop(ERROR_FILE_ENV, None)
+            os.environ.pop(LAUNCHER_PID_ENV, None)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+
+def _signals(names: str) -> list[signal.Signals]:
+    return [getattr(signal, name) for name in names.split(",") if hasattr(signal, name)]
 
 
 def _first_user_error(folder: Path) -> str | None:

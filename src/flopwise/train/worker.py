@@ -14,6 +14,8 @@ import traceback
 
 from flopwise.errors import UserError
 
+LAUNCHER_PID_ENV = "FLOPWISE_LAUNCHER_PID"
+
 
 def main(argv: list[str] | None = None) -> None:
     """Load the config and run this rank, then leave without interpreter teardown.
@@ -24,6 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     torn down during interpreter finalization, which would turn a finished run into a
     failed rank.
     """
+    from flopwise.train.parent_watch import die_with_parent
+
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    die_with_parent(int(launcher) if launcher and launcher.isdigit() else None)  # no orphans if the launcher dies
     code = run(sys.argv[1:] if argv is None else argv)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -44,6 +50,15 @@ def run(args: list[str]) -> int:
     except UserError as err:
         _report(str(err))
         return err.exit_code
+    except ModuleNotFoundError as err:  # an optional extra (deepspeed, transformers, ...) is missing
+        from flopwise.extras import missing_extra_message
+
+        message = missing_extra_message(err)
+        if message is None:
+            traceback.print_exc()
+            return 1
+        _report(message)
+        return 2
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:  # a bug: show it, fail this rank

@@ -1,0 +1,70 @@
+"""Refuse, before any process starts, a run this machine cannot even build or host.
+
+Processes: without CUDA, more than 8 ranks per CPU core only thrash the machine (each
+rank is a full Python process with its own model copy and threads).
+
+Two lower bounds, so a run that would fit is never refused: every process builds the whole
+model in fp32 before it is sharded (4 bytes per parameter), and the loss reads fp32
+logits of `micro_batch_size x seq_len x vocab_size`. Their sum times the processes on this
+node must fit in the machine's memory; otherwise the ranks die later in the allocator
+with a traceback each.
+"""
+
+from __future__ import annotations
+
+import os
+
+from flopwise.errors import UserError
+
+GIB = 2**30
+
+
+def machine_memory_bytes() -> int | None:
+    """Physical memory of this machine (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def parameter_lower_bound(cfg) -> int:
+    """Parameters of the built-in decoder, counted low: attention 4h^2 (fewer with GQA counted as full), MLP 2 h f, embeddings."""
+    m = cfg.model
+    ffn = m.ffn_hidden or 2 * m.hidden
+    per_layer = 2 * m.hidden * m.hidden + 2 * m.hidden * ffn
+    embeddings = cfg.data.vocab_size * m.hidden * (1 if m.tie_embeddings else 2)
+    return m.n_layers * per_layer + embeddings
+
+
+RANKS_PER_CORE = 8
+
+
+def check_process_count(cfg) -> None:
+    """On a machine without CUDA, at most RANKS_PER_CORE processes per CPU core."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    most = RANKS_PER_CORE * cores
+    if not torch.cuda.is_available() and cfg.parallel.nproc_per_node > most:
+        raise UserError(f"parallel.nproc_per_node: {cfg.parallel.nproc_per_node} processes on {cores} CPU core(s) "
+                        f"without a GPU (allowed here: at most {most}, {RANKS_PER_CORE} per core)")
+
+
+def check_fits_this_machine(cfg) -> None:
+    """One UserError line when the processes, or the lower bound of their memory, exceed this machine."""
+    check_process_count(cfg)
+    if cfg.model.kind == "hf":
+        return
+    total = machine_memory_bytes()
+    if total is None:
+        return
+    procs = cfg.parallel.nproc_per_node
+    weights = 4 * parameter_lower_bound(cfg)
+    logits = 4 * cfg.training.micro_batch_size * cfg.data.seq_len * cfg.data.vocab_size
+    need = procs * (weights + logits)
+    if need > total:
+        raise UserError(
+            f"model/training: this run needs at least {need / GIB:,.1f} GiB on this machine ({procs} process(es) x "
+            f"({weights / GIB:,.1f} GiB of fp32 weights + {logits / GIB:,.1f} GiB of fp32 logits for "
+            f"micro_batch_size x seq_len x vocab_size)), more than its {total / GIB:,.1f} GiB; make model.hidden/"
+            "n_layers, training.micro_batch_size or data.seq_len smaller")

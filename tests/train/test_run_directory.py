@@ -1,0 +1,208 @@
+"""One run directory, one run: the lock, reuse of a used directory, the config it belongs to,
+and what a resume refuses (all checkpoints invalid, stray files, a trainer state off its
+schema). Real files, real processes, real (tiny) training runs on one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flopwise.errors import UserError
+from flopwise.train import checkpoint as ckpt
+from flopwise.train.checkpoint_checks import latest_valid_or_stop, prune_keeping_valid
+from flopwise.train.config_loading import load_config
+from flopwise.train.launch import launch
+from flopwise.train.run_directory import LOCK_FILE, acquire_lock, claim_run_directory, release_lock
+
+TINY = [
+    "model.n_layers=1", "model.hidden=32", "model.n_heads=2", "model.max_seq_len=64",
+    "data.vocab_size=300", "data.seq_len=32", "data.prefetch=0", "data.tokenizer_train_bytes=100000",
+    "parallel.strategy=single", "parallel.nproc_per_node=1",
+    "training.micro_batch_size=4", "training.warmup_steps=1", "training.max_steps=4", "training.eval_every=4",
+    "training.eval_batches=1", "logging.progress=false", "checkpoint.every_steps=1", "checkpoint.keep_last=10",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rundir-corpus")
+    (root / "text").mkdir()
+    (root / "text" / "code.py").write_text("".join(f"def g_{i % 37}(y):\n    return y + {i % 7}\n" for i in range(1500)))
+    return root
+
+
+def overrides(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [*TINY, f"data.paths=[{corpus / 'text'}]", f"data.cache_dir={corpus / 'cache'}",
+            f"logging.run_dir={run_dir}", *extra]
+
+
+def train(corpus, run_dir, *extra):
+    launch(load_config(None, overrides(corpus, run_dir, *extra)))
+
+
+def one_line(call) -> str:
+    with pytest.raises(UserError) as err:
+        call()
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """A finished 4-step run with a checkpoint at every step."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    train(corpus, run_dir)
+    assert [s for s, _ in ckpt.published_steps(run_dir)] == [1, 2, 3, 4]
+    return run_dir
+
+
+# ------------------------------------------------------------------------------ the lock
+
+
+def test_a_second_trainer_on_a_locked_run_directory_is_refused_with_one_line(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from pathlib import Path; "
+                               "from flopwise.train.run_directory import acquire_lock; "
+                               "acquire_lock(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)",
+                               str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cfg_file = tmp_path / "c.yaml"
+        cfg_file.write_text(yaml.safe_dump({}))
+        done = subprocess.run([sys.executable, "-m", "flopwise", "train", str(cfg_file),
+                               *overrides(corpus, run_dir)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 2
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"pid {holder.pid} on {socket.gethostname()}" in lines[0], done.stderr
+        assert not (run_dir / "metrics.rank0.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "started": "x"}))
+    notes = []
+    lock = acquire_lock(tmp_path, report=notes.append)
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert "stale lock" in notes[0]
+    release_lock(lock)
+    assert not lock.exists()
+
+
+def test_a_lock_from_another_host_is_never_taken(tmp_path):
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "t"}))
+    assert "in use by another trainer (pid 1 on elsewhere" in one_line(lambda: acquire_lock(tmp_path))
+
+
+def test_the_lock_is_released_when_the_run_ends(trained):
+    assert not (trained / LOCK_FILE).exists()
+
+
+# ------------------------------------------------------------------------------ reuse and config
+
+
+def test_resume_false_in_a_used_directory_is_refused(corpus, trained):
+    message = one_line(lambda: train(corpus, trained, "checkpoint.resume=false"))
+    assert "already holds a run" in message and "checkpoint.overwrite=true" in message
+
+
+def test_overwrite_moves_the_old_run_aside(corpus, trained, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    train(corpus, run_dir, "checkpoint.resume=false", "checkpoint.overwrite=true", "training.max_steps=2")
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
+    assert len(aside) == 1 and [s for s, _ in ckpt.published_steps(aside[0])] == [1, 2, 3, 4]
+    assert [s for s, _ in ckpt.published_steps(run_dir)] == [1, 2]
+    assert len((run_dir / "metrics.rank0.jsonl").read_text().splitlines()) == 2
+
+
+def test_resuming_with_a_different_config_names_the_keys(corpus, trained):
+    cfg = load_config(None, overrides(corpus, trained, "model.hidden=64", "training.lr=0.001"))
+    with pytest.raises(UserError) as err:
+        with claim_run_directory(cfg):
+            pass
+    message = str(err.value)
+    assert "\n" not in message and "model.hidden (32 -> 64)" in message and "training.lr" in message
+    # what may change on a resume does not count
+    cfg = load_config(None, overrides(corpus, trained, "training.max_steps=9", "logging.log_every=1"))
+    with claim_run_directory(cfg):
+        pass
+
+
+def test_different_config_files_get_different_default_run_directories(tmp_path):
+    (tmp_path / "small.yaml").write_text("training: {max_steps: 5}\n")
+    (tmp_path / "large.yaml").write_text("training: {max_steps: 6}\n")
+    assert str(load_config(tmp_path / "small.yaml").logging.run_dir) == "runs/small"
+    assert str(load_config(tmp_path / "large.yaml").logging.run_dir) == "runs/large"
+    assert str(load_config(None).logging.run_dir) == "runs/default"
+    assert str(load_config(tmp_path / "small.yaml", ["logging.run_dir=x"]).logging.run_dir) == "x"
+
+
+# ------------------------------------------------------------------------------ what a resume refuses
+
+
+def _corrupt(step_dir: Path) -> None:
+    shard = next(step_dir.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+def test_all_checkpoints_invalid_stops_with_one_line_and_keeps_the_metrics(corpus, trained, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    for _, step_dir in ckpt.published_steps(run_dir):
+        _corrupt(step_dir)
+    metrics = (run_dir / "metrics.rank0.jsonl").read_text()
+    message = one_line(lambda: train(corpus, run_dir, "training.max_steps=6"))
+    assert "none of the 4 checkpoint(s) is valid" in message
+    assert (run_dir / "metrics.rank0.jsonl").read_text() == metrics
+
+
+def test_a_plain_file_named_like_a_step_is_reported(trained, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    (run_dir / "checkpoints" / "step-9").write_text("not a folder")
+    notes = []
+    assert latest_valid_or_stop(run_dir, report=notes.append).name == "step-4"
+    assert any("step-9: a plain file where a checkpoint folder should be" in n for n in notes)
+
+
+def test_a_trainer_state_off_its_schema_is_one_line(corpus, trained, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    for _, step_dir in ckpt.published_steps(run_dir):
+        trainer = step_dir / "trainer.rank00000.json"
+        state = json.loads(trainer.read_text())
+        state["stepp"] = state.pop("step")
+        trainer.write_text(json.dumps(state))
+        manifest = json.loads((step_dir / "manifest.json").read_text())  # re-hashed: only the schema is off
+        manifest["files"][trainer.name] = {"bytes": trainer.stat().st_size, "sha256": ckpt._sha256(trainer)}
+        (step_dir / "manifest.json").write_text(json.dumps(manifest))
+    message = one_line(lambda: train(corpus, run_dir, "training.max_steps=6"))
+    assert "trainer.rank00000.json: does not match the trainer state schema" in message
+
+
+def test_corrupt_checkpoints_hold_no_keep_last_slot(trained, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    (run_dir / "checkpoints" / "latest").write_text("step-2\n")
+    (next((run_dir / "checkpoints" / "step-4").glob("*.distcp"))).write_bytes(b"short")
+    (run_dir / "checkpoints" / "step-3" / "manifest.json").unlink()
+    deleted = prune_keeping_valid(run_dir, keep_last=1, pin=[])
+    assert sorted(p.name for p in deleted) == ["step-1", "step-3", "step-4"]
+    assert [s for s, _ in ckpt.published_steps(run_dir)] == [2]
