@@ -25,13 +25,17 @@ app = typer.Typer(
 
 
 def _register() -> None:
+    # Imported when the app is built, not at `import flopwise.cli`: tests and tools import the
+    # CLI module without paying for every capability's command module.
     from flopwise.catalog import commands as catalog_commands
     from flopwise.compress import commands as compress_commands
     from flopwise.diagnose import commands as diagnose_commands
     from flopwise.plan import commands as plan_commands
+    from flopwise.report import commands as report_commands
     from flopwise.train import commands as train_commands
 
-    for module in (plan_commands, catalog_commands, train_commands, compress_commands, diagnose_commands):
+    for module in (plan_commands, catalog_commands, train_commands, compress_commands, diagnose_commands,
+                   report_commands):
         module.register(app)
 
 

@@ -1,4 +1,4 @@
-"""CLI commands of flopwise.plan (registered by flopwise.cli): `flopwise plan`.
+"""CLI commands of flopwise.plan (registered by flopwise.cli): `flopwise plan`, `compare`, `models`.
 
 Imports stay inside the command so `flopwise --help` does not load the planner, and rich
 is imported only when a table is printed.
@@ -11,12 +11,14 @@ from typing import Optional
 import typer
 
 from flopwise.plan import compare_cli
+from flopwise.plan.models_cli import register_models
 
 
 def register(app: typer.Typer) -> None:
-    """Add `plan` and `compare` to the top-level app."""
+    """Add `plan`, `compare` and `models` to the top-level app."""
     app.command(name="plan")(plan_command)
     compare_cli.register(app)
+    register_models(app)
 
 
 def plan_command(
@@ -79,7 +81,8 @@ def plan_command(
         from flopwise.plan.search_cli import run_search_and_spot
 
         return run_search_and_spot(spec, devices, search, objective, top, spot, preemptions_per_day,
-                                   checkpoint_seconds, restart_seconds, spot_price_per_hour, as_json, host_memory_gib)
+                                   checkpoint_seconds, restart_seconds, spot_price_per_hour, as_json, host_memory_gib,
+                                   show_plan=print_plan)
     result = plan(spec)
     if as_json:
         import json
