@@ -34,8 +34,12 @@ def _register() -> None:
     from flopwise.report import commands as report_commands
     from flopwise.train import commands as train_commands
 
-    for module in (plan_commands, catalog_commands, train_commands, compress_commands, diagnose_commands,
-                   report_commands):
+    from flopwise.train.config_loading import load_config
+
+    # The composition root: `plan --config` reads a training config with the trainer's own
+    # (torch-free) loader, handed in here so that plan never imports train.
+    plan_commands.register(app, load_training_config=load_config)
+    for module in (catalog_commands, train_commands, compress_commands, diagnose_commands, report_commands):
         module.register(app)
 
 

@@ -6,7 +6,8 @@ is imported only when a table is printed.
 
 from __future__ import annotations
 
-from typing import Optional
+from pathlib import Path
+from typing import Callable, Optional
 
 import typer
 
@@ -14,14 +15,27 @@ from flopwise.plan import compare_cli
 from flopwise.plan.models_cli import register_models
 
 
-def register(app: typer.Typer) -> None:
-    """Add `plan`, `compare` and `models` to the top-level app."""
+ConfigLoader = Callable[[Optional[Path], list[str]], object]
+_load_training_config: ConfigLoader | None = None
+
+
+def register(app: typer.Typer, load_training_config: ConfigLoader | None = None) -> None:
+    """Add `plan`, `compare` and `models` to the top-level app.
+
+    `load_training_config(path, overrides)` reads a `flopwise train` config for
+    `plan --config`; the CLI passes the trainer's loader in, so the planner imports no
+    trainer module (plan never imports train).
+    """
+    global _load_training_config
+    _load_training_config = load_training_config
     app.command(name="plan")(plan_command)
     compare_cli.register(app)
     register_models(app)
 
 
 def plan_command(
+    overrides: Optional[list[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", help="With --config: dotted overrides, as `flopwise train` takes them."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A `flopwise train` YAML config: plan exactly the run it describes (model, layout, precision, batch, steps)."),
     model: Optional[str] = typer.Option(None, "--model", help="Catalog key (see `flopwise models`) or a config.json path. [default: llama2-7b]"),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Catalog key (see `flopwise hardware`). [default: h100-sxm]"),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="Devices in all. [default: 8, or dp*tp*pp]"),
@@ -66,6 +80,13 @@ def plan_command(
     """
     from flopwise.plan.planner import build_runspec, plan
 
+    if config is not None or overrides:
+        given = {"--model": model, "--gpus": gpus, "--dp": dp, "--tp": tp, "--pp": pp, "--micro-batch": micro_batch,
+                 "--global-batch": global_batch, "--batch-tokens": batch_tokens, "--seq-len": seq_len,
+                 "--tokens": tokens, "--precision": precision, "--optimizer": optimizer, "--zero": zero,
+                 "--search": search or None}
+        return plan_training_config(config, overrides or [], hardware, as_json, spot=spot,
+                                    conflicting=[name for name, value in given.items() if value is not None])
     devices = gpus or ((dp * (tp or 1) * (pp or 1)) if dp else 8)
     if search:  # the search picks the layout; one device keeps the global batch exactly as asked
         gpus, dp, tp, pp, zero, micro_batch = 1, None, None, None, None, None
@@ -90,6 +111,38 @@ def plan_command(
         print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
         return
     print_plan(result)
+
+
+def plan_training_config(config: Path | None, overrides: list[str], hardware: str | None, as_json: bool,
+                         spot: bool = False, conflicting: list[str] = ()) -> None:
+    """`plan --config`: the plan of the run `flopwise train CONFIG [KEY=VALUE ...]` would start.
+
+    The RunSpec comes from `plan.from_config.runspec_from_config`, the function the trainer
+    writes its `plan.json` with. The config names no hardware: `--hardware` picks it.
+    """
+    from flopwise.catalog.hardware import get_hardware  # planner modules load when the command runs, not at --help
+    from flopwise.errors import UserError
+    from flopwise.plan.from_config import notes_for, runspec_from_config
+    from flopwise.plan.planner import EXAMPLE, plan
+
+    if config is None:
+        raise UserError(f"{overrides[0]}: KEY=VALUE overrides need --config (the training config they change)")
+    if conflicting or spot:
+        names = ", ".join(list(conflicting) + (["--spot"] if spot else []))
+        raise UserError(f"--config sets the model, layout and workload; drop {names} "
+                        "(change the config with KEY=VALUE overrides instead)")
+    if _load_training_config is None:
+        raise UserError("--config: no training-config reader is registered (run through the `flopwise` command)")
+    cfg = _load_training_config(config, list(overrides))
+    result = plan(runspec_from_config(cfg, get_hardware(hardware or EXAMPLE["hardware"])))
+    if as_json:
+        import json
+
+        print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+        return
+    print_plan(result)
+    for note in notes_for(cfg):
+        print(note)
 
 
 def _gib(nbytes: float) -> str:

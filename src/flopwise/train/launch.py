@@ -61,7 +61,8 @@ def torchrun_args(cfg: RunConfig, config_path: Path) -> list[str]:
 
 def launch(cfg: RunConfig) -> None:
     """Run `cfg`: directly when one process (or already inside a launch), else under torchrun."""
-    from flopwise.train.parallel import check_strategy, launched_externally
+    from flopwise.train.distributed import launched_externally
+    from flopwise.train.parallelize import check_strategy
 
     check_strategy(cfg.parallel)
     if launched_externally():
@@ -81,7 +82,7 @@ def launch(cfg: RunConfig) -> None:
 def run_here(cfg: RunConfig) -> None:
     """The per-process run: join the group, train, leave the group."""
     from flopwise.train.loop import run_training
-    from flopwise.train.parallel import init_distributed, shutdown
+    from flopwise.train.distributed import init_distributed, shutdown
 
     env = init_distributed(cfg.parallel)
     try:
@@ -92,7 +93,7 @@ def run_here(cfg: RunConfig) -> None:
 
 def _run_here_with_restarts(cfg: RunConfig) -> None:
     """One process: after a preemption (checkpoint saved, exit code 75) start again, up to `parallel.max_restarts` times."""
-    from flopwise.train.faults import Preempted
+    from flopwise.train.checkpoint.policy import Preempted
 
     for attempt in range(cfg.parallel.max_restarts + 1):
         try:
@@ -107,7 +108,7 @@ def _run_here_with_restarts(cfg: RunConfig) -> None:
 def _run_torchrun_with_restarts(cfg: RunConfig, config_path: Path) -> None:
     """One node: after a preemption (exit 75) or a failed rank, start a fresh torchrun (new rendezvous),
     up to `parallel.max_restarts` times; every start resumes from the latest valid checkpoint."""
-    from flopwise.train.faults import Preempted
+    from flopwise.train.checkpoint.policy import Preempted
 
     restarts = cfg.parallel.max_restarts if cfg.parallel.nnodes == 1 else 0
     for attempt in range(restarts + 1):
@@ -144,7 +145,7 @@ def _run_torchrun(args: list[str]) -> None:
         try:
             run(get_args_parser().parse_args(args))
         except ChildFailedError as failed:
-            from flopwise.train.faults import PREEMPTED_EXIT_CODE, Preempted
+            from flopwise.train.checkpoint.policy import PREEMPTED_EXIT_CODE, Preempted
 
             message = _first_user_error(Path(errors))
             rank, failure = failed.get_first_failure()

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from flopwise.train.parallel import local_tensor
+from flopwise.train.distributed import local_tensor
 
 
 @dataclass

@@ -24,8 +24,11 @@ from pathlib import Path
 import torch
 
 from flopwise.catalog.hardware import HardwareSpec
+from flopwise.plan.from_config import model_spec_from_config, notes_for, runspec_from_config
+from flopwise.plan.planner import plan
+from flopwise.plan.precision_mode import precision_of
 from flopwise.train.config import RunConfig
-from flopwise.train.parallel import DistEnv, all_reduce_mean
+from flopwise.train.distributed import DistEnv, all_reduce_mean
 
 CPU_KEY = "cpu-measured"
 # Square matmul sizes for the CPU peak: cache behaviour makes either one faster on a given
@@ -110,28 +113,23 @@ class Forecast:
         }
 
 
-def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv, grad_accum: int) -> Forecast:
-    """Find the device peak, plan the run, and write `plan.json` (rank 0) before the first step."""
-    from flopwise.train.model import model_spec
+def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
+    """Find the device peak, plan the run, and write `plan.json` (rank 0) before the first step.
 
+    The RunSpec comes from `plan.from_config.runspec_from_config`, the same function
+    `flopwise plan --config` uses, so the two predictions agree for the same config.
+    """
     hardware, peak_source, reason = detect_hardware(cfg, env)
-    dtype = planner_precision(cfg.precision.mode)
-    notes: list[str] = []
-    every = cfg.training.checkpoint_every
-    if every > 1:
-        notes.append(f"prediction: checkpointing every {every} blocks is planned as no recompute "
-                     "(the planner models none, selective or every block)")
-    if cfg.training.activation_compression != "none":
-        notes.append("prediction: int8 activation compression is not modelled by the planner")
-    spec = model_spec(cfg.model, vocab_size, cfg.data.seq_len)
+    dtype = precision_of(cfg.precision.mode).compute_dtype
+    notes = notes_for(cfg)
+    spec = model_spec_from_config(cfg.model, vocab_size, cfg.data.seq_len)
     plan_dict, plan_error = None, None
     if hardware is None:
         plan_error = f"no prediction: {reason}"
     else:
         try:
-            from flopwise.plan.planner import plan
-
-            plan_dict = plan(runspec_for(cfg, spec, hardware, env.world_size, grad_accum)).to_dict()
+            runspec = runspec_from_config(cfg, hardware, world_size=env.world_size, vocab_size=vocab_size)
+            plan_dict = plan(runspec).to_dict()
         except Exception as err:  # a forecast that fails must not stop the training run
             plan_error = f"no prediction: the planner could not plan this run ({err.__class__.__name__}: {err})"
     if plan_error:
@@ -160,40 +158,6 @@ def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv, grad_accum: int) -> F
     return forecast
 
 
-def planner_precision(mode: str) -> str:
-    """The planner's precision name for a `precision.mode`."""
-    return "fp32" if mode == "fp32" else ("bf16" if mode.startswith("bf16") else "fp16")
-
-
-def runspec_for(cfg: RunConfig, spec, hardware: HardwareSpec, world_size: int, grad_accum: int):
-    """The RunSpec of this run: same model, layout, precision, optimizer and token budget."""
-    from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
-
-    every = cfg.training.checkpoint_every
-    strategy = cfg.parallel.strategy
-    pipeline = strategy == "pipeline"
-    layout = Layout(
-        dp=1 if pipeline else world_size,
-        pp=world_size if pipeline else 1,
-        micro_batch_size=cfg.training.micro_batch_size,
-        # a pipeline pass is `pipeline_microbatches` micro-batches: the planner's accumulation count
-        grad_accum=grad_accum * (cfg.parallel.pipeline_microbatches if pipeline else 1),
-        zero_stage=3 if strategy == "fsdp" else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
-        offload=cfg.parallel.offload if strategy == "deepspeed" else "none",
-        pipeline_schedule=cfg.parallel.pipeline_schedule,
-        recompute="full" if every == 1 else "none",
-        flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA
-    )
-    tokens = cfg.training.max_steps * layout.global_batch_size * cfg.data.seq_len
-    workload = Workload(
-        precision=planner_precision(cfg.precision.mode),
-        optimizer=cfg.training.optimizer,
-        seq_len=cfg.data.seq_len,
-        total_tokens=float(tokens),
-    )
-    return RunSpec(model=spec, layout=layout, workload=workload, cluster=Cluster(hardware=hardware))
-
-
 def model_flops_per_token(spec) -> float:
     """Fallback when the planner is unavailable: 6N + 12·L·s·h (PaLM, Chowdhery et al. 2022, App. B)."""
     h, L, s = spec.hidden, spec.n_layers, spec.seq_len
@@ -214,7 +178,7 @@ def detect_hardware(cfg: RunConfig, env: DistEnv) -> tuple[HardwareSpec | None, 
         name = torch.cuda.get_device_name(env.device)
         return cuda_hardware(name, torch.cuda.get_device_properties(env.device).total_memory)
     dtypes = {"fp32"}
-    dtypes.add(planner_precision(cfg.precision.mode))
+    dtypes.add(precision_of(cfg.precision.mode).compute_dtype)
     peaks = {}
     for dtype in sorted(dtypes):
         local = max(measure_matmul_flops(_torch_dtype(dtype), n) for n in CALIBRATION_SIZES)
