@@ -53,7 +53,7 @@ def test_unknown_gpu_gives_no_mfu_and_says_why(name, memory_gib):
                         flops_per_token=1e6, world_size=1, notes=[f"no MFU: {reason}"])
     assert forecast.mfu(1000.0) is None
     comparison = forecast.compare(_measured())
-    assert comparison["measured"]["mfu"] is None
+    assert comparison.measured["mfu"] is None
     assert "no MFU" in format_comparison(comparison)
 
 
@@ -81,7 +81,7 @@ def test_comparison_puts_prediction_beside_measurement_for_calibration():
     forecast = Forecast(plan=plan, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=1e10,
                         peak_source="measured CPU peak", flops_per_token=2e6, world_size=2)
     comparison = forecast.compare(_measured(1000.0))
-    predicted, measured, ratio = comparison["predicted"], comparison["measured"], comparison["measured_over_predicted"]
+    predicted, measured, ratio = comparison.predicted, comparison.measured, comparison.measured_over_predicted
     assert predicted["memory_bytes"]["optimizer"] == 200.0  # optimizer states + fp32 master weights
     assert predicted["memory_bytes"]["activations"] == 700.0  # activations + logits
     assert measured["memory_bytes"]["total"] == 1100

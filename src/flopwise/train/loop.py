@@ -27,7 +27,8 @@ from flopwise.train.config_loading import dump_config
 from flopwise.train.data import TokenLoader, prepare_data
 from flopwise.train.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier, data_parallel_shape
 from flopwise.train.checkpoint.policy import StepBoundary
-from flopwise.train.metrics import MemoryBytes, MetricsWriter, RunDisplay, step_record
+from flopwise.runrecord import MemoryBytes, StepRecord, config_path, write_comparison
+from flopwise.train.metrics import MetricsWriter, RunDisplay
 from flopwise.train.precision import make_grad_scaler
 from flopwise.train.step import Strategy, StepHooks, train_step
 
@@ -137,7 +138,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     run_dir = Path(cfg.logging.run_dir)
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        config_path(run_dir).write_text(dump_config(cfg))
 
     # Rank 0 tokenizes and caches; the others wait, then load the cache.
     prepared = prepare_data(cfg.data) if env.is_main else None
@@ -181,14 +182,14 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
                 val_loss = evaluate(state, val_loader, cfg.training.eval_batches)
                 result.val_losses.append((state.step, val_loss))
                 display.eval(state.step, val_loss)
-            record = step_record(
+            record = StepRecord(
                 step=state.step, rank=env.rank, loss=step.loss, lr=step.lr, grad_norm=step.grad_norm,
                 tokens_per_second=tokens_per_second, step_seconds=step.step_seconds,
                 data_seconds=step.data_seconds, compute_seconds=step.compute_seconds,
                 optimizer_seconds=step.optimizer_seconds, tokens_seen=state.tokens_seen, memory=step.memory,
                 mfu=forecast.mfu(tokens_per_second), skipped=step.skipped, loss_scale=step.loss_scale,
                 val_loss=val_loss, sync_wait_seconds=step.sync_wait_seconds,
-            )
+            ).to_dict()
             writer.write(record)
             log = state.step % cfg.logging.log_every == 0 or state.step == cfg.training.max_steps
             display.step(record, log)
@@ -209,7 +210,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     summary = _measured_summary(result, env)
     comparison = forecast.compare(summary)
     if env.is_main:
-        prediction.write_comparison(run_dir, comparison)
+        write_comparison(run_dir, comparison)
         print(prediction.format_comparison(comparison), flush=True)
     return result
 

@@ -19,7 +19,6 @@ import platform
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -27,6 +26,7 @@ from flopwise.catalog.hardware import HardwareSpec
 from flopwise.plan.from_config import model_spec_from_config, notes_for, runspec_from_config
 from flopwise.plan.planner import plan
 from flopwise.plan.precision_mode import precision_of
+from flopwise.runrecord import MEMORY_COMPONENTS, Comparison, plan_path
 from flopwise.train.config import RunConfig
 from flopwise.train.distributed import DistEnv, all_reduce_mean
 
@@ -57,7 +57,7 @@ class Forecast:
             return None
         return self.flops_per_token * tokens_per_second / (self.world_size * self.peak_flops)
 
-    def compare(self, measured: dict) -> dict:
+    def compare(self, measured: dict) -> Comparison:
         """The predicted-vs-measured record; `measured.mfu` / `measured.hardware` feed `plan --calibrate`."""
         predicted_memory = _planned_memory(self.plan)
         measured_memory = {
@@ -87,22 +87,22 @@ class Forecast:
             "steps": measured.get("steps"),
         }
         ratio = {}
-        for key in ("weights", "gradients", "optimizer", "activations", "total"):
+        for key in MEMORY_COMPONENTS:
             ratio[f"memory_{key}"] = _ratio(measured_memory.get(key), predicted_memory.get(key))
         ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
         ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
-        return {
-            "hardware": {
+        return Comparison(
+            hardware={
                 "key": self.hardware_key,
                 "name": self.hardware_name,
                 "peak_flops": self.peak_flops,
                 "peak_source": self.peak_source,
                 "devices": self.world_size,
             },
-            "predicted": predicted,
-            "measured": measured_out,
-            "measured_over_predicted": ratio,
-            "notes": list(self.notes) + [
+            predicted=predicted,
+            measured=measured_out,
+            measured_over_predicted=ratio,
+            notes=list(self.notes) + [
                 "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
                 "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
                 "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
@@ -110,7 +110,7 @@ class Forecast:
                 "included); with recompute the planner also counts one layer's recomputed activations, "
                 "which exist only during its backward",
             ],
-        }
+        )
 
 
 def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
@@ -151,10 +151,10 @@ def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
         notes=notes,
     )
     if env.is_main:
-        run_dir = Path(cfg.logging.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        path = plan_path(cfg.logging.run_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
         payload = plan_dict if plan_dict is not None else {"error": plan_error}
-        (run_dir / "plan.json").write_text(json.dumps(payload, indent=2, default=str))
+        path.write_text(json.dumps(payload, indent=2, default=str))
     return forecast
 
 
@@ -327,28 +327,19 @@ def _ratio(measured, predicted) -> float | None:
     return measured / predicted
 
 
-def write_comparison(run_dir: Path, comparison: dict) -> Path:
-    """Write `predicted_vs_measured.json` atomically (tmp + rename)."""
-    path = Path(run_dir) / "predicted_vs_measured.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(comparison, indent=2))
-    tmp.replace(path)
-    return path
-
-
-def format_comparison(comparison: dict) -> str:
+def format_comparison(comparison: Comparison) -> str:
     """A small predicted-vs-measured table for the terminal."""
     from io import StringIO
 
     from rich.console import Console
     from rich.table import Table
 
-    hw = comparison["hardware"]
+    hw = comparison.hardware
     table = Table(title=f"predicted vs measured, per device ({hw['name']}, {hw['devices']} device(s))")
     for column in ("", "predicted", "measured", "measured / predicted"):
         table.add_column(column, justify="right" if column else "left")
-    pred, meas, ratio = comparison["predicted"], comparison["measured"], comparison["measured_over_predicted"]
-    for key in ("weights", "gradients", "optimizer", "activations", "total"):
+    pred, meas, ratio = comparison.predicted, comparison.measured, comparison.measured_over_predicted
+    for key in MEMORY_COMPONENTS:
         table.add_row(f"memory: {key}", _mib(pred["memory_bytes"].get(key)), _mib(meas["memory_bytes"].get(key)),
                       _num(ratio.get(f"memory_{key}"), "{:.2f}"))
     table.add_row("tokens/s", _num(pred["tokens_per_second"], "{:,.0f}"), _num(meas["tokens_per_second"], "{:,.0f}"),
@@ -358,7 +349,7 @@ def format_comparison(comparison: dict) -> str:
     console = Console(file=buffer, width=100, force_terminal=False)
     console.print(table)
     console.print(f"peak: {hw['peak_source']}")
-    for note in comparison["notes"]:
+    for note in comparison.notes:
         if note.startswith(("no MFU", "no prediction")):
             console.print(note)
     return buffer.getvalue().rstrip()

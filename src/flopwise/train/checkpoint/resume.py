@@ -27,7 +27,7 @@ from flopwise.train.checkpoint.store import (
 )
 from flopwise.train.config import CheckpointConfig
 from flopwise.train.distributed import DistEnv, agree_max, barrier
-from flopwise.train.metrics import metrics_path
+from flopwise.runrecord import metrics_path
 
 RESUMED_FROM = "resumed_from.json"
 RESHARD_SEED = 1_000_003  # per-rank torch seeds after a world-size change: distinct, reproducible

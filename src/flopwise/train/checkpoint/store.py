@@ -48,10 +48,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 from flopwise.errors import UserError
+from flopwise.runrecord import checkpoints_dir
 from flopwise.train.distributed import DistEnv, barrier
 
 FORMAT_VERSION = 1
-CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 MANIFEST = "manifest.json"
 STEP_PREFIX = "step-"
@@ -62,11 +62,6 @@ HASH_CHUNK = 8 << 20
 def trainer_file(rank: int) -> str:
     """Name of rank `rank`'s trainer-state file."""
     return f"trainer.rank{rank:05d}.json"
-
-
-def checkpoints_dir(run_dir: Path) -> Path:
-    """`run_dir/checkpoints`."""
-    return Path(run_dir) / CHECKPOINTS
 
 
 def published_steps(run_dir: Path) -> list[tuple[int, Path]]:
