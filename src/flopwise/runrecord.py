@@ -146,17 +146,6 @@ def json_line(record: dict) -> str:
     return json.dumps(clean) + "\n"
 
 
-@dataclass(frozen=True)
-class PlanSummary:
-    """The planned figures a run is compared with, per device: memory by component, speed, FLOPs."""
-
-    memory_bytes: dict[str, float]
-    tokens_per_second: float | None
-    step_seconds: float | None
-    mfu: float | None
-    flops_per_token: float | None
-
-
 @dataclass
 class Comparison:
     """`predicted_vs_measured.json`: the plan's figures beside the measured ones, and their ratios.
