@@ -6,7 +6,7 @@ one process. Timings alternate between the two loops in short blocks and the med
 compared, so that a busy machine slows both alike. Three variants are timed:
 
 - `baseline`: forward, cross-entropy, backward, clip, AdamW step, zero_grad, LR step;
-- `flopwise`: `loop.train_step` as a run uses it (timing splits, saved-tensor and
+- `flopwise`: `step.train_step` as a run uses it (timing splits, saved-tensor and
   memory measurement on every step);
 - `flopwise_no_memory`: `train_step` with `StepHooks(measure=False)`, to show what measurement costs.
 

@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+from flopwise import __version__
 from flopwise.errors import UserError
 
 app = typer.Typer(
@@ -46,8 +47,6 @@ def _register() -> None:
 @app.command()
 def version() -> None:
     """Print the flopwise version."""
-    from flopwise import __version__
-
     print(__version__)
 
 

@@ -78,6 +78,7 @@ def plan_command(
     With no options: Llama 2 7B on 8 x H100 SXM, bf16, AdamW, ZeRO-3, 4096-token
     sequences, 4M-token batches, 2T tokens.
     """
+    # the planner loads when the command runs, not at `flopwise --help`
     from flopwise.plan.planner import build_runspec, plan
 
     if config is not None or overrides:
@@ -99,6 +100,7 @@ def plan_command(
         price_per_hour=price_per_hour, pue=pue, calibrate=calibrate, memory_reserve_gib=memory_reserve_gib,
     )
     if search or spot:
+        # the search loads only for --search / --spot
         from flopwise.plan.search_cli import run_search_and_spot
 
         return run_search_and_spot(spec, devices, search, objective, top, spot, preemptions_per_day,

@@ -37,6 +37,7 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     """Export the latest valid checkpoint of `run_dir` (or step `step`) as safetensors into `out`."""
     from safetensors.torch import save_file
 
+    # torch loads only when an export runs, not when the CLI starts
     from flopwise.train.checkpoint.safe_read import LOAD_ERRORS, safe_dcp_load
     from flopwise.train.checkpoint.store import (
         latest_valid, quiet_single_process_notice, read_manifest, resolve_checkpoint,

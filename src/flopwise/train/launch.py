@@ -61,6 +61,7 @@ def torchrun_args(cfg: RunConfig, config_path: Path) -> list[str]:
 
 def launch(cfg: RunConfig) -> None:
     """Run `cfg`: directly when one process (or already inside a launch), else under torchrun."""
+    # torch loads only when a run starts: launch stays light for the CLI and torchrun_args
     from flopwise.train.distributed import launched_externally
     from flopwise.train.parallelize import check_strategy
 
@@ -81,6 +82,7 @@ def launch(cfg: RunConfig) -> None:
 
 def run_here(cfg: RunConfig) -> None:
     """The per-process run: join the group, train, leave the group."""
+    # torch loads only when a run starts: launch stays light for the CLI and torchrun_args
     from flopwise.train.loop import run_training
     from flopwise.train.distributed import init_distributed, shutdown
 
@@ -93,6 +95,7 @@ def run_here(cfg: RunConfig) -> None:
 
 def _run_here_with_restarts(cfg: RunConfig) -> None:
     """One process: after a preemption (checkpoint saved, exit code 75) start again, up to `parallel.max_restarts` times."""
+    # torch loads only when a run starts: launch stays light for the CLI and torchrun_args
     from flopwise.train.checkpoint.policy import Preempted
 
     for attempt in range(cfg.parallel.max_restarts + 1):
@@ -108,6 +111,7 @@ def _run_here_with_restarts(cfg: RunConfig) -> None:
 def _run_torchrun_with_restarts(cfg: RunConfig, config_path: Path) -> None:
     """One node: after a preemption (exit 75) or a failed rank, start a fresh torchrun (new rendezvous),
     up to `parallel.max_restarts` times; every start resumes from the latest valid checkpoint."""
+    # torch loads only when a run starts: launch stays light for the CLI and torchrun_args
     from flopwise.train.checkpoint.policy import Preempted
 
     restarts = cfg.parallel.max_restarts if cfg.parallel.nnodes == 1 else 0
@@ -127,6 +131,7 @@ def _run_torchrun_with_restarts(cfg: RunConfig, config_path: Path) -> None:
 
 def _prepare_data_once(cfg: RunConfig) -> None:
     """Tokenize and cache in the launching process, so data errors surface before any rank starts."""
+    # tokenizers and numpy load only when data is prepared
     from flopwise.train.data import prepare_data
 
     if cfg.parallel.node_rank == 0 or cfg.parallel.nnodes == 1:
@@ -145,6 +150,7 @@ def _run_torchrun(args: list[str]) -> None:
         try:
             run(get_args_parser().parse_args(args))
         except ChildFailedError as failed:
+            # torch loads only when a run starts: launch stays light for the CLI and torchrun_args
             from flopwise.train.checkpoint.policy import PREEMPTED_EXIT_CODE, Preempted
 
             message = _first_user_error(Path(errors))

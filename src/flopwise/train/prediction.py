@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flopwise.catalog.hardware import HardwareSpec
+from flopwise.catalog.hardware import HardwareSpec, load_hardware
 from flopwise.plan.from_config import model_spec_from_config, notes_for, runspec_from_config
 from flopwise.plan.planner import plan
 from flopwise.plan.precision_mode import precision_of
@@ -248,10 +248,6 @@ def catalog_entry_for_cuda(device_name: str, total_memory_bytes: int | None = No
     in the name wins. When the device reports its memory, the entry's memory must agree
     within MEMORY_TOLERANCE (an H100 NVL is not an H100 SXM). No match, no entry.
     """
-    try:
-        from flopwise.catalog.hardware import load_hardware
-    except ImportError:
-        return None
     name = device_name.lower()
     tokens = set(re.findall(r"[a-z]*\d+[a-z]*", name))
     candidates = []
