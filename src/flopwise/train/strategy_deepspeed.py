@@ -23,6 +23,7 @@ import os
 import torch
 
 from flopwise.errors import UserError
+from flopwise.plan.precision_mode import precision_of
 from flopwise.train.config import RunConfig
 from flopwise.train.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, _unique_storage_bytes
@@ -39,7 +40,7 @@ def deepspeed_config(cfg: RunConfig, grad_accum: int, device_type: str) -> dict:
     scale starting at 2^`initial_scale_power`, Micikevicius et al. 2018), `gradient_clipping`
     and `gradient_accumulation_steps`. The optimizer and LR schedule are passed as objects.
     """
-    p, mode = cfg.parallel, cfg.precision.mode
+    p, compute = cfg.parallel, precision_of(cfg.precision.mode).compute_dtype
     zero: dict = {"stage": p.zero_stage}
     if p.offload in ("optimizer", "params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device_type == "cuda"}
@@ -57,9 +58,9 @@ def deepspeed_config(cfg: RunConfig, grad_accum: int, device_type: str) -> dict:
         "steps_per_print": NEVER_PRINT,
         "wall_clock_breakdown": False,
     }
-    if mode == "bf16":
+    if compute == "bf16":
         config["bf16"] = {"enabled": True}
-    elif mode == "fp16":
+    elif compute == "fp16":
         initial_power = round(math.log2(cfg.precision.initial_scale))
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": initial_power,
                           "loss_scale_window": cfg.precision.growth_interval}
@@ -78,7 +79,8 @@ class DeepSpeedStrategy:
     memory_before_step = True  # DeepSpeed's step frees the gradient partitions it reduced
 
     def __init__(self, state, cfg: RunConfig, env: DistEnv, grad_accum: int):
-        if cfg.precision.mode == "fp16" and env.device.type == "cpu":
+        precision = precision_of(cfg.precision.mode)
+        if precision.compute_dtype == "fp16" and env.device.type == "cpu":
             raise UserError("precision.mode: fp16 with parallel.strategy=deepspeed runs on GPUs only "
                             "(DeepSpeed's CPU fp16 needs oneDNN fp16 hardware; allowed on CPU: fp32, bf16)")
         select_cpu_accelerator()
@@ -89,7 +91,7 @@ class DeepSpeedStrategy:
 
         self.env = env
         self.zero_stage = cfg.parallel.zero_stage
-        self.loss_scaling = cfg.precision.mode == "fp16"
+        self.loss_scaling = precision.loss_scaling
         self.config = deepspeed_config(cfg, grad_accum, env.device.type)
         self.built = built = state.built
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
@@ -99,7 +101,7 @@ class DeepSpeedStrategy:
         built.model = self.engine
         built.notes.append(
             f"DeepSpeed ZeRO-{self.zero_stage}, offload {cfg.parallel.offload}, "
-            f"{'bf16' if cfg.precision.mode == 'bf16' else 'fp16' if cfg.precision.mode == 'fp16' else 'fp32'} "
+            f"{precision.compute_dtype} "
             f"({type(self.optimizer).__name__})"
         )
         self._skipped_before = 0
