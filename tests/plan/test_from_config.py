@@ -110,7 +110,7 @@ def _flopwise(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def _hardware_free(plan: dict) -> dict:
     """The parts of a plan that do not depend on the device: inputs, parameters, FLOPs, memory by component."""
     inputs = {k: v for k, v in plan["inputs"].items() if k not in ("hardware", "cluster")}
-    memory = {k: v for k, v in plan["memory"].items() if "capacity" not in k}
+    memory = {k: v for k, v in plan["memory"].items() if "capacity" not in k and k != "device_bytes"}
     return {"inputs": inputs, "params": plan["params"], "flops": plan["flops"], "memory": memory}
 
 
