@@ -8,7 +8,7 @@ biases. The "gpt2" variant is GPT-2 (Radford et al. 2019): LayerNorm with bias, 
 positions, GELU MLP of width 4h, biases everywhere.
 
 The model knows nothing about distribution or precision: parallelism, autocast and
-activation checkpointing are applied from outside (see `train/parallel.py`,
+activation checkpointing are applied from outside (see `train/parallelize.py`,
 `train/precision.py`, `train/activation_checkpointing.py`). Every model's `forward(input_ids)`
 returns logits `[B, T, V]`.
 """
