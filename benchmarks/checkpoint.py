@@ -27,11 +27,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from flopwise.train import checkpoint as ckpt
+from flopwise.train.checkpoint import resume as ckpt_resume
+from flopwise.train.checkpoint import store as ckpt
 from flopwise.train.config import ModelConfig, TrainingConfig
 from flopwise.train.loop import TrainState, make_optimizer, make_scheduler
 from flopwise.train.model import build_model
-from flopwise.train.parallel import DistEnv
+from flopwise.train.distributed import DistEnv
 
 SIZES = {
     "small": dict(n_layers=2, hidden=128, n_heads=4),
@@ -113,7 +114,7 @@ def measure(size: str, repeats: int, scratch: Path) -> dict:
     def load():
         fresh = make_state(size)
         assert ckpt.verify_checkpoint(path) is None
-        ckpt.load_checkpoint(fresh, path, env)
+        ckpt_resume.load_checkpoint(fresh, path, env)
 
     load_s = timed(load, repeats)
     build_s = timed(lambda: make_state(size), repeats)

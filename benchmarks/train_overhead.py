@@ -6,9 +6,9 @@ one process. Timings alternate between the two loops in short blocks and the med
 compared, so that a busy machine slows both alike. Three variants are timed:
 
 - `baseline`: forward, cross-entropy, backward, clip, AdamW step, zero_grad, LR step;
-- `flopwise`: `loop.train_step` as a run uses it (timing splits, saved-tensor and
+- `flopwise`: `step.train_step` as a run uses it (timing splits, saved-tensor and
   memory measurement on every step);
-- `flopwise_no_memory`: `train_step(measure=False)`, to show what measurement costs.
+- `flopwise_no_memory`: `train_step` with `StepHooks(measure=False)`, to show what measurement costs.
 
 Target: flopwise's overhead <= 3% of the step time (median steps; the fastest steps,
 least disturbed by other processes, are reported too). Writes JSON (default
@@ -62,8 +62,9 @@ def main() -> None:
 
     from flopwise.train.config_loading import load_config
     from flopwise.train.data import prepare_data
-    from flopwise.train.loop import build_state, make_loader, make_optimizer, make_scheduler, train_step
-    from flopwise.train.parallel import init_distributed
+    from flopwise.train.loop import build_state, make_loader, make_optimizer, make_scheduler
+    from flopwise.train.step import StepHooks, train_step
+    from flopwise.train.distributed import init_distributed
 
     overrides = ["parallel.strategy=single", "parallel.nproc_per_node=1", *args.overrides]
     cfg = load_config(args.config, overrides)
@@ -81,8 +82,8 @@ def main() -> None:
     timings: dict[str, list[float]] = {"baseline": [], "flopwise": [], "flopwise_no_memory": []}
     runners = {
         "baseline": lambda: baseline_step(model, base_optimizer, base_scheduler, base_loader, cfg.training.grad_clip),
-        "flopwise": lambda: train_step(state, cfg, env, 1, measure=True).step_seconds,
-        "flopwise_no_memory": lambda: train_step(state, cfg, env, 1, measure=False).step_seconds,
+        "flopwise": lambda: train_step(state, env, 1, StepHooks(measure=True)).step_seconds,
+        "flopwise_no_memory": lambda: train_step(state, env, 1, StepHooks(measure=False)).step_seconds,
     }
     for runner in runners.values():  # warm-up: allocator, optimizer state, prefetch threads
         runner()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import sys
 
+from flopwise import __version__
 from flopwise.errors import UserError
 
 
@@ -20,11 +21,16 @@ def build_app():
     """The typer app with every capability's commands registered."""
     import typer
 
+    # Imported when the app is built, not at `import flopwise.cli`: tests and tools import the
+    # CLI module without paying for every capability's command module.
     from flopwise.catalog import commands as catalog_commands
     from flopwise.compress import commands as compress_commands
     from flopwise.diagnose import commands as diagnose_commands
     from flopwise.plan import commands as plan_commands
+    from flopwise.report import commands as report_commands
     from flopwise.train import commands as train_commands
+
+    from flopwise.train.config_loading import load_config
 
     app = typer.Typer(
         name="flopwise",
@@ -34,7 +40,10 @@ def build_app():
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
-    for module in (plan_commands, catalog_commands, train_commands, compress_commands, diagnose_commands):
+    # The composition root: `plan --config` reads a training config with the trainer's own
+    # (torch-free) loader, handed in here so that plan never imports train.
+    plan_commands.register(app, load_training_config=load_config)
+    for module in (catalog_commands, train_commands, compress_commands, diagnose_commands, report_commands):
         module.register(app)
     app.command()(version)
     return app
@@ -42,8 +51,6 @@ def build_app():
 
 def version() -> None:
     """Print the flopwise version."""
-    from flopwise import __version__
-
     print(__version__)
 
 

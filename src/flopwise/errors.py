@@ -1,4 +1,4 @@
-"""One exception type for mistakes a person can fix; the CLI prints it as one line."""
+"""The exceptions the CLI prints as one line: mistakes a person can fix, and a saved preemption."""
 
 
 class UserError(Exception):
@@ -9,3 +9,16 @@ class UserError(Exception):
     """
 
     exit_code = 2
+
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): "try again later"; torchrun/Slurm relaunch on it
+
+
+class Preempted(UserError):
+    """The run stopped on a signal after saving; rerunning the same command continues it.
+
+    Torch-free (here, not in train/checkpoint/policy.py) so that launchers can catch it
+    without loading torch.
+    """
+
+    exit_code = PREEMPTED_EXIT_CODE

@@ -115,13 +115,21 @@ def test_memory_mismatch_is_its_own_finding(tmp_path):
     assert "memory differs" in f.message and "memory_bytes.activations 4.00x" in f.message
 
 
-def test_predicted_vs_measured_row_list_shape(tmp_path):
+def test_predicted_vs_measured_is_read_as_the_run_record_contract(tmp_path):
     run_dir = write_run_dir(tmp_path / "run", plan_step_seconds=None)
-    rows = [{"name": "step_seconds", "predicted": 0.1, "measured": 0.11}, {"name": "note", "predicted": "n/a"}]
-    (run_dir / "predicted_vs_measured.json").write_text(json.dumps(rows))
+    pvm = {"schema_version": 1, "predicted": {"step_seconds": 0.1, "mfu": None}, "measured": {"step_seconds": 0.11}}
+    (run_dir / "predicted_vs_measured.json").write_text(json.dumps(pvm))
     d = diagnose_run_dir(run_dir)
     assert [(r.name, r.measured) for r in d.plan_rows] == [("step_seconds", 0.11)]
     assert "plan_mismatch" not in kinds(d)
+    # another shape is not guessed at: one line naming the file and what it lacks
+    (run_dir / "predicted_vs_measured.json").write_text(json.dumps([{"name": "step_seconds", "predicted": 0.1}]))
+    with pytest.raises(UserError, match="predicted_vs_measured.json: not a flopwise predicted-vs-measured record"):
+        diagnose_run_dir(run_dir)
+    pvm["schema_version"] = 99
+    (run_dir / "predicted_vs_measured.json").write_text(json.dumps(pvm))
+    with pytest.raises(UserError, match="schema_version 99 is newer"):
+        diagnose_run_dir(run_dir)
 
 
 def test_minimal_records_and_a_truncated_last_line_are_tolerated(tmp_path):

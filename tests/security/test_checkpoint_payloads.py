@@ -21,7 +21,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from flopwise.errors import UserError
-from flopwise.train.checkpoint_safe_read import MetadataUnpickler, safe_dcp_load
+from flopwise.train.checkpoint.safe_read import MetadataUnpickler, safe_dcp_load
 
 
 def _unicode(text: str) -> bytes:

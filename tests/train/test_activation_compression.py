@@ -20,7 +20,7 @@ from flopwise.train.activation_compression import (
     is_weight,
     quantize_int8,
 )
-from flopwise.train.checkpointing import apply_activation_checkpointing
+from flopwise.train.activation_checkpointing import apply_activation_checkpointing
 from flopwise.train.config import ModelConfig
 from flopwise.train.model import build_model
 from flopwise.train.precision import autocast_context

@@ -12,7 +12,7 @@ import pytest
 
 from flopwise.errors import UserError
 from flopwise.train.config_loading import load_config
-from flopwise.train.parallel import check_strategy
+from flopwise.train.parallelize import check_strategy
 from flopwise.train.strategy_deepspeed import deepspeed_config
 from tests.train.test_distributed import (  # noqa: F401  (fixtures)
     STEPS,

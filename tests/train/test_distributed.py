@@ -20,7 +20,7 @@ import yaml
 
 from flopwise.train.config_loading import load_config
 from flopwise.train.loop import run_training
-from flopwise.train.parallel import init_distributed
+from flopwise.train.distributed import init_distributed
 
 STEPS = 6
 TOLERANCE = 1e-4

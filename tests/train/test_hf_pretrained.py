@@ -18,7 +18,7 @@ from flopwise.errors import UserError
 from flopwise.train.build import build_training_model
 from flopwise.train.config_loading import load_config
 from flopwise.train.hf_pretrained import parameters_on_meta, weight_files
-from flopwise.train.parallel import init_distributed
+from flopwise.train.distributed import init_distributed
 from tests.hf_fixtures import write_jsonl, write_pretrained
 
 

@@ -13,9 +13,11 @@ from flopwise.errors import UserError
 from flopwise.train.config import RunConfig
 from flopwise.train.config_loading import load_config
 from flopwise.train.data import prepare_data
-from flopwise.train.loop import batch_layout, build_state, lr_at, run_training, train_step
+from flopwise.train.loop import build_state, lr_at, run_training
+from flopwise.plan.from_config import batch_layout
+from flopwise.train.step import train_step
 from flopwise.train.metrics import SavedActivationMeter
-from flopwise.train.parallel import init_distributed
+from flopwise.train.distributed import init_distributed
 
 TINY = [
     "model.n_layers=2", "model.hidden=32", "model.n_heads=2", "model.max_seq_len=64",
@@ -73,7 +75,7 @@ def test_accumulating_k_micro_batches_equals_one_batch_k_times_larger(corpus, tm
         prepared = prepare_data(cfg.data)
         state = build_state(cfg, env, prepared)
         accum = batch_layout(cfg.training, 1)[1]
-        losses = [train_step(state, cfg, env, accum).loss for _ in range(3)]
+        losses = [train_step(state, env, accum).loss for _ in range(3)]
         params = torch.cat([p.detach().flatten() for p in state.built.module.parameters()])
         results.append((accum, losses, params))
     (accum_a, losses_a, params_a), (accum_b, losses_b, params_b) = results
@@ -90,13 +92,13 @@ def test_fp16_grad_scaler_skips_a_step_with_an_inf_gradient_and_lowers_the_scale
     weight = state.built.module.blocks[0].mlp.w1.weight
     handle = weight.register_hook(lambda grad: grad * float("inf"))
     before = [p.detach().clone() for p in state.built.module.parameters()]
-    result = train_step(state, cfg, env, 1)
+    result = train_step(state, env, 1)
     assert result.skipped and not math.isfinite(result.grad_norm)
     assert state.scaler.get_scale() == 2.0**15
     for old, new in zip(before, state.built.module.parameters()):
         assert torch.equal(old, new), "a skipped step must not change any parameter"
     handle.remove()
-    result = train_step(state, cfg, env, 1)
+    result = train_step(state, env, 1)
     assert not result.skipped and math.isfinite(result.loss)
     assert state.scaler.get_scale() == 2.0**15
     assert not torch.equal(before[0], next(state.built.module.parameters()))
@@ -111,7 +113,7 @@ def test_fp32_norms_keep_norm_outputs_fp32_under_bf16(corpus, tmp_path):
     assert norms and all(getattr(m, "fp32_norm", False) for m in norms)
     for norm in norms:
         norm.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
-    results = [train_step(state, cfg, env, 1) for _ in range(2)]
+    results = [train_step(state, env, 1) for _ in range(2)]
     assert set(dtypes) == {torch.float32}
     assert all(math.isfinite(r.loss) for r in results)
     logits = state.built.model(torch.zeros(1, 8, dtype=torch.long))
@@ -135,9 +137,9 @@ def test_activation_checkpointing_cuts_saved_bytes_as_the_planner_predicts(corpu
     recomputed working set during backward, which saved-tensor hooks by design do not see,
     so the comparison is per layer, as Korthikanti et al. (2022) Table 2 states it.
     """
+    from flopwise.plan.from_config import runspec_from_config
     from flopwise.plan.planner import plan
-    from flopwise.train.prediction import cpu_hardware, runspec_for
-    from flopwise.train.model import model_spec
+    from flopwise.train.prediction import cpu_hardware
 
     shape = ["model.n_layers=3", "model.hidden=64", "model.n_heads=4", "training.micro_batch_size=4"]
     plain = tiny_cfg(corpus, tmp_path, *shape)
@@ -148,9 +150,8 @@ def test_activation_checkpointing_cuts_saved_bytes_as_the_planner_predicts(corpu
     measured_ckpt = _saved_bytes(checkpointed, env, prepared)
 
     hardware = cpu_hardware({"fp32": 1e11}, 1, "test")
-    spec = model_spec(plain.model, prepared.vocab_size, plain.data.seq_len)
     per_layer = {
-        name: plan(runspec_for(cfg, spec, hardware, 1, 1)).to_dict()["memory"]["activation_bytes_per_layer"]
+        name: plan(runspec_from_config(cfg, hardware, world_size=1, vocab_size=prepared.vocab_size)).to_dict()["memory"]["activation_bytes_per_layer"]
         for name, cfg in (("none", plain), ("full", checkpointed))
     }
     predicted_cut = plain.model.n_layers * (per_layer["none"] - per_layer["full"])

@@ -8,7 +8,9 @@ import torch
 from flopwise.errors import UserError
 from flopwise.plan.params import count_params
 from flopwise.train.config import ModelConfig
-from flopwise.train.model import build_model, llama_ffn_hidden, model_spec, transformer_blocks
+from flopwise.plan.from_config import llama_ffn_hidden
+from flopwise.plan.from_config import model_spec_from_config as model_spec
+from flopwise.train.model import build_model, transformer_blocks
 
 VOCAB = 97
 

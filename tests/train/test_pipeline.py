@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.train.strategy_pipeline import stage_layer_ranges
+from flopwise.train.parallelize import stage_layer_ranges
 from tests.train.test_distributed import (  # noqa: F401  (fixtures)
     STEPS,
     TOLERANCE,
@@ -81,7 +81,7 @@ def test_more_stages_than_layers_is_one_line_and_exit_2(corpus, tmp_path):
 
 def test_global_batch_must_be_whole_pipeline_passes():
     from flopwise.train.config_loading import load_config
-    from flopwise.train.loop import batch_layout
+    from flopwise.plan.from_config import batch_layout
 
     cfg = load_config(None, ["training.micro_batch_size=2", "training.global_batch_size=12"]).training
     assert batch_layout(cfg, 1, 3) == (12, 2)

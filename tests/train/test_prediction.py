@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flopwise.train.config_loading import load_config
-from flopwise.train.parallel import DistEnv
+from flopwise.train.distributed import DistEnv
 from flopwise.train.prediction import (
     CPU_KEY,
     Forecast,
@@ -19,7 +19,6 @@ from flopwise.train.prediction import (
     format_comparison,
     measure_matmul_flops,
     prepare,
-    runspec_for,
 )
 
 GIB = 2**30
@@ -54,7 +53,7 @@ def test_unknown_gpu_gives_no_mfu_and_says_why(name, memory_gib):
                         flops_per_token=1e6, world_size=1, notes=[f"no MFU: {reason}"])
     assert forecast.mfu(1000.0) is None
     comparison = forecast.compare(_measured())
-    assert comparison["measured"]["mfu"] is None
+    assert comparison.measured["mfu"] is None
     assert "no MFU" in format_comparison(comparison)
 
 
@@ -82,7 +81,7 @@ def test_comparison_puts_prediction_beside_measurement_for_calibration():
     forecast = Forecast(plan=plan, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=1e10,
                         peak_source="measured CPU peak", flops_per_token=2e6, world_size=2)
     comparison = forecast.compare(_measured(1000.0))
-    predicted, measured, ratio = comparison["predicted"], comparison["measured"], comparison["measured_over_predicted"]
+    predicted, measured, ratio = comparison.predicted, comparison.measured, comparison.measured_over_predicted
     assert predicted["memory_bytes"]["optimizer"] == 200.0  # optimizer states + fp32 master weights
     assert predicted["memory_bytes"]["activations"] == 700.0  # activations + logits
     assert measured["memory_bytes"]["total"] == 1100
@@ -94,16 +93,16 @@ def test_comparison_puts_prediction_beside_measurement_for_calibration():
 
 
 def test_plan_json_is_the_planners_output_for_this_run(tmp_path):
+    from flopwise.plan.from_config import runspec_from_config
     from flopwise.plan.planner import plan
-    from flopwise.train.model import model_spec
 
     cfg = load_config(None, ["model.n_layers=2", "model.hidden=64", "model.n_heads=4", "data.seq_len=64",
                              "parallel.strategy=single", "parallel.nproc_per_node=1",
                              "training.gradient_checkpointing=true", f"logging.run_dir={tmp_path / 'run'}"])
-    forecast = prepare(cfg, 512, CPU_ENV, grad_accum=1)
+    forecast = prepare(cfg, 512, CPU_ENV)
     written = json.loads((tmp_path / "run" / "plan.json").read_text())
     hardware = cpu_hardware({"fp32": forecast.peak_flops}, 1, forecast.peak_source)
-    expected = plan(runspec_for(cfg, model_spec(cfg.model, 512, 64), hardware, 1, 1)).to_dict()
+    expected = plan(runspec_from_config(cfg, hardware, world_size=1, vocab_size=512)).to_dict()
     assert written == json.loads(json.dumps(expected, default=str))
     assert written["inputs"]["layout"]["recompute"] == "full"
     assert written["inputs"]["workload"]["precision"] == "fp32"

@@ -18,7 +18,7 @@ import yaml
 
 from flopwise.errors import UserError
 from flopwise.train import checkpoint as ckpt
-from flopwise.train.checkpoint_checks import latest_valid_or_stop, prune_keeping_valid
+from flopwise.train.checkpoint.checks import latest_valid_or_stop, prune_keeping_valid
 from flopwise.train.config_loading import load_config
 from flopwise.train.launch import launch
 from flopwise.train.run_directory import LOCK_FILE, acquire_lock, claim_run_directory, release_lock

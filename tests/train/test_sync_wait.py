@@ -1,7 +1,8 @@
 """`sync_wait_seconds`: the time a rank waits for the others before the gradient sync.
 
-A real 2-process DDP run (gloo) where rank 1 sleeps 0.3 s before its last forward of every step
-(`FLOPWISE_TEST_SLOW_RANK`): rank 0 records the wait, rank 1 (arriving last) barely
+A real 2-process DDP run (gloo, under torchrun) where rank 1 sleeps 0.3 s before its last forward
+of every step (a `before_final_forward` hook the test passes to `run_training`, so production
+code holds no test-only delay): rank 0 records the wait, rank 1 (arriving last) barely
 waits, the sleep stays out of rank 0's compute time, and `flopwise diagnose` names rank 1.
 """
 
@@ -18,10 +19,24 @@ import yaml
 
 from flopwise.train.config_loading import load_config
 from flopwise.train.loop import measure_sync_wait
-from flopwise.train.parallel import DistEnv, SLOW_RANK_ENV
+from flopwise.train.distributed import DistEnv
 from tests.train.test_distributed import base_config, corpus, metrics  # noqa: F401  (fixtures)
 
 SLEEP = 0.3
+DRIVER = """
+import sys, time
+from flopwise.train.config_loading import load_config
+from flopwise.train.distributed import init_distributed, shutdown
+from flopwise.train.loop import run_training
+
+cfg = load_config(sys.argv[1], [])
+env = init_distributed(cfg.parallel)
+slow_down = [lambda: time.sleep(float(sys.argv[2]))] if env.rank == 1 else []
+try:
+    run_training(cfg, env, before_final_forward=slow_down)
+finally:
+    shutdown(env)
+"""
 
 
 def test_measured_by_default_only_with_several_ranks():
@@ -29,9 +44,9 @@ def test_measured_by_default_only_with_several_ranks():
 
     cpu = torch.device("cpu")
     one, two = DistEnv(0, 1, 0, None, cpu, False), DistEnv(0, 2, 0, "gloo", cpu, True)
-    assert not measure_sync_wait(load_config(None, []), one)
-    assert measure_sync_wait(load_config(None, []), two)
-    assert not measure_sync_wait(load_config(None, ["training.measure_sync_wait=false"]), two)
+    assert not measure_sync_wait(load_config(None, []).training, one)
+    assert measure_sync_wait(load_config(None, []).training, two)
+    assert not measure_sync_wait(load_config(None, ["training.measure_sync_wait=false"]).training, two)
 
 
 @pytest.mark.distributed
@@ -40,8 +55,11 @@ def test_a_slowed_rank_is_named_by_diagnose(corpus, tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(base_config(corpus, run_dir, 4, strategy="ddp", nproc_per_node=2)))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
-    env.update(OMP_NUM_THREADS="1", **{SLOW_RANK_ENV: f"1:{SLEEP}"})
-    result = subprocess.run([sys.executable, "-m", "flopwise", "train", str(path)], cwd=tmp_path, env=env,
+    env.update(OMP_NUM_THREADS="1")
+    driver = tmp_path / "slowed_rank.py"
+    driver.write_text(DRIVER)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(driver), str(path), str(SLEEP)], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
 

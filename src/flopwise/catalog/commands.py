@@ -1,14 +1,12 @@
-"""CLI commands of flopwise.catalog: `flopwise hardware` and `flopwise models`."""
+"""CLI command of flopwise.catalog: `flopwise hardware` (`flopwise models` counts parameters, so plan owns it)."""
 
 from __future__ import annotations
 
 import typer
 
+from flopwise.catalog.hardware_cli import register_hardware
+
 
 def register(app: typer.Typer) -> None:
-    """Add `hardware` and `models` to the top-level app."""
-    from flopwise.catalog.hardware_cli import register_hardware
-    from flopwise.catalog.models_cli import register_models
-
+    """Add `hardware` to the top-level app."""
     register_hardware(app)
-    register_models(app)

@@ -1,7 +1,7 @@
 """`flopwise diagnose RUN_DIR`: what slowed a run down, in plain words, with the next step.
 
-Reads what `flopwise train` wrote (`metrics.rank<R>.jsonl`, one JSON line per optimizer
-step per rank, see `flopwise.train.metrics.step_record`; `predicted_vs_measured.json`;
+Reads what `flopwise train` wrote, through `flopwise.runrecord` (`metrics.rank<R>.jsonl`,
+one `StepRecord` per optimizer step per rank; `predicted_vs_measured.json`, a `Comparison`;
 `config.yaml`) and looks for the problems the seed articles list: a slow gradient sync
 or a straggling rank (load imbalance), a starved data pipeline, unstable loss, and a
 plan that does not match reality. Pure Python (no torch): it runs anywhere the run
@@ -19,12 +19,13 @@ from functools import reduce
 from pathlib import Path
 
 from flopwise.errors import UserError
+from flopwise.runrecord import TIME_COMPONENTS, config_path, metrics_files, read_comparison
 
 # Components of a step as `flopwise train` times them; "other" is the rest of step_seconds
 # (logging, checkpoint hooks, anything untimed). `sync_wait_seconds` (time blocked waiting
 # for other ranks at gradient sync) is optional: when a trainer records it, a straggler
 # shows directly as the rank that never waits.
-COMPONENTS = ("data_seconds", "compute_seconds", "sync_wait_seconds", "optimizer_seconds")
+COMPONENTS = TIME_COMPONENTS
 COMPONENT_LABELS = {
     "data_seconds": "data wait",
     "compute_seconds": "forward+backward",
@@ -162,11 +163,6 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def metrics_files(run_dir: Path) -> list[Path]:
-    """Per-rank files (`metrics.rank<R>.jsonl`, the trainer's layout) and a shared `metrics.jsonl`."""
-    return sorted(run_dir.glob("metrics.rank*.jsonl")) + [p for p in [run_dir / "metrics.jsonl"] if p.is_file()]
-
-
 def _rank_from_name(path: Path) -> int:
     match = re.search(r"rank(\d+)", path.name)
     return int(match.group(1)) if match else 0
@@ -216,7 +212,7 @@ def load_run(run_dir: str | Path) -> RunData:
         names = ", ".join(p.name for p in files)
         raise UserError(f"{root}: {names} hold no step records (lines with 'step' and 'step_seconds'); did the run get past step 1?")
     steps_by_rank = {rank: [steps[s] for s in sorted(steps)] for rank, steps in by_rank.items()}
-    return RunData(root, steps_by_rank, read_plan_rows(root / "predicted_vs_measured.json"), read_config(root / "config.yaml"), skipped)
+    return RunData(root, steps_by_rank, read_plan_rows(root), read_config(config_path(root)), skipped)
 
 
 def read_config(path: Path) -> dict:
@@ -232,56 +228,12 @@ def read_config(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def read_plan_rows(path: Path) -> list[PlanRow]:
-    """Predicted-vs-measured pairs, whichever of the plausible shapes the file uses.
-
-    Accepted: {"predicted": {...}, "measured": {...}} with matching keys (nested dicts
-    flattened with '.'), any dict with numeric "predicted" and "measured" entries, or a
-    list of such dicts with a "name". Non-numeric entries are ignored.
-    """
-    if not path.is_file():
+def read_plan_rows(run_dir: Path) -> list[PlanRow]:
+    """Predicted-vs-measured pairs of the run's `Comparison` (none when the run wrote none)."""
+    comparison = read_comparison(run_dir)
+    if comparison is None:
         return []
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    rows: dict[str, PlanRow] = {}
-    _collect_pairs(data, "", rows)
-    if isinstance(data, dict) and isinstance(data.get("predicted"), dict) and isinstance(data.get("measured"), dict):
-        predicted, measured = _flatten(data["predicted"]), _flatten(data["measured"])
-        for key in predicted:
-            if key in measured and key not in rows:
-                rows[key] = PlanRow(key, predicted[key], measured[key])
-    return list(rows.values())
-
-
-def _flatten(obj: dict, prefix: str = "") -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, value in obj.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, name + "."))
-        elif finite_number(value) is not None:
-            out[name] = float(value)
-    return out
-
-
-def _collect_pairs(obj, prefix: str, rows: dict[str, PlanRow]) -> None:
-    if isinstance(obj, list):
-        for i, item in enumerate(obj):
-            name = item.get("name") or item.get("metric") if isinstance(item, dict) else None
-            _collect_pairs(item, f"{prefix}{name or i}.", rows)
-        return
-    if not isinstance(obj, dict):
-        return
-    pred, meas = finite_number(obj.get("predicted")), finite_number(obj.get("measured"))
-    if pred is not None and meas is not None:
-        name = prefix.rstrip(".") or "value"
-        rows[name] = PlanRow(name, pred, meas)
-        return
-    for key, value in obj.items():
-        if key not in ("predicted", "measured"):
-            _collect_pairs(value, f"{prefix}{key}.", rows)
+    return [PlanRow(name, predicted, measured) for name, predicted, measured in comparison.rows()]
 
 
 # --------------------------------------------------------------------------- statistics

@@ -1,14 +1,12 @@
-"""CLI commands of flopwise.diagnose: `doctor`, `bench`, `diagnose` and `report`.
+"""CLI commands of flopwise.diagnose: `doctor`, `bench` and `diagnose`.
 
-Each command parses its options, calls one function of this package (or of
-flopwise.report) and renders the result as a rich table, or as JSON with `--json`.
+Each command parses its options, calls one function of this package and renders the result as a rich table, or as JSON with `--json`.
 torch and matplotlib are imported inside the commands that need them.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -33,7 +31,6 @@ def register(app: typer.Typer) -> None:
     app.command("doctor")(doctor)
     app.command("bench")(bench)
     app.command("diagnose")(diagnose)
-    app.command("report")(report)
 
 
 def _console():
@@ -169,16 +166,3 @@ def diagnose(
         console.print(f"note: {note}")
     if result.skipped_lines:
         console.print(f"note: {result.skipped_lines} unreadable metric line(s) skipped")
-
-
-def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `flopwise train`.")],
-) -> None:
-    """Write RUN_DIR/report.md with loss, throughput, step-breakdown and memory plots."""
-    from flopwise.report.run_report import write_report
-
-    files = write_report(run_dir)
-    print(f"wrote {files.report}")
-    for path in files.plots:
-        print(f"wrote {path}")
-    sys.stdout.flush()

@@ -24,12 +24,11 @@ confidence.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from flopwise.errors import UserError
+from flopwise.runrecord import comparison_path, read_comparison
 
 
 @dataclass(frozen=True)
@@ -85,20 +84,18 @@ class RunCalibration:
 def load_run_calibration(run_dir: str | Path) -> RunCalibration:
     """Read `RUN_DIR/predicted_vs_measured.json` (written by `flopwise train`): `measured.mfu`
     becomes the efficiency, `measured.hardware` names the device it was measured on."""
-    path = Path(run_dir) / "predicted_vs_measured.json"
-    if not path.is_file():
-        raise UserError(f"--calibrate: {path} not found (run `flopwise train` first; it writes this file)")
+    path = comparison_path(run_dir)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise UserError(f"--calibrate: {path} is not valid JSON ({err})") from None
-    measured = data.get("measured") if isinstance(data, dict) else None
-    if not isinstance(measured, dict):
-        raise UserError(f"--calibrate: {path} has no 'measured' object")
-    mfu = measured.get("mfu")
-    if not isinstance(mfu, (int, float)) or isinstance(mfu, bool) or not math.isfinite(mfu) or not 0 < mfu <= 1:
-        raise UserError(f"--calibrate: {path}: measured.mfu must be a number in (0, 1], got {mfu!r}")
-    hardware = measured.get("hardware")
+        comparison = read_comparison(run_dir)
+    except UserError as err:
+        raise UserError(f"--calibrate: {err}") from None
+    if comparison is None:
+        raise UserError(f"--calibrate: {path} not found (run `flopwise train` first; it writes this file)")
+    mfu = comparison.measured_mfu
+    if mfu is None or not 0 < mfu <= 1:
+        raise UserError(f"--calibrate: {path}: measured.mfu must be a number in (0, 1], got "
+                        f"{comparison.measured.get('mfu')!r}")
+    hardware = comparison.measured.get("hardware")
     if isinstance(hardware, dict):
         hardware = hardware.get("key") or hardware.get("name")
     return RunCalibration(float(mfu), str(hardware or "unknown"), f"measured MFU of run {path.parent}")

@@ -1,4 +1,4 @@
-"""CLI commands of flopwise.plan (registered by flopwise.cli): `flopwise plan`.
+"""CLI commands of flopwise.plan (registered by flopwise.cli): `flopwise plan`, `compare`, `models`.
 
 Imports stay inside the command so `flopwise --help` does not load the planner, and rich
 is imported only when a table is printed.
@@ -7,18 +7,32 @@ is imported only when a table is printed.
 from __future__ import annotations
 
 import inspect
-from typing import Optional
+from pathlib import Path
+from typing import Callable, Optional
 
 import typer
 
 from flopwise.plan import compare_cli
+from flopwise.plan.models_cli import register_models
 from flopwise.plan.options import OPTIONS
 
 
-def register(app: typer.Typer) -> None:
-    """Add `plan` and `compare` to the top-level app."""
+ConfigLoader = Callable[[Optional[Path], list[str]], object]
+_load_training_config: ConfigLoader | None = None
+
+
+def register(app: typer.Typer, load_training_config: ConfigLoader | None = None) -> None:
+    """Add `plan`, `compare` and `models` to the top-level app.
+
+    `load_training_config(path, overrides)` reads a `flopwise train` config for
+    `plan --config`; the CLI passes the trainer's loader in, so the planner imports no
+    trainer module (plan never imports train).
+    """
+    global _load_training_config
+    _load_training_config = load_training_config
     app.command(name="plan")(plan_command)
     compare_cli.register(app)
+    register_models(app)
 
 
 def plan_command(**options) -> None:
@@ -30,20 +44,32 @@ def plan_command(**options) -> None:
     from flopwise.plan.flag_bounds import check_flag_values
 
     check_flag_values(options)  # every numeric flag in its physical / practical range, before any search
+    # the planner loads when the command runs, not at `flopwise --help`
     from flopwise.plan.options import runspec_kwargs
     from flopwise.plan.planner import build_runspec, plan
 
     o = dict(options)
+    config, overrides = o.pop("config", None), o.pop("overrides", None)
+    if config is not None or overrides:
+        by_flag = {option.flag: option.name for option in OPTIONS}
+        conflicting = [flag for flag in ("--model", "--gpus", "--dp", "--tp", "--pp", "--micro-batch", "--global-batch",
+                                         "--batch-tokens", "--seq-len", "--tokens", "--precision", "--optimizer",
+                                         "--zero") if o[by_flag[flag]] is not None]
+        conflicting += ["--search"] if o["search"] else []
+        return plan_training_config(config, overrides or [], o["hardware"], o["as_json"], spot=o["spot"],
+                                    conflicting=conflicting)
     devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1)) if o["dp"] else 8)
     if o["search"]:  # the search picks the layout; one device keeps the global batch exactly as asked
         o.update(gpus=1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
     spec = build_runspec(**runspec_kwargs(o))
     if o["search"] or o["spot"]:
+        # the search loads only for --search / --spot
         from flopwise.plan.search_cli import run_search_and_spot
 
         return run_search_and_spot(spec, devices, o["search"], o["objective"], o["top"], o["spot"],
                                    o["preemptions_per_day"], o["checkpoint_seconds"], o["restart_seconds"],
-                                   o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"])
+                                   o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"],
+                                   show_plan=print_plan)
     result = plan(spec)
     if o["as_json"]:
         print_plan_json(result)
@@ -53,7 +79,14 @@ def plan_command(**options) -> None:
 
 def _typer_signature() -> inspect.Signature:
     """plan_command's signature for typer, from the one option table (plan/options.py)."""
-    parameters = []
+    parameters = [
+        inspect.Parameter("overrides", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Optional[list[str]],
+                          default=typer.Argument(None, metavar="[KEY=VALUE]...",
+                                                 help="With --config: dotted overrides, as `flopwise train` takes them.")),
+        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                          default=typer.Option(None, "--config", help="A `flopwise train` YAML config: plan exactly "
+                                               "the run it describes (model, layout, precision, batch, steps).")),
+    ]
     for option in OPTIONS:
         annotation = Optional[option.type] if option.default is None else option.type
         parameters.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
@@ -71,6 +104,36 @@ def print_plan_json(result) -> None:
     import json
 
     print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+
+
+def plan_training_config(config: Path | None, overrides: list[str], hardware: str | None, as_json: bool,
+                         spot: bool = False, conflicting: list[str] = ()) -> None:
+    """`plan --config`: the plan of the run `flopwise train CONFIG [KEY=VALUE ...]` would start.
+
+    The RunSpec comes from `plan.from_config.runspec_from_config`, the function the trainer
+    writes its `plan.json` with. The config names no hardware: `--hardware` picks it.
+    """
+    from flopwise.catalog.hardware import get_hardware  # planner modules load when the command runs, not at --help
+    from flopwise.errors import UserError
+    from flopwise.plan.from_config import notes_for, runspec_from_config
+    from flopwise.plan.planner import EXAMPLE, plan
+
+    if config is None:
+        raise UserError(f"{overrides[0]}: KEY=VALUE overrides need --config (the training config they change)")
+    if conflicting or spot:
+        names = ", ".join(list(conflicting) + (["--spot"] if spot else []))
+        raise UserError(f"--config sets the model, layout and workload; drop {names} "
+                        "(change the config with KEY=VALUE overrides instead)")
+    if _load_training_config is None:
+        raise UserError("--config: no training-config reader is registered (run through the `flopwise` command)")
+    cfg = _load_training_config(config, list(overrides))
+    result = plan(runspec_from_config(cfg, get_hardware(hardware or EXAMPLE["hardware"])))
+    if as_json:
+        print_plan_json(result)
+        return
+    print_plan(result)
+    for note in notes_for(cfg):
+        print(note)
 
 
 def _gib(nbytes: float) -> str:

@@ -7,6 +7,7 @@ only when a table is printed.
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from flopwise.errors import UserError
 from flopwise.plan.planner import Plan, RunSpec, plan
@@ -29,10 +30,13 @@ def run_search_and_spot(
     spot_price_per_hour: float | None,
     as_json: bool,
     host_memory_gib: float | None = None,
+    show_plan: Callable[[Plan], None] = print,
 ) -> None:
     """Search layouts (or take the given one), then optionally plan spot vs on-demand; print or emit JSON.
 
-    `host_memory_gib` is RAM per node, shared by the node's devices, for offloaded states."""
+    `host_memory_gib` is RAM per node, shared by the node's devices, for offloaded states;
+    `show_plan` prints the one plan when there is no search (the caller's table, so this
+    module need not import the command that calls it)."""
     result = None
     if search:
         host = None
@@ -59,9 +63,7 @@ def run_search_and_spot(
     if result is not None:
         print_search(result)
     else:
-        from flopwise.plan.commands import print_plan
-
-        print_plan(chosen)
+        show_plan(chosen)
     if spot_estimate is not None:
         print_spot(spot_estimate, chosen)
 

@@ -17,13 +17,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from flopwise.diagnose.analyze import (  # noqa: E402
     COMPONENT_LABELS,
-    COMPONENTS,
     Diagnosis,
     PlanRow,
     RunData,
     finite_number,
     is_memory_figure,
 )
+from flopwise.runrecord import TIME_COMPONENTS  # noqa: E402
 
 COMPONENT_COLORS = {
     "data_seconds": "#d62728",
@@ -91,7 +91,7 @@ def plot_tokens_per_second(run: RunData, path: Path) -> Path | None:
 
 def plot_step_breakdown(diagnosis: Diagnosis, path: Path) -> Path | None:
     """Stacked bars of the median step per rank: data wait, forward+backward, sync wait, optimizer, other."""
-    keys = [k for k in (*COMPONENTS, "other_seconds") if all(k in b.median for b in diagnosis.breakdown)]
+    keys = [k for k in (*TIME_COMPONENTS, "other_seconds") if all(k in b.median for b in diagnosis.breakdown)]
     if not keys or not diagnosis.breakdown:
         return None
     ranks = [f"rank {b.rank}" for b in diagnosis.breakdown]

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from flopwise.diagnose.analyze import (
     COMPONENT_LABELS,
-    COMPONENTS,
     Diagnosis,
     RunData,
     diagnose,
@@ -19,6 +18,7 @@ from flopwise.diagnose.analyze import (
     load_run,
 )
 from flopwise.report import plots
+from flopwise.runrecord import REPORT_FILE, TIME_COMPONENTS
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def write_report(run_dir: str | Path) -> ReportFiles:
         "Step time breakdown": plots.plot_step_breakdown(diagnosis, plot_dir / "step_breakdown.png"),
         "Memory": plots.plot_memory(diagnosis, plot_dir / "memory.png"),
     }
-    path = run.run_dir / "report.md"
+    path = run.run_dir / REPORT_FILE
     path.write_text(render_markdown(run, diagnosis, figures), encoding="utf-8")
     return ReportFiles(path, [p for p in figures.values() if p is not None])
 
@@ -106,7 +106,7 @@ def _summary(run: RunData, diagnosis: Diagnosis) -> list[str]:
 
 
 def _breakdown_table(diagnosis: Diagnosis) -> list[str]:
-    keys = [k for k in (*COMPONENTS, "other_seconds", "step_seconds") if all(k in b.median for b in diagnosis.breakdown)]
+    keys = [k for k in (*TIME_COMPONENTS, "other_seconds", "step_seconds") if all(k in b.median for b in diagnosis.breakdown)]
     head = ["rank"] + [f"{COMPONENT_LABELS.get(k, 'step')} ms (median / p90)" for k in keys] + ["tokens/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for b in diagnosis.breakdown:

@@ -6,15 +6,15 @@ switch is on (turning one off leaves no trace):
 1. build the fp32 model            `model.build_model`; with `model.pretrained`, on the meta
                                    device (`hf_pretrained`), filled here, or after step 6 for FSDP2
 2. fp32 norms                      `precision.apply_fp32_norm`            (precision.fp32_norm)
-3. activation checkpointing        `checkpointing.apply_activation_checkpointing`
+3. activation checkpointing        `activation_checkpointing.apply_activation_checkpointing`
                                                                          (training.gradient_checkpointing)
 4. activation compression (int8)   `activation_compression.int8_saved_activations`
                                    entered around each forward          (training.activation_compression)
 5. torch.compile, per block        `nn.Module.compile`                    (training.compile)
-6. parallelism                     `parallel.wrap_model`: DDP, FSDP2, or  (parallel.strategy)
-                                   this rank's pipeline stage; DeepSpeed's engine and the
-                                   pipeline schedule are attached after the optimizer exists
-                                   (`parallel.attach_step_runner`)
+6. parallelism                     `parallelize.parallelize_model`: DDP,  (parallel.strategy)
+                                   FSDP2, or this rank's pipeline stage
+7. the step's strategy             `parallelize.attach_strategy`, once the optimizer exists:
+                                   plain torch, DeepSpeed's engine or the pipeline schedule
 
 Why this order: norms must be patched before anything wraps the blocks; checkpointing
 wraps whole blocks, and compression only affects what checkpointing still saves;
@@ -30,9 +30,13 @@ from typing import Callable, ContextManager
 
 from torch import nn
 
+from flopwise.train import activation_compression
+from flopwise.train.activation_checkpointing import apply_activation_checkpointing
 from flopwise.train.config import RunConfig
+from flopwise.train.distributed import DistEnv
 from flopwise.train.model import build_model, transformer_blocks
-from flopwise.train.parallel import DistEnv, unwrap, wrap_model
+from flopwise.train.parallelize import attach_strategy, parallelize_model, unwrap
+from flopwise.train.precision import apply_fp32_norm, fsdp_mixed_precision_policy
 
 
 @dataclass
@@ -51,13 +55,10 @@ class BuiltModel:
     forward_context: Callable[[], ContextManager] = contextlib.nullcontext
     saved_tensor_hooks: tuple[Callable, Callable] | None = None
     notes: list[str] = field(default_factory=list)
-    runner: object | None = None  # DeepSpeed engine / pipeline schedule driver (`parallel.attach_step_runner`)
 
 
 def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> BuiltModel:
-    """Build the model and apply every enabled technique in the documented order."""
-    from flopwise.train.precision import apply_fp32_norm, fsdp_mixed_precision_policy
-
+    """Build the model and apply techniques 1-6 in the documented order (7 needs the optimizer: `build_strategy`)."""
     notes: list[str] = []
     pretrained = cfg.model.pretrained
     if pretrained is not None:  # weights from a save_pretrained folder (train/hf_pretrained.py)
@@ -76,8 +77,6 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
 
     every = cfg.training.checkpoint_every
     if every:
-        from flopwise.train.checkpointing import apply_activation_checkpointing
-
         apply_activation_checkpointing(model, every)
         notes.append(f"activation checkpointing: every {every} block(s)")
 
@@ -94,7 +93,7 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         notes.append("torch.compile: each transformer block")
 
     mp_policy = fsdp_mixed_precision_policy(cfg.precision.mode) if cfg.parallel.strategy == "fsdp" else None
-    wrapped = wrap_model(model, blocks, cfg.parallel, env, mp_policy=mp_policy)
+    wrapped = parallelize_model(model, blocks, cfg.parallel, env, mp_policy=mp_policy)
     if pretrained is not None and cfg.parallel.strategy == "fsdp":
         materialize_pretrained(wrapped, pretrained, env.device)
     notes.append(f"strategy: {cfg.parallel.strategy} on {env.world_size} process(es), {env.device.type}")
@@ -110,10 +109,13 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
 
 def _int8_activation_compression() -> tuple[Callable[[], ContextManager], tuple[Callable, Callable] | None]:
     """The compression unit's context, and its pack/unpack pair when the unit exposes one."""
-    from flopwise.train import activation_compression
-
     context = activation_compression.int8_saved_activations
     pack = getattr(activation_compression, "pack_int8", None)
     unpack = getattr(activation_compression, "unpack_int8", None)
     hooks = (pack, unpack) if pack is not None and unpack is not None else None
     return context, hooks
+
+
+def build_strategy(state, cfg: RunConfig, env: DistEnv):
+    """Technique 7: the step's `Strategy`, built once the optimizer and loss scaler exist."""
+    return attach_strategy(state, cfg, env)

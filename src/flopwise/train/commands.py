@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Load the config (one-line errors, exit 2) and start the run."""
+        # the trainer (and torch) load only when the command runs, not at `flopwise --help`
         from flopwise.train.launch import launch
 
         config_path, overrides = split_arguments(args or [])
@@ -83,6 +84,7 @@ def register_export(app: typer.Typer) -> None:
         """Verify and consolidate one checkpoint."""
         import json
 
+        # torch loads only when the command runs
         from flopwise.train.export import export_checkpoint
 
         result = export_checkpoint(run_dir, step, out)

@@ -22,6 +22,8 @@ MAX_VOCAB = 2**24
 MAX_BYTES = 2**50  # 1 PiB
 MAX_LR = 10.0
 
+from flopwise.plan.precision_mode import precision_of
+
 
 class Section(BaseModel):
     """Base for config sections: unknown keys are errors, values are validated on assignment."""
@@ -248,7 +250,7 @@ class RunConfig(Section):
                 f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len {self.model.max_seq_len} "
                 "(allowed: seq_len <= max_seq_len)"
             )
-        if self.precision.mode.endswith("-params") and self.parallel.strategy != "fsdp":
+        if precision_of(self.precision.mode).param_dtype != "fp32" and self.parallel.strategy != "fsdp":
             raise ValueError(
                 f"precision.mode: {self.precision.mode} keeps 16-bit parameters through FSDP2 and needs "
                 f"parallel.strategy=fsdp (got {self.parallel.strategy}; allowed otherwise: fp32, bf16, fp16)"

@@ -37,10 +37,11 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     """Export the latest valid checkpoint of `run_dir` (or step `step`) as safetensors into `out`."""
     from safetensors.torch import save_file
 
-    from flopwise.train.checkpoint import (
+    # torch loads only when an export runs, not when the CLI starts
+    from flopwise.train.checkpoint.safe_read import LOAD_ERRORS, safe_dcp_load
+    from flopwise.train.checkpoint.store import (
         latest_valid, quiet_single_process_notice, read_manifest, resolve_checkpoint,
     )
-    from flopwise.train.checkpoint_safe_read import LOAD_ERRORS, safe_dcp_load
     from flopwise.train.config import RunConfig
     from flopwise.train.config_loading import dump_config
     from flopwise.train.hf_logging import quiet_hf_libraries

@@ -34,7 +34,7 @@ from pathlib import Path
 from flopwise.errors import UserError
 from flopwise.train.config import RunConfig
 from flopwise.train.config_loading import dump_config
-from flopwise.train.faults import PREEMPTED_EXIT_CODE, Preempted
+from flopwise.errors import PREEMPTED_EXIT_CODE, Preempted
 
 ERROR_FILE_ENV = "FLOPWISE_ERROR_FILE"
 # torchrun's default signals plus SIGUSR1, Slurm's warning signal: torchrun passes them on to
@@ -98,8 +98,9 @@ def launch(cfg: RunConfig) -> None:
     The run directory is claimed first (lock, reuse and config checks: run_directory.py)
     by the one process that leads the run, and released when it ends.
     """
+    # torch loads only when a run starts: launch stays light for the CLI and torchrun_args
     from flopwise.train.machine_fit import check_fits_this_machine
-    from flopwise.train.parallel import check_strategy
+    from flopwise.train.parallelize import check_strategy
     from flopwise.train.run_directory import claim_run_directory
 
     check_strategy(cfg.parallel)
@@ -136,8 +137,9 @@ def _launch(cfg: RunConfig, one_rank: bool) -> None:
 
 def run_here(cfg: RunConfig) -> None:
     """The per-process run: join the group, train, leave the group."""
+    # torch loads only when a run starts: launch stays light for the CLI and torchrun_args
     from flopwise.train.loop import run_training
-    from flopwise.train.parallel import init_distributed, shutdown
+    from flopwise.train.distributed import init_distributed, shutdown
 
     env = init_distributed(cfg.parallel)
     try:
@@ -180,6 +182,7 @@ def _run_torchrun_with_restarts(cfg: RunConfig) -> None:
 
 def _prepare_data_once(cfg: RunConfig) -> None:
     """Tokenize and cache in the launching process, so data errors surface before any rank starts."""
+    # tokenizers and numpy load only when data is prepared
     from flopwise.train.data import prepare_data
 
     if cfg.parallel.node_rank == 0 or cfg.parallel.nnodes == 1:

@@ -1,7 +1,7 @@
 """The planner's forecast for one node of a job, for the comments of an sbatch script or a manifest.
 
 The forecast is the one the trainer itself writes into `plan.json` before step 1
-(`prediction.runspec_for`: same model, layout, precision, optimizer and token budget),
+(`plan.from_config.runspec_from_config`: same model, layout, precision, optimizer and token budget),
 planned for the job's GPU from the hardware catalog instead of the device found at run time.
 """
 
@@ -52,25 +52,18 @@ class NodeForecast:
 
 def forecast_node(cfg: RunConfig, hardware_key: str) -> NodeForecast:
     """Plan `cfg` on `cfg.parallel.nnodes` nodes of `nproc_per_node` GPUs of `hardware_key` (a UserError if it cannot)."""
-    import torch
-
     from flopwise.catalog.hardware import get_hardware
+    from flopwise.plan.from_config import runspec_from_config
+    from flopwise.plan.memory import ALLOCATOR_RESERVE_FRACTION
     from flopwise.plan.planner import plan
     from flopwise.train.launch import world_size_of
-    from flopwise.train.loop import batch_layout
-    from flopwise.train.model import model_spec
-    from flopwise.train.parallel import DistEnv, data_parallel_shape
-    from flopwise.train.prediction import planner_precision, runspec_for
 
     hardware = get_hardware(hardware_key)
-    world = world_size_of(cfg)
-    job = DistEnv(rank=0, world_size=world, local_rank=0, backend=None, device=torch.device("cpu"), distributed=False)
-    _, dp_size, micro_per_pass = data_parallel_shape(cfg.parallel, job)
-    _, grad_accum = batch_layout(cfg.training, dp_size, micro_per_pass)
-    spec = model_spec(cfg.model, cfg.data.vocab_size, cfg.data.seq_len)
-    runspec = runspec_for(cfg, spec, hardware, world, grad_accum)
-    runspec = dataclasses.replace(
-        runspec, cluster=dataclasses.replace(runspec.cluster, devices_per_node=cfg.parallel.nproc_per_node))
+    runspec = runspec_from_config(cfg, hardware, world_size=world_size_of(cfg))
+    # A job on real GPUs is judged by reserved memory (what nvidia-smi and published runs show): the
+    # allocator's reserve goes back on top of the allocated bytes the trainer's own plan.json compares.
+    runspec = dataclasses.replace(runspec, cluster=dataclasses.replace(
+        runspec.cluster, devices_per_node=cfg.parallel.nproc_per_node, allocator_reserve=ALLOCATOR_RESERVE_FRACTION))
     result = plan(runspec)
     memory, time = result.memory, result.time
     return NodeForecast(
@@ -78,7 +71,7 @@ def forecast_node(cfg: RunConfig, hardware_key: str) -> NodeForecast:
         hardware_name=hardware.name,
         nodes=cfg.parallel.nnodes,
         gpus_per_node=cfg.parallel.nproc_per_node,
-        precision=planner_precision(cfg.precision.mode),
+        precision=runspec.workload.precision,
         memory_gib=memory.total_bytes / GIB,
         usable_gib=memory.capacity_bytes / GIB,
         fits=memory.fits,

@@ -1,51 +1,37 @@
 """The training loop, readable top to bottom like nanoGPT's `train.py`.
 
-One optimizer step = `grad_accum` micro-steps. Each micro-step: fetch a batch, forward
-under autocast, backward (gradient sync only on the last micro-step), then unscale,
-clip, step, update the loss scale, advance the LR schedule. Every step appends a metrics
-line per rank; every `eval_every` steps the validation loss is computed on the held-out
-split. Everything a step needs lives in one `TrainState`, so checkpointing (save/resume)
-and other strategies plug in without touching the loop.
+One optimizer step (`step.train_step`) = `grad_accum` micro-steps of fetch, forward and
+backward, then unscale, clip, step, update the loss scale, advance the LR schedule; the
+strategy (plain torch, DeepSpeed, pipeline) supplies only what differs. Every step
+appends a metrics line per rank; every `eval_every` steps the validation loss is
+computed on the held-out split. Everything a step needs lives in one `TrainState`, so
+checkpointing (save/resume) and other strategies plug in without touching the loop.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 import statistics
-import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from flopwise.errors import UserError
-from flopwise.train.build import BuiltModel, build_training_model
+from flopwise.plan.from_config import batch_layout
+from flopwise.train import prediction
+from flopwise.train.build import BuiltModel, build_strategy, build_training_model
 from flopwise.train.config import RunConfig, TrainingConfig
-from flopwise.train.faults import StepBoundary
-from flopwise.train.metrics import (
-    MemoryBytes,
-    MetricsWriter,
-    RunDisplay,
-    SavedActivationMeter,
-    measure_memory,
-    step_record,
-)
-from flopwise.train.parallel import (
-    DistEnv,
-    all_reduce_max,
-    all_reduce_mean,
-    attach_step_runner,
-    barrier,
-    data_parallel_shape,
-    gradient_sync,
-    simulated_straggler_delay,
-    wait_for_other_ranks,
-)
+from flopwise.train.config_loading import dump_config
+from flopwise.train.data import TokenLoader, prepare_data
+from flopwise.train.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier, data_parallel_shape
+from flopwise.train.checkpoint.policy import StepBoundary
+from flopwise.runrecord import MemoryBytes, StepRecord, config_path, write_comparison
+from flopwise.train.metrics import MetricsWriter, RunDisplay
+from flopwise.train.precision import make_grad_scaler
+from flopwise.train.step import Strategy, StepHooks, train_step
 
 
 @dataclass
@@ -59,23 +45,7 @@ class TrainState:
     train_loader: object
     step: int = 0
     tokens_seen: int = 0
-
-
-@dataclass
-class StepResult:
-    """What one optimizer step measured on this rank."""
-
-    loss: float
-    grad_norm: float
-    lr: float
-    skipped: bool
-    data_seconds: float
-    compute_seconds: float
-    optimizer_seconds: float
-    step_seconds: float
-    memory: MemoryBytes
-    loss_scale: float | None = None
-    sync_wait_seconds: float | None = None
+    strategy: Strategy | None = None  # what the one step calls (`build.build_strategy`)
 
 
 @dataclass
@@ -88,24 +58,6 @@ class RunResult:
     step_seconds: list[float] = field(default_factory=list)
     memory: MemoryBytes | None = None
     tokens_per_step: int = 0
-
-
-def batch_layout(cfg: TrainingConfig, world_size: int, micro_batches_per_pass: int = 1) -> tuple[int, int]:
-    """(global batch in sequences, accumulation passes); the global batch defaults to one pass.
-
-    A pass is one micro-batch on each of `world_size` data-parallel ranks, or, for a
-    pipeline, `micro_batches_per_pass` micro-batches through the stages.
-    """
-    per_pass = cfg.micro_batch_size * world_size * micro_batches_per_pass
-    global_batch = cfg.global_batch_size or per_pass
-    if global_batch % per_pass:
-        what = "processes" if micro_batches_per_pass == 1 else "parallel.pipeline_microbatches"
-        count = world_size if micro_batches_per_pass == 1 else micro_batches_per_pass
-        raise UserError(
-            f"training.global_batch_size: {global_batch} is not a multiple of micro_batch_size x {what} "
-            f"= {cfg.micro_batch_size} x {count} (allowed e.g. {per_pass}, {2 * per_pass}, {4 * per_pass})"
-        )
-    return global_batch, global_batch // per_pass
 
 
 def make_optimizer(module: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
@@ -141,149 +93,19 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig) -> tor
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, cfg) / cfg.lr)
 
 
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy, computed in fp32 whatever the logits dtype."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-
-
-def train_step(state: TrainState, cfg: RunConfig, env: DistEnv, grad_accum: int, measure: bool = True) -> StepResult:
-    """One optimizer step over `grad_accum` micro-batches; returns this rank's measurements."""
-    from flopwise.train.precision import autocast_context
-
-    if state.built.runner is not None:  # DeepSpeed's engine or a pipeline schedule drives the step
-        return state.built.runner.train_step(state, cfg, env, grad_accum, measure)
-    built, optimizer, scaler = state.built, state.optimizer, state.scaler
-    model = built.model
-    model.train()
-    sync = _synchronize(env)
-    if env.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(env.device)
-    t_start = time.perf_counter()
-    data_s = compute_s = 0.0
-    loss_sum = 0.0
-    saved_bytes = 0
-    wait_s = None
-    for micro in range(grad_accum):
-        t0 = time.perf_counter()
-        inputs, targets = next(state.train_loader)
-        inputs, targets = inputs.to(env.device, non_blocking=True), targets.to(env.device, non_blocking=True)
-        t1 = time.perf_counter()
-        meter = SavedActivationMeter(built.module, built.saved_tensor_hooks) if measure and micro == 0 else None
-        last = micro == grad_accum - 1
-        with gradient_sync(model, enabled=last):
-            if last:
-                simulated_straggler_delay(env)
-            with _forward_context(built, meter), autocast_context(cfg.precision.mode, env.device.type):
-                loss = loss_fn(model(inputs), targets) / grad_accum
-            if last:
-                wait_s = wait_for_other_ranks(env, measure_sync_wait(cfg, env))
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-        if meter is not None:
-            saved_bytes = meter.bytes
-        loss_sum += loss.detach().item()
-        sync()
-        t2 = time.perf_counter()
-        data_s += t1 - t0
-        compute_s += t2 - t1 - (wait_s if last and wait_s else 0.0)
-
-    t3 = time.perf_counter()
-    skipped, grad_norm, scale = _optimizer_step(state, cfg.training)
-    memory = (
-        measure_memory(built.module, optimizer, saved_bytes, env.device) if measure else MemoryBytes()
-    )
-    optimizer.zero_grad(set_to_none=True)
-    lr = optimizer.param_groups[0]["lr"]
-    with warnings.catch_warnings():
-        # A skipped (inf/nan) step still advances the schedule; torch warns about that order.
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-        state.scheduler.step()
-    sync()
-    t4 = time.perf_counter()
-    state.step += 1
-    return StepResult(
-        loss=loss_sum,
-        grad_norm=grad_norm,
-        lr=lr,
-        skipped=skipped,
-        data_seconds=data_s,
-        compute_seconds=compute_s,
-        optimizer_seconds=t4 - t3,
-        step_seconds=t4 - t_start,
-        memory=memory,
-        loss_scale=scale,
-        sync_wait_seconds=wait_s,
-    )
-
-
-def measure_sync_wait(cfg: RunConfig, env: DistEnv) -> bool:
+def measure_sync_wait(cfg: TrainingConfig, env: DistEnv) -> bool:
     """`training.measure_sync_wait`, defaulting to on when there is more than one rank."""
-    flag = cfg.training.measure_sync_wait
+    flag = cfg.measure_sync_wait
     return env.world_size > 1 if flag is None else flag
 
 
-def _optimizer_step(state: TrainState, cfg: TrainingConfig) -> tuple[bool, float, float | None]:
-    """Unscale, clip, step (unless a gradient is inf/nan), update the loss scale.
-
-    The skip decision uses the global gradient norm (a DTensor reduction under FSDP2), so
-    every rank skips together even when only one shard holds the inf.
-    """
-    optimizer, scaler = state.optimizer, state.scaler
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    grads = [p.grad for p in params if p.grad is not None]
-    if cfg.grad_clip is not None:
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-    else:
-        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    grad_norm = float(norm)
-    skipped, scale = apply_update(optimizer, scaler, math.isfinite(grad_norm))
-    return skipped, grad_norm, scale
-
-
-def apply_update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-                 finite: bool) -> tuple[bool, float | None]:
-    """Step the optimizer if the (global) gradient norm is finite; update the loss scale.
-
-    Returns (skipped, loss scale or None). A non-finite step is skipped and the scale backs
-    off (Micikevicius et al. 2018, sec. 3.2). Shared by every strategy that owns its step.
-    """
-    if scaler is None:
-        if finite:
-            optimizer.step()
-        return not finite, None
-    if finite:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        scaler.update(new_scale=scaler.get_scale() * scaler.get_backoff_factor())
-    return not finite, float(scaler.get_scale())
-
-
-@torch.no_grad()
-def evaluate(built: BuiltModel, loader, batches: int, cfg: RunConfig, env: DistEnv) -> float:
-    """Mean validation loss over the first `batches` batches of the held-out split, averaged over ranks."""
-    from flopwise.train.precision import autocast_context
-
-    if built.runner is not None:
-        return built.runner.evaluate(loader, batches, cfg, env)
-    model = built.model
-    model.eval()
-    total = 0.0
-    for inputs, targets in loader.val_batches(batches):
-        inputs, targets = inputs.to(env.device), targets.to(env.device)
-        with autocast_context(cfg.precision.mode, env.device.type):
-            total += loss_fn(model(inputs), targets).item()
-    model.train()
-    return all_reduce_mean([total / batches], env)[0]
+def evaluate(state: TrainState, loader, batches: int) -> float:
+    """Mean validation loss over the first `batches` held-out batches, the same on every rank."""
+    return state.strategy.evaluate(loader, batches)
 
 
 def make_loader(cfg: RunConfig, env: DistEnv, prepared, split: str):
     """This rank's loader for 'train' (prefetching) or 'val' (synchronous, repeatable)."""
-    from flopwise.train.data import TokenLoader
-
     dp_rank, dp_size, _ = data_parallel_shape(cfg.parallel, env)
     return TokenLoader(
         prepared, split, seq_len=cfg.data.seq_len, micro_batch_size=cfg.training.micro_batch_size,
@@ -293,9 +115,7 @@ def make_loader(cfg: RunConfig, env: DistEnv, prepared, split: str):
 
 
 def build_state(cfg: RunConfig, env: DistEnv, prepared) -> TrainState:
-    """A fresh TrainState at step 0: model (seeded), optimizer, schedule, loss scaler, loader."""
-    from flopwise.train.precision import make_grad_scaler
-
+    """A fresh TrainState at step 0: model (seeded), optimizer, schedule, loss scaler, loader, strategy."""
     torch.manual_seed(cfg.training.seed)  # same initial weights on every rank
     built = build_training_model(cfg, prepared.vocab_size, env)
     optimizer = make_optimizer(built.module, cfg.training)
@@ -306,20 +126,20 @@ def build_state(cfg: RunConfig, env: DistEnv, prepared) -> TrainState:
         scaler=make_grad_scaler(cfg.precision, env.device.type),
         train_loader=make_loader(cfg, env, prepared, "train"),
     )
-    built.runner = attach_step_runner(state, cfg, env)
+    state.strategy = build_strategy(state, cfg, env)
     return state
 
 
-def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
-    """A whole run on this rank: data, model, plan, steps, evals, predicted vs measured."""
-    from flopwise.train import prediction
-    from flopwise.train.config_loading import dump_config
-    from flopwise.train.data import prepare_data
+def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Callable[[], None]] = ()) -> RunResult:
+    """A whole run on this rank: data, model, plan, steps, evals, predicted vs measured.
 
+    `before_final_forward`: callables run before the last forward of every step (tests use
+    one to slow a rank down on purpose); a real run has none.
+    """
     run_dir = Path(cfg.logging.run_dir)
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        config_path(run_dir).write_text(dump_config(cfg))
 
     # Rank 0 tokenizes and caches; the others wait, then load the cache.
     prepared = prepare_data(cfg.data) if env.is_main else None
@@ -336,7 +156,7 @@ def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
     val_loader = make_loader(cfg, env, prepared, "val")
     tokens_per_step = global_batch * cfg.data.seq_len
 
-    forecast = prediction.prepare(cfg, prepared.vocab_size, env, grad_accum)
+    forecast = prediction.prepare(cfg, prepared.vocab_size, env)
     display = RunDisplay(
         enabled=env.is_main, total_steps=cfg.training.max_steps, run_dir=run_dir,
         progress=cfg.logging.progress, tensorboard=cfg.logging.tensorboard,
@@ -350,28 +170,29 @@ def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
         display.print(line)
 
     writer = MetricsWriter(run_dir, env.rank, append=state.step > 0)
+    hooks = StepHooks(sync_wait=measure_sync_wait(cfg.training, env), before_final_forward=tuple(before_final_forward))
     result = RunResult(steps=0, tokens_per_step=tokens_per_step)
     if state.step == 0:  # the starting point, so the fall of the validation loss is visible
-        result.val_losses.append((0, evaluate(built, val_loader, cfg.training.eval_batches, cfg, env)))
+        result.val_losses.append((0, evaluate(state, val_loader, cfg.training.eval_batches)))
         display.eval(0, result.val_losses[-1][1])
     try:
         while state.step < cfg.training.max_steps:
-            step = train_step(state, cfg, env, grad_accum)
+            step = train_step(state, env, grad_accum, hooks)
             state.tokens_seen += tokens_per_step
             tokens_per_second = tokens_per_step / step.step_seconds
             val_loss = None
             if state.step % cfg.training.eval_every == 0 or state.step == cfg.training.max_steps:
-                val_loss = evaluate(built, val_loader, cfg.training.eval_batches, cfg, env)
+                val_loss = evaluate(state, val_loader, cfg.training.eval_batches)
                 result.val_losses.append((state.step, val_loss))
                 display.eval(state.step, val_loss)
-            record = step_record(
+            record = StepRecord(
                 step=state.step, rank=env.rank, loss=step.loss, lr=step.lr, grad_norm=step.grad_norm,
                 tokens_per_second=tokens_per_second, step_seconds=step.step_seconds,
                 data_seconds=step.data_seconds, compute_seconds=step.compute_seconds,
                 optimizer_seconds=step.optimizer_seconds, tokens_seen=state.tokens_seen, memory=step.memory,
                 mfu=forecast.mfu(tokens_per_second), skipped=step.skipped, loss_scale=step.loss_scale,
                 val_loss=val_loss, sync_wait_seconds=step.sync_wait_seconds,
-            )
+            ).to_dict()
             writer.write(record)
             log = state.step % cfg.logging.log_every == 0 or state.step == cfg.training.max_steps
             display.step(record, log)
@@ -392,7 +213,7 @@ def run_training(cfg: RunConfig, env: DistEnv) -> RunResult:
     summary = _measured_summary(result, env)
     comparison = forecast.compare(summary)
     if env.is_main:
-        prediction.write_comparison(run_dir, comparison)
+        write_comparison(run_dir, comparison)
         print(prediction.format_comparison(comparison), flush=True)
     return result
 
@@ -439,16 +260,3 @@ def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -
             "run `flopwise compress` on the trained model to prune it"
         )
     return lines
-
-
-def _synchronize(env: DistEnv):
-    if env.device.type == "cuda":
-        return lambda: torch.cuda.synchronize(env.device)
-    return lambda: None
-
-
-def _forward_context(built: BuiltModel, meter: SavedActivationMeter | None):
-    """Saved-tensor hooks for this forward: the meter (which wraps compression if any) or compression alone."""
-    if meter is not None and (built.saved_tensor_hooks is not None or built.forward_context is contextlib.nullcontext):
-        return meter.measuring()
-    return built.forward_context()

@@ -1,6 +1,6 @@
 """What a run measures and where it goes: memory, per-rank JSONL, progress bar, TensorBoard, W&B.
 
-Metrics files: ONE FILE PER RANK, `runs/<name>/metrics.rank<R>.jsonl`, one JSON object
+Metrics files: ONE FILE PER RANK, `runs/<name>/metrics.rank<R>.jsonl`, one `runrecord.StepRecord`
 per optimizer step. Per-rank files need no lock, never interleave, and work unchanged
 across nodes on a shared file system; readers glob `metrics.rank*.jsonl`.
 
@@ -12,29 +12,16 @@ backward, measured with `torch.autograd.graph.saved_tensors_hooks` over unique s
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
-from flopwise.train.parallel import local_tensor
-
-
-@dataclass
-class MemoryBytes:
-    """This rank's memory, by component (bytes). `cuda_peak_allocated` is None on CPU."""
-
-    parameters: int = 0
-    gradients: int = 0
-    optimizer: int = 0
-    saved_activations: int = 0
-    cuda_peak_allocated: int | None = None
+from flopwise.runrecord import MemoryBytes, json_line, metrics_path
+from flopwise.train.distributed import local_tensor
 
 
 def _unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -144,11 +131,6 @@ def measure_memory(
     )
 
 
-def metrics_path(run_dir: Path, rank: int) -> Path:
-    """`runs/<name>/metrics.rank<R>.jsonl`."""
-    return Path(run_dir) / f"metrics.rank{rank}.jsonl"
-
-
 class MetricsWriter:
     """One JSON line per step in this rank's file, flushed so a crash loses nothing.
 
@@ -162,68 +144,12 @@ class MetricsWriter:
 
     def write(self, record: dict) -> None:
         """Write a record; non-finite floats become null so every line stays valid JSON."""
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self._file.write(json.dumps(clean) + "\n")
+        self._file.write(json_line(record))
         self._file.flush()
 
     def close(self) -> None:
         """Close the file."""
         self._file.close()
-
-
-def step_record(
-    *,
-    step: int,
-    rank: int,
-    loss: float,
-    lr: float,
-    grad_norm: float,
-    tokens_per_second: float,
-    step_seconds: float,
-    data_seconds: float,
-    compute_seconds: float,
-    optimizer_seconds: float,
-    tokens_seen: int,
-    memory: MemoryBytes,
-    mfu: float | None = None,
-    skipped: bool = False,
-    loss_scale: float | None = None,
-    val_loss: float | None = None,
-    sync_wait_seconds: float | None = None,
-) -> dict:
-    """One metrics line. Names are stable: the report and `diagnose` read them.
-
-    Times are this rank's, in seconds: `step_seconds` = `data_seconds` (waiting for the
-    batch) + `compute_seconds` (forward + backward, gradient reduction included) +
-    `optimizer_seconds` (unscale, clip, step, zero_grad, schedule). `tokens_per_second` is
-    the whole job's tokens per step over this rank's step time; `mfu` divides it by all
-    devices' peak. Memory is `memory_<component>_bytes` for this rank. `sync_wait_seconds`
-    (when measured) is the time this rank waited for the others before the gradient
-    sync; it is taken out of `compute_seconds`.
-    """
-    record = {
-        "step": step,
-        "rank": rank,
-        "loss": loss,
-        "lr": lr,
-        "grad_norm": grad_norm,
-        "tokens_per_second": tokens_per_second,
-        "step_seconds": step_seconds,
-        "data_seconds": data_seconds,
-        "compute_seconds": compute_seconds,
-        "optimizer_seconds": optimizer_seconds,
-        "tokens_seen": tokens_seen,
-        "mfu": mfu,
-        "skipped_step": skipped,
-    }
-    if loss_scale is not None:
-        record["loss_scale"] = loss_scale
-    if val_loss is not None:
-        record["val_loss"] = val_loss
-    if sync_wait_seconds is not None:
-        record["sync_wait_seconds"] = sync_wait_seconds
-    record.update({f"memory_{k}_bytes": v for k, v in asdict(memory).items() if v is not None})
-    return record
 
 
 class RunDisplay:

@@ -8,8 +8,8 @@ biases. The "gpt2" variant is GPT-2 (Radford et al. 2019): LayerNorm with bias, 
 positions, GELU MLP of width 4h, biases everywhere.
 
 The model knows nothing about distribution or precision: parallelism, autocast and
-activation checkpointing are applied from outside (see `train/parallel.py`,
-`train/precision.py`, `train/checkpointing.py`). Every model's `forward(input_ids)`
+activation checkpointing are applied from outside (see `train/parallelize.py`,
+`train/precision.py`, `train/activation_checkpointing.py`). Every model's `forward(input_ids)`
 returns logits `[B, T, V]`.
 """
 
@@ -17,59 +17,16 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flopwise.catalog.models import ModelSpec
 from flopwise.errors import UserError
+from flopwise.plan.from_config import check_shape, ffn_hidden_of, hf_config_path, kv_heads_of
 from flopwise.train.config import ModelConfig
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT initialisation
-FFN_MULTIPLE_OF = 64
-
-
-def llama_ffn_hidden(hidden: int, multiple_of: int = FFN_MULTIPLE_OF) -> int:
-    """SwiGLU width that keeps the MLP's parameters at ~8h^2, as a 4h GELU MLP has.
-
-    LLaMA's rule (Meta `llama/model.py`, FeedForward): int(2 * 4h / 3), rounded up to a
-    multiple of `multiple_of` (Meta uses 256; 64 here so small models stay close to 8h/3).
-    """
-    width = int(2 * 4 * hidden / 3)
-    return multiple_of * math.ceil(width / multiple_of)
-
-
-def ffn_hidden_of(cfg: ModelConfig) -> int:
-    """The MLP width: `cfg.ffn_hidden`, else the LLaMA rule (llama) or 4h (gpt2)."""
-    if cfg.ffn_hidden is not None:
-        return cfg.ffn_hidden
-    return llama_ffn_hidden(cfg.hidden) if cfg.kind == "llama" else 4 * cfg.hidden
-
-
-def kv_heads_of(cfg: ModelConfig) -> int:
-    """Key/value heads: `cfg.n_kv_heads`, else one per query head (plain multi-head)."""
-    return cfg.n_kv_heads if cfg.n_kv_heads is not None else cfg.n_heads
-
-
-def check_shape(cfg: ModelConfig) -> None:
-    """Reject head layouts the attention cannot split, naming the config keys."""
-    if cfg.hidden % cfg.n_heads:
-        raise UserError(
-            f"model.hidden={cfg.hidden} must be divisible by model.n_heads={cfg.n_heads}"
-        )
-    n_kv = kv_heads_of(cfg)
-    if cfg.n_heads % n_kv:
-        raise UserError(
-            f"model.n_heads={cfg.n_heads} must be a multiple of model.n_kv_heads={n_kv}"
-        )
-    if cfg.kind == "llama" and (cfg.hidden // cfg.n_heads) % 2:
-        raise UserError(
-            f"model.hidden / model.n_heads = {cfg.hidden // cfg.n_heads} must be even for rotary embeddings"
-        )
-
-
 def rotary_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [T, head_dim/2] for RoPE (Su et al. 2021, eq. 34), in fp32."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
@@ -208,22 +165,32 @@ class Decoder(nn.Module):
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        T = input_ids.shape[1]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids in, logits out.
+
+        A pipeline stage is this same module with some layers set to None (torchtitan's
+        pattern): without `tok_emb` it takes hidden states, without `final_norm` /
+        `lm_head` it returns them.
+        """
+        T = x.shape[1]
         if T > self.cfg.max_seq_len:
             raise UserError(
                 f"sequence length {T} exceeds model.max_seq_len={self.cfg.max_seq_len}; raise model.max_seq_len or lower data.seq_len"
             )
-        x = self.tok_emb(input_ids)
-        rope = None
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(T, device=input_ids.device))
-        else:
-            rope = (self.rope_cos[:T], self.rope_sin[:T])
-        x = self.emb_dropout(x)
+        rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.cfg.kind == "llama" else None
+        if self.tok_emb is not None:
+            ids = x
+            x = self.tok_emb(ids)
+            if self.pos_emb is not None:
+                x = x + self.pos_emb(torch.arange(T, device=ids.device))
+            x = self.emb_dropout(x)
         for block in self.blocks:
             x = block(x, rope)
-        return self.lm_head(self.final_norm(x))
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if self.lm_head is not None:
+            x = self.lm_head(x)
+        return x
 
 
 class HFCausalLM(nn.Module):
@@ -236,18 +203,6 @@ class HFCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.hf(input_ids=input_ids, use_cache=False).logits
-
-
-def hf_config_path(cfg: ModelConfig) -> Path:
-    """The config.json named by `model.hf_config` (a file, or a folder holding config.json)."""
-    if cfg.hf_config is None:
-        raise UserError("model.hf_config is required when model.kind=hf (path to a config.json)")
-    path = Path(cfg.hf_config).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise UserError(f"model.hf_config: {path} does not exist")
-    return path
 
 
 def load_hf_config(cfg: ModelConfig):
@@ -327,34 +282,3 @@ def transformer_blocks(model: nn.Module) -> nn.ModuleList:
     if best is None:
         raise UserError(f"{type(model).__name__} has no list of transformer blocks to wrap")
     return best
-
-
-def model_spec(cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelSpec:
-    """The planner's description of the model `build_model(cfg, vocab_size)` builds."""
-    if cfg.kind == "hf":
-        from flopwise.catalog.models import from_hf_config
-
-        return from_hf_config(hf_config_path(cfg), seq_len=seq_len)
-    check_shape(cfg)
-    llama = cfg.kind == "llama"
-    return ModelSpec(
-        key=f"builtin-{cfg.kind}",
-        name=f"built-in {cfg.kind} decoder ({cfg.n_layers}x{cfg.hidden})",
-        arch="decoder",
-        n_layers=cfg.n_layers,
-        hidden=cfg.hidden,
-        n_heads=cfg.n_heads,
-        n_kv_heads=kv_heads_of(cfg),
-        ffn_hidden=ffn_hidden_of(cfg),
-        vocab_size=vocab_size,
-        seq_len=seq_len,
-        max_positions=cfg.max_seq_len,
-        mlp="swiglu" if llama else "gelu",
-        norm="rmsnorm" if llama else "layernorm",
-        position="rope" if llama else "learned",
-        tied_embeddings=cfg.tie_embeddings,
-        attn_bias=not llama,
-        mlp_bias=not llama,
-        head_dim=cfg.hidden // cfg.n_heads,
-        source="flopwise built-in decoder (train/model.py)",
-    )

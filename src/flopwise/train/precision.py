@@ -27,25 +27,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flopwise.errors import UserError
 from flopwise.train.config import PrecisionConfig
-
-MODES = ("fp32", "bf16", "fp16", "bf16-params", "fp16-params")
+from flopwise.plan.precision_mode import precision_of
 NORM_NAME_MARKERS = ("layernorm", "rmsnorm")
+
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def compute_dtype(mode: str) -> torch.dtype:
     """The dtype matmuls run in for `mode`."""
-    if mode not in MODES:
-        raise UserError(f"precision.mode={mode!r} is not one of: {', '.join(MODES)}")
-    if mode == "fp32":
-        return torch.float32
-    return torch.bfloat16 if mode.startswith("bf16") else torch.float16
+    return TORCH_DTYPES[precision_of(mode).compute_dtype]
 
 
 def uses_loss_scaling(mode: str) -> bool:
     """fp16's 5-bit exponent underflows small gradients; bf16 has fp32's range and needs no scaling."""
-    return compute_dtype(mode) == torch.float16
+    return precision_of(mode).loss_scaling
 
 
 def autocast_context(mode: str, device_type: str):
@@ -79,12 +76,12 @@ def make_grad_scaler(cfg: PrecisionConfig, device_type: str) -> torch.amp.GradSc
 
 def fsdp_mixed_precision_policy(mode: str):
     """FSDP2 policy: 16-bit compute parameters for `*-params`, fp32 gradient reduction; None otherwise."""
-    if not mode.endswith("-params"):
-        compute_dtype(mode)  # validates the name
+    precision = precision_of(mode)
+    if precision.param_dtype == "fp32":
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    return MixedPrecisionPolicy(param_dtype=compute_dtype(mode), reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[precision.param_dtype], reduce_dtype=torch.float32)
 
 
 def fp32_layer_norm_forward(self: nn.LayerNorm, input: torch.Tensor) -> torch.Tensor:

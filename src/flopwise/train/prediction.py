@@ -19,13 +19,16 @@ import platform
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from flopwise.catalog.hardware import HardwareSpec
+from flopwise.catalog.hardware import HardwareSpec, load_hardware
+from flopwise.plan.from_config import model_spec_from_config, notes_for, runspec_from_config
+from flopwise.plan.planner import plan
+from flopwise.plan.precision_mode import precision_of
+from flopwise.runrecord import MEMORY_COMPONENTS, Comparison, plan_path
 from flopwise.train.config import RunConfig
-from flopwise.train.parallel import DistEnv, all_reduce_mean
+from flopwise.train.distributed import DistEnv, all_reduce_mean
 
 CPU_KEY = "cpu-measured"
 # Square matmul sizes for the CPU peak: cache behaviour makes either one faster on a given
@@ -54,7 +57,7 @@ class Forecast:
             return None
         return self.flops_per_token * tokens_per_second / (self.world_size * self.peak_flops)
 
-    def compare(self, measured: dict) -> dict:
+    def compare(self, measured: dict) -> Comparison:
         """The predicted-vs-measured record; `measured.mfu` / `measured.hardware` feed `plan --calibrate`."""
         predicted_memory = _planned_memory(self.plan)
         measured_memory = {
@@ -84,22 +87,22 @@ class Forecast:
             "steps": measured.get("steps"),
         }
         ratio = {}
-        for key in ("weights", "gradients", "optimizer", "activations", "total"):
+        for key in MEMORY_COMPONENTS:
             ratio[f"memory_{key}"] = _ratio(measured_memory.get(key), predicted_memory.get(key))
         ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
         ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
-        return {
-            "hardware": {
+        return Comparison(
+            hardware={
                 "key": self.hardware_key,
                 "name": self.hardware_name,
                 "peak_flops": self.peak_flops,
                 "peak_source": self.peak_source,
                 "devices": self.world_size,
             },
-            "predicted": predicted,
-            "measured": measured_out,
-            "measured_over_predicted": ratio,
-            "notes": list(self.notes) + [
+            predicted=predicted,
+            measured=measured_out,
+            measured_over_predicted=ratio,
+            notes=list(self.notes) + [
                 "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
                 "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
                 "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
@@ -107,31 +110,26 @@ class Forecast:
                 "included); with recompute the planner also counts one layer's recomputed activations, "
                 "which exist only during its backward",
             ],
-        }
+        )
 
 
-def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv, grad_accum: int) -> Forecast:
-    """Find the device peak, plan the run, and write `plan.json` (rank 0) before the first step."""
-    from flopwise.train.model import model_spec
+def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
+    """Find the device peak, plan the run, and write `plan.json` (rank 0) before the first step.
 
+    The RunSpec comes from `plan.from_config.runspec_from_config`, the same function
+    `flopwise plan --config` uses, so the two predictions agree for the same config.
+    """
     hardware, peak_source, reason = detect_hardware(cfg, env)
-    dtype = planner_precision(cfg.precision.mode)
-    notes: list[str] = []
-    every = cfg.training.checkpoint_every
-    if every > 1:
-        notes.append(f"prediction: checkpointing every {every} blocks is planned as no recompute "
-                     "(the planner models none, selective or every block)")
-    if cfg.training.activation_compression != "none":
-        notes.append("prediction: int8 activation compression is not modelled by the planner")
-    spec = model_spec(cfg.model, vocab_size, cfg.data.seq_len)
+    dtype = precision_of(cfg.precision.mode).compute_dtype
+    notes = notes_for(cfg)
+    spec = model_spec_from_config(cfg.model, vocab_size, cfg.data.seq_len)
     plan_dict, plan_error = None, None
     if hardware is None:
         plan_error = f"no prediction: {reason}"
     else:
         try:
-            from flopwise.plan.planner import plan
-
-            plan_dict = plan(runspec_for(cfg, spec, hardware, env.world_size, grad_accum)).to_dict()
+            runspec = runspec_from_config(cfg, hardware, world_size=env.world_size, vocab_size=vocab_size)
+            plan_dict = plan(runspec).to_dict()
         except Exception as err:  # a forecast that fails must not stop the training run
             plan_error = f"no prediction: the planner could not plan this run ({err.__class__.__name__}: {err})"
     if plan_error:
@@ -153,47 +151,11 @@ def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv, grad_accum: int) -> F
         notes=notes,
     )
     if env.is_main:
-        run_dir = Path(cfg.logging.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        path = plan_path(cfg.logging.run_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
         payload = plan_dict if plan_dict is not None else {"error": plan_error}
-        (run_dir / "plan.json").write_text(json.dumps(payload, indent=2, default=str))
+        path.write_text(json.dumps(payload, indent=2, default=str))
     return forecast
-
-
-def planner_precision(mode: str) -> str:
-    """The planner's precision name for a `precision.mode`."""
-    return "fp32" if mode == "fp32" else ("bf16" if mode.startswith("bf16") else "fp16")
-
-
-def runspec_for(cfg: RunConfig, spec, hardware: HardwareSpec, world_size: int, grad_accum: int):
-    """The RunSpec of this run: same model, layout, precision, optimizer and token budget."""
-    from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
-
-    every = cfg.training.checkpoint_every
-    strategy = cfg.parallel.strategy
-    pipeline = strategy == "pipeline"
-    layout = Layout(
-        dp=1 if pipeline else world_size,
-        pp=world_size if pipeline else 1,
-        micro_batch_size=cfg.training.micro_batch_size,
-        # a pipeline pass is `pipeline_microbatches` micro-batches: the planner's accumulation count
-        grad_accum=grad_accum * (cfg.parallel.pipeline_microbatches if pipeline else 1),
-        zero_stage=3 if strategy == "fsdp" else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
-        offload=cfg.parallel.offload if strategy == "deepspeed" else "none",
-        pipeline_schedule=cfg.parallel.pipeline_schedule,
-        recompute="full" if every == 1 else "none",
-        flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA
-        framework="deepspeed" if strategy == "deepspeed" else "fsdp",
-    )
-    tokens = cfg.training.max_steps * layout.global_batch_size * cfg.data.seq_len
-    workload = Workload(
-        precision=planner_precision(cfg.precision.mode),
-        optimizer=cfg.training.optimizer,
-        seq_len=cfg.data.seq_len,
-        total_tokens=float(tokens),
-    )
-    # the measured figures are allocated bytes: no caching-allocator reserve on top
-    return RunSpec(model=spec, layout=layout, workload=workload, cluster=Cluster(hardware=hardware, allocator_reserve=0.0))
 
 
 def model_flops_per_token(spec) -> float:
@@ -216,7 +178,7 @@ def detect_hardware(cfg: RunConfig, env: DistEnv) -> tuple[HardwareSpec | None, 
         name = torch.cuda.get_device_name(env.device)
         return cuda_hardware(name, torch.cuda.get_device_properties(env.device).total_memory)
     dtypes = {"fp32"}
-    dtypes.add(planner_precision(cfg.precision.mode))
+    dtypes.add(precision_of(cfg.precision.mode).compute_dtype)
     peaks = {}
     for dtype in sorted(dtypes):
         local = max(measure_matmul_flops(_torch_dtype(dtype), n) for n in CALIBRATION_SIZES)
@@ -286,10 +248,6 @@ def catalog_entry_for_cuda(device_name: str, total_memory_bytes: int | None = No
     in the name wins. When the device reports its memory, the entry's memory must agree
     within MEMORY_TOLERANCE (an H100 NVL is not an H100 SXM). No match, no entry.
     """
-    try:
-        from flopwise.catalog.hardware import load_hardware
-    except ImportError:
-        return None
     name = device_name.lower()
     tokens = set(re.findall(r"[a-z]*\d+[a-z]*", name))
     candidates = []
@@ -365,28 +323,19 @@ def _ratio(measured, predicted) -> float | None:
     return measured / predicted
 
 
-def write_comparison(run_dir: Path, comparison: dict) -> Path:
-    """Write `predicted_vs_measured.json` atomically (tmp + rename)."""
-    path = Path(run_dir) / "predicted_vs_measured.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(comparison, indent=2))
-    tmp.replace(path)
-    return path
-
-
-def format_comparison(comparison: dict) -> str:
+def format_comparison(comparison: Comparison) -> str:
     """A small predicted-vs-measured table for the terminal."""
     from io import StringIO
 
     from rich.console import Console
     from rich.table import Table
 
-    hw = comparison["hardware"]
+    hw = comparison.hardware
     table = Table(title=f"predicted vs measured, per device ({hw['name']}, {hw['devices']} device(s))")
     for column in ("", "predicted", "measured", "measured / predicted"):
         table.add_column(column, justify="right" if column else "left")
-    pred, meas, ratio = comparison["predicted"], comparison["measured"], comparison["measured_over_predicted"]
-    for key in ("weights", "gradients", "optimizer", "activations", "total"):
+    pred, meas, ratio = comparison.predicted, comparison.measured, comparison.measured_over_predicted
+    for key in MEMORY_COMPONENTS:
         table.add_row(f"memory: {key}", _mib(pred["memory_bytes"].get(key)), _mib(meas["memory_bytes"].get(key)),
                       _num(ratio.get(f"memory_{key}"), "{:.2f}"))
     table.add_row("tokens/s", _num(pred["tokens_per_second"], "{:,.0f}"), _num(meas["tokens_per_second"], "{:,.0f}"),
@@ -396,7 +345,7 @@ def format_comparison(comparison: dict) -> str:
     console = Console(file=buffer, width=100, force_terminal=False)
     console.print(table)
     console.print(f"peak: {hw['peak_source']}")
-    for note in comparison["notes"]:
+    for note in comparison.notes:
         if note.startswith(("no MFU", "no prediction")):
             console.print(note)
     return buffer.getvalue().rstrip()

@@ -43,6 +43,7 @@ def run(args: list[str]) -> int:
         return 2
     _clear_report()  # a message left by an earlier attempt (before a restart) is not this one's
     try:
+        # inside the try: a failure while importing is reported like any other error of this rank
         from flopwise.train.config_loading import load_config
         from flopwise.train.launch import run_here
 

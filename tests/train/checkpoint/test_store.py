@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from flopwise.errors import UserError
-from flopwise.train import checkpoint as ckpt
-from flopwise.train.checkpoint_safe_read import MetadataUnpickler, SafeFileSystemReader, safe_dcp_load
+from flopwise.train.checkpoint import store as ckpt
+from flopwise.train.checkpoint.safe_read import MetadataUnpickler, SafeFileSystemReader, safe_dcp_load
 from flopwise.train.config_loading import load_config
-from flopwise.train.faults import TrainingDiverged
+from flopwise.train.checkpoint.policy import TrainingDiverged
 from flopwise.train.loop import run_training
-from flopwise.train.parallel import init_distributed
+from flopwise.train.distributed import init_distributed
 
 TINY = [
     "model.n_layers=2", "model.hidden=32", "model.n_heads=2", "model.max_seq_len=64",
@@ -150,8 +150,9 @@ def test_a_nan_loss_stops_the_run_with_a_diagnosis_and_saves_nothing_after_it(co
     """The real step and step boundary; the divergence itself is forced by a NaN weight (the loop
     already skips updates with non-finite gradients, so a tiny model rarely gets there alone)."""
     from flopwise.train.data import prepare_data
-    from flopwise.train.faults import StepBoundary
-    from flopwise.train.loop import build_state, train_step
+    from flopwise.train.checkpoint.policy import StepBoundary
+    from flopwise.train.loop import build_state
+    from flopwise.train.step import train_step
 
     run_dir = tmp_path / "nan"
     cfg = load_config(None, [*TINY, f"data.paths=[{corpus / 'text'}]", f"data.cache_dir={corpus / 'cache'}",
@@ -161,11 +162,11 @@ def test_a_nan_loss_stops_the_run_with_a_diagnosis_and_saves_nothing_after_it(co
     boundary = StepBoundary(cfg, env, vocab_size=320, global_batch=4, report=lambda line: None)
     try:
         for _ in range(2):
-            boundary.after_step(state, train_step(state, cfg, env, 1).loss)
+            boundary.after_step(state, train_step(state, env, 1).loss)
         with torch.no_grad():
             next(state.built.module.parameters()).fill_(float("nan"))
         with pytest.raises(TrainingDiverged) as caught:
-            boundary.after_step(state, train_step(state, cfg, env, 1).loss)
+            boundary.after_step(state, train_step(state, env, 1).loss)
     finally:
         boundary.close()
         state.train_loader.close()
@@ -177,7 +178,7 @@ def test_a_nan_loss_stops_the_run_with_a_diagnosis_and_saves_nothing_after_it(co
 
 
 def test_under_a_loss_scaler_non_finite_steps_are_tolerated_up_to_the_patience():
-    from flopwise.train.faults import NonFiniteGuard
+    from flopwise.train.checkpoint.policy import NonFiniteGuard
 
     guard = NonFiniteGuard(patience=3, scaler_present=True)
     assert [guard.observe(s, bad) for s, bad in [(1, True), (2, True), (3, False), (4, True), (5, True)]] == [
@@ -214,7 +215,7 @@ def test_export_writes_one_safetensors_file_that_compress_can_read(saved, tmp_pa
 
 def test_a_time_interval_saves_when_the_minutes_have_passed(corpus, tmp_path):
     from flopwise.train.data import prepare_data
-    from flopwise.train.faults import StepBoundary
+    from flopwise.train.checkpoint.policy import StepBoundary
     from flopwise.train.loop import build_state
 
     run_dir = tmp_path / "timed"

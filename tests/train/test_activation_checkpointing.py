@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flopwise.errors import UserError
-from flopwise.train.checkpointing import apply_activation_checkpointing, is_checkpointed
+from flopwise.train.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
 from flopwise.train.config import ModelConfig
 from flopwise.train.model import build_model, transformer_blocks
 
@@ -138,7 +138,7 @@ FSDP_SCRIPT = textwrap.dedent(
     """
     import torch, torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-    from flopwise.train.checkpointing import apply_activation_checkpointing, is_checkpointed
+    from flopwise.train.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
     from flopwise.train.config import ModelConfig
     from flopwise.train.model import build_model, transformer_blocks
 

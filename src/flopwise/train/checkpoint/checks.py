@@ -19,7 +19,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flopwise.errors import UserError
-from flopwise.train.checkpoint import (
+from flopwise.train.checkpoint.store import (
     LATEST, MANIFEST, STEP_PREFIX, checkpoints_dir, latest_valid, published_steps,
 )
 

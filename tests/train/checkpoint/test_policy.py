@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flopwise.train import checkpoint as ckpt
+from flopwise.train.checkpoint import store as ckpt
 from flopwise.train.config_loading import load_config
 from flopwise.train.loop import run_training
-from flopwise.train.parallel import init_distributed
+from flopwise.train.distributed import init_distributed
 
 STEPS = 10
 

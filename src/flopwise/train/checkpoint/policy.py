@@ -1,4 +1,8 @@
-"""Faults met at step boundaries: preemption signals and non-finite losses.
+"""When to checkpoint, and what to do at a step boundary: cadence, retention, preemption
+signals and non-finite losses.
+
+Cadence: every `checkpoint.every_steps` steps and/or `every_minutes` minutes, agreed over
+ranks; after each save the newest `keep_last` checkpoints plus the `pin`ned steps stay.
 
 Preemption: SIGTERM (torchrun's and Kubernetes' stop signal) or SIGUSR1 (Slurm's
 `--signal=USR1@90` warning) only sets a flag here; the loop checks it at the next step
@@ -14,20 +18,22 @@ before any checkpoint of the diverged weights is written.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
+from pathlib import Path
 
-from flopwise.errors import UserError
+from flopwise.errors import PREEMPTED_EXIT_CODE, Preempted, UserError  # noqa: F401  (re-exported)
+from flopwise.train.checkpoint.checks import prune_keeping_valid
+from flopwise.train.checkpoint.resume import resume
+from flopwise.train.checkpoint.store import (
+    SaveContext, checkpoints_dir, published_steps, save_checkpoint,
+)
+from flopwise.train.distributed import agree_max
+from flopwise.plan.precision_mode import precision_of
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): "try again later"; torchrun/Slurm relaunch on it
 DIVERGED_EXIT_CODE = 3
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # SIGINT: Ctrl-C, forwarded by torchrun
-
-
-class Preempted(UserError):
-    """The run stopped on a signal after saving; rerunning the same command continues it."""
-
-    exit_code = PREEMPTED_EXIT_CODE
 
 
 class TrainingDiverged(UserError):
@@ -108,13 +114,8 @@ class StepBoundary:
     """
 
     SUPPORTED = ("single", "ddp", "fsdp")
-    NO_CHECKPOINT_ERROR = 2**62  # rank 0 failed to pick one; larger than any step, so MAX carries it
 
     def __init__(self, cfg, env, vocab_size: int, global_batch: int, report=print):
-        from pathlib import Path
-
-        from flopwise.train.checkpoint import SaveContext
-
         self.cfg = cfg.checkpoint
         self.env = env
         self.report = report
@@ -123,7 +124,7 @@ class StepBoundary:
                                cfg.parallel.strategy)
         self.strategy = cfg.parallel.strategy
         self.max_steps = cfg.training.max_steps
-        self.guard = NonFiniteGuard(self.cfg.nan_patience, scaler_present=cfg.precision.mode.startswith("fp16"))
+        self.guard = NonFiniteGuard(self.cfg.nan_patience, scaler_present=precision_of(cfg.precision.mode).loss_scaling)
         self.signals = StopSignals().install()
         self.last_save_time = time.monotonic()
         self.last_saved_step: int | None = None
@@ -142,38 +143,16 @@ class StepBoundary:
             raise
 
     def _resume(self, state) -> list[str]:
-        from flopwise.train.checkpoint import (
-            checkpoints_dir, load_checkpoint, mark_resume_from_done, published_steps, remove_stale_temporaries,
-            trim_metrics,
-        )
-        from flopwise.train.metrics import metrics_path
-        from flopwise.train.parallel import barrier
-
         if not self.enabled:
             self._refuse_unsupported(bool(published_steps(self.run_dir)))
             return []
-        if self.env.is_main:
-            remove_stale_temporaries(self.run_dir)
-        step = self._agreed_resume_step()
-        barrier(self.env)
-        if step < 0:
-            return []
-        path = self._resume_path(step)
-        notes = load_checkpoint(state, path, self.env)
-        if self.env.is_main and self.cfg.resume_from:
-            mark_resume_from_done(self.run_dir, self.cfg.resume_from)
-        trim_metrics(metrics_path(self.run_dir, self.env.rank), state.step)
-        self.last_saved_step = state.step
-        where = path if path.parent != checkpoints_dir(self.run_dir) else path.name
-        if state.step >= self.max_steps:
-            notes.append(f"nothing to train: training.max_steps={self.max_steps} is already reached "
-                         "(raise it to continue, or use a fresh logging.run_dir)")
-        return [f"resumed from checkpoint {where}: step {state.step}, {state.tokens_seen:,} tokens seen", *notes]
+        notes = resume(state, self.cfg, self.run_dir, self.env, self.max_steps, report=self.report)
+        if notes:
+            self.last_saved_step = state.step
+        return notes
 
     def after_step(self, state, loss: float) -> None:
         """Agree over ranks, then stop on divergence, save when due, or save and stop on a signal."""
-        import math
-
         due = self.enabled and (
             (self.cfg.every_steps is not None and state.step % self.cfg.every_steps == 0)
             or (self.cfg.every_minutes is not None
@@ -208,17 +187,12 @@ class StepBoundary:
     # ----------------------------------------------------------------------------------
 
     def _save(self, state):
-        from flopwise.train.checkpoint import save_checkpoint
-        from flopwise.train.checkpoint_checks import prune_keeping_valid as prune_checkpoints  # corrupt ones hold no slot
-
         if self.last_saved_step == state.step:
-            from flopwise.train.checkpoint import checkpoints_dir
-
             return checkpoints_dir(self.run_dir) / f"step-{state.step}"
         started = time.monotonic()
         path = save_checkpoint(state, self.ctx, self.env, verify=self.cfg.verify_on_save)
         if self.env.is_main:
-            prune_checkpoints(self.run_dir, self.cfg.keep_last, self.cfg.pin)
+            prune_keeping_valid(self.run_dir, self.cfg.keep_last, self.cfg.pin)  # corrupt ones hold no slot
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
             self.report(f"checkpoint {path.name}: {size / 2**20:.1f} MiB in {time.monotonic() - started:.2f} s")
         self.last_save_time = time.monotonic()
@@ -226,55 +200,8 @@ class StepBoundary:
         return path
 
     def _agree(self, signal_seen: bool, due: bool, bad_rank: int) -> tuple[bool, bool, int]:
-        if not self.env.distributed or self.env.world_size == 1:
-            return signal_seen, due, bad_rank
-        import torch
-        import torch.distributed as dist
-
-        flags = torch.tensor([int(signal_seen), int(due), bad_rank], dtype=torch.int64, device=self.env.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags[0]), bool(flags[1]), int(flags[2])
-
-    def _agreed_resume_step(self) -> int:
-        """Rank 0 picks (and verifies) the checkpoint; every rank learns its step, or the error."""
-        from flopwise.train.checkpoint import read_manifest, resolve_checkpoint, resume_from_done, supersede_newer
-        from flopwise.train.checkpoint_checks import check_checkpoint_schema
-        from flopwise.train.checkpoint_checks import latest_valid_or_stop as latest_valid  # all invalid: one line
-
-        step, error = -1, None
-        if self.env.is_main:
-            try:
-                path = None
-                spec = self.cfg.resume_from
-                if spec and resume_from_done(self.run_dir, spec):
-                    path = latest_valid(self.run_dir, report=self.report)  # continued here since
-                if spec and path is None:
-                    path = resolve_checkpoint(self.run_dir, spec)
-                    supersede_newer(self.run_dir, path, report=self.report)
-                elif not spec and self.cfg.resume:
-                    path = latest_valid(self.run_dir, report=self.report)
-                if path is not None:
-                    check_checkpoint_schema(path)  # a bad trainer state: one line here, not a KeyError on one rank
-                step = int(read_manifest(path)["step"]) if path is not None else -1
-            except UserError as err:
-                error, step = err, self.NO_CHECKPOINT_ERROR
-        agreed = self._agree(False, False, step)[2]  # MAX over ranks: rank 0's answer (others say -1)
-        if error is not None:
-            raise error
-        if agreed == self.NO_CHECKPOINT_ERROR:
-            raise UserError("rank 0 could not pick a checkpoint to resume from (see its message)")
-        return agreed
-
-    def _resume_path(self, step: int):
-        from pathlib import Path
-
-        from flopwise.train.checkpoint import checkpoints_dir
-
-        own = checkpoints_dir(self.run_dir) / f"step-{step}"
-        spec = self.cfg.resume_from
-        if spec and Path(spec).is_dir() and not own.is_dir():
-            return Path(spec)  # a checkpoint of another run, not yet continued here
-        return own
+        flags = agree_max([int(signal_seen), int(due), bad_rank], self.env)
+        return bool(flags[0]), bool(flags[1]), flags[2]
 
     def _refuse_unsupported(self, has_checkpoints: bool) -> None:
         asked = self.cfg.resume_from or self.cfg.every_steps or self.cfg.every_minutes or (
@@ -287,8 +214,6 @@ class StepBoundary:
             )
 
     def _latest_name(self) -> str:
-        from flopwise.train.checkpoint import checkpoints_dir
-
         try:
             name = (checkpoints_dir(self.run_dir) / "latest").read_text().strip()
             return str(checkpoints_dir(self.run_dir) / name)

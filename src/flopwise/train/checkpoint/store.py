@@ -23,7 +23,7 @@ position is the loader's global sample count, so it maps to any world size too.
 
 Loading never lets a file name code: tensors and non-tensor entries come through
 `torch.load(weights_only=True)`, the DCP `.metadata` through an unpickler that resolves only
-an exact list of DCP's metadata classes (`checkpoint_safe_read.py`); everything else is JSON.
+an exact list of DCP's metadata classes (`safe_read.py`); everything else is JSON.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import base64
 import contextlib
 import errno
 import hashlib
-import io
 import json
 import os
 import random
@@ -49,27 +48,20 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 from flopwise.errors import UserError
-from flopwise.train.checkpoint_safe_read import LOAD_ERRORS, safe_dcp_load
-from flopwise.train.parallel import DistEnv, barrier
+from flopwise.runrecord import checkpoints_dir
+from flopwise.train.distributed import DistEnv, barrier
 
 FORMAT_VERSION = 1
-CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 MANIFEST = "manifest.json"
 STEP_PREFIX = "step-"
 TMP_PREFIX = ".tmp-step-"
 HASH_CHUNK = 8 << 20
-RESHARD_SEED = 1_000_003  # per-rank torch seeds after a world-size change: distinct, reproducible
 
 
 def trainer_file(rank: int) -> str:
     """Name of rank `rank`'s trainer-state file."""
     return f"trainer.rank{rank:05d}.json"
-
-
-def checkpoints_dir(run_dir: Path) -> Path:
-    """`run_dir/checkpoints`."""
-    return Path(run_dir) / CHECKPOINTS
 
 
 def published_steps(run_dir: Path) -> list[tuple[int, Path]]:
@@ -225,7 +217,7 @@ def _publish(tmp: Path, final: Path, step: int, state, ctx: SaveContext, env: Di
     problem = verify_checkpoint(final) if verify else None
     if problem is not None:
         raise OSError(errno.EIO, f"verification after writing failed: {problem}")
-    _write_text_atomic(final.parent / LATEST, final.name + "\n")
+    write_text_atomic(final.parent / LATEST, final.name + "\n")
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int, pin: list[int]) -> list[Path]:
@@ -249,90 +241,6 @@ def remove_stale_temporaries(run_dir: Path) -> None:
         for entry in folder.iterdir():
             if entry.name.startswith((TMP_PREFIX, ".trash-")):
                 shutil.rmtree(entry, ignore_errors=True)
-
-
-RESUMED_FROM = "resumed_from.json"
-
-
-def resume_from_done(run_dir: Path, spec: str) -> bool:
-    """True once this run dir has continued from `spec`: a restart (torchrun, requeue) then takes
-    the run's own latest checkpoint instead of going back to `spec` again."""
-    try:
-        return json.loads((checkpoints_dir(run_dir) / RESUMED_FROM).read_text()).get("spec") == str(spec)
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def mark_resume_from_done(run_dir: Path, spec: str) -> None:
-    """Record that `checkpoint.resume_from` was honoured (see `resume_from_done`)."""
-    checkpoints_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    _write_text_atomic(checkpoints_dir(run_dir) / RESUMED_FROM, json.dumps({"spec": str(spec)}))
-
-
-def supersede_newer(run_dir: Path, chosen: Path, report=print) -> None:
-    """Going back to an older checkpoint of this run: move the newer ones to `checkpoints/superseded/`
-    (kept, not deleted) so that a later automatic resume cannot jump forward onto the abandoned branch."""
-    if Path(chosen).parent.resolve() != checkpoints_dir(run_dir).resolve():
-        return
-    step = int(read_manifest(chosen)["step"])
-    newer = [path for s, path in published_steps(run_dir) if s > step]
-    if not newer:
-        return
-    folder = checkpoints_dir(run_dir) / "superseded" / time.strftime("%Y%m%dT%H%M%S")
-    folder.mkdir(parents=True, exist_ok=True)
-    for path in newer:
-        os.rename(path, folder / path.name)
-    _write_text_atomic(checkpoints_dir(run_dir) / LATEST, Path(chosen).name + "\n")
-    report(f"checkpoints after step {step} moved to {folder} (resuming from an earlier step)")
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def load_checkpoint(state, path: Path, env: DistEnv) -> list[str]:
-    """Restore `state` (model, optimizer, schedule, scaler, loader, RNGs) from `path`; returns notes for the log.
-
-    Collective: every rank calls it. Model and optimizer are resharded by DCP when the
-    world size or strategy differs from the saving run.
-    """
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    path = Path(path)
-    manifest = read_manifest(path)
-    if manifest.get("format") != FORMAT_VERSION:
-        raise UserError(f"checkpoint {path}: format {manifest.get('format')} is not supported (allowed: {FORMAT_VERSION})")
-    model_sd, optim_sd = get_state_dict(state.built.model, state.optimizer)
-    try:
-        with quiet_single_process_notice():
-            safe_dcp_load({"model": model_sd, "optim": optim_sd}, path)
-    except UserError:
-        raise
-    except LOAD_ERRORS as exc:  # a shape or key mismatch: a different model than the one saved
-        raise UserError(f"checkpoint {path} does not fit this model/optimizer: {_first_line(exc)}") from None
-    set_state_dict(state.built.model, state.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-
-    notes = []
-    saved_world = int(manifest["world_size"])
-    own = path / trainer_file(env.rank)
-    exact_rng = saved_world == env.world_size and own.is_file()
-    trainer = json.loads((own if exact_rng else path / trainer_file(0)).read_text())
-    state.step = int(trainer["step"])
-    state.tokens_seen = int(trainer["tokens_seen"])
-    state.train_loader.load_state_dict(trainer["loader"])
-    state.scheduler.load_state_dict(trainer["scheduler"])
-    if state.scaler is not None and trainer.get("scaler"):
-        state.scaler.load_state_dict(trainer["scaler"])
-    if exact_rng:
-        restore_rng(trainer["rng"])
-    else:
-        restore_rng(trainer["rng"])  # rank 0's streams, then torch's made distinct per rank
-        torch.manual_seed(RESHARD_SEED * (state.step + 1) + env.rank)
-        notes.append(
-            f"resharded: saved by {saved_world} process(es), resumed on {env.world_size}; model and optimizer "
-            "were resharded by DCP and the data position (global samples consumed) maps exactly, but "
-            "per-rank random streams (dropout) restart from a fresh seed"
-        )
-    return notes
 
 
 # --------------------------------------------------------------------------- trainer state
@@ -367,31 +275,6 @@ def capture_rng(env: DistEnv) -> dict:
     return rng
 
 
-def restore_rng(rng: dict) -> None:
-    """Put every random stream back where `capture_rng` found it."""
-    version, internal, gauss = rng["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = rng["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(_from_b64(rng["torch"]))
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state(_from_b64(rng["cuda"]))
-
-
-def trim_metrics(metrics_file: Path, step: int) -> None:
-    """Drop metric lines after `step` (written by the interrupted run after its last checkpoint)."""
-    if not metrics_file.is_file():
-        return
-    kept = []
-    for line in metrics_file.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                kept.append(line)
-        except ValueError:
-            continue  # a line cut by the kill
-    _write_text_atomic(metrics_file, "".join(f"{line}\n" for line in kept))
-
-
 # --------------------------------------------------------------------------- small pieces
 
 
@@ -417,7 +300,7 @@ def describe_failure(exc: BaseException) -> str:
         if isinstance(failures, dict):
             stack += [value[0] if isinstance(value, tuple) else value for value in failures.values()]
         stack += [current.__cause__, current.__context__]
-    innermost = _first_line(found[-1])
+    innermost = first_line(found[-1])
     if "unexpected pos" in innermost:
         return f"a write failed part-way ({innermost}); is the disk full or the folder not writable?"
     return innermost
@@ -476,7 +359,7 @@ def _write_json(path: Path, value: dict) -> None:
         os.fsync(handle.fileno())
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(text)
@@ -510,10 +393,10 @@ def _b64(tensor: torch.Tensor) -> str:
     return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
 
 
-def _from_b64(text: str) -> torch.Tensor:
+def from_b64(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__

@@ -1,4 +1,8 @@
-"""`flopwise models`: list and show the models catalog."""
+"""`flopwise models`: list and show the models catalog, with parameters counted by the planner.
+
+It lives in `plan` because the counts are the planner's (`plan.params`); the catalog
+only loads the numbers.
+"""
 
 from __future__ import annotations
 

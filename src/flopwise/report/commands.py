@@ -1,0 +1,31 @@
+"""CLI command of flopwise.report: `flopwise report RUN_DIR`.
+
+matplotlib is imported by `run_report` only when the command runs, so `flopwise --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add `report` to the top-level app."""
+    app.command("report")(report)
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `flopwise train`.")],
+) -> None:
+    """Write RUN_DIR/report.md with loss, throughput, step-breakdown and memory plots."""
+    from flopwise.report.run_report import write_report  # matplotlib stays off the CLI's import path
+
+    files = write_report(run_dir)
+    print(f"wrote {files.report}")
+    for path in files.plots:
+        print(f"wrote {path}")
+    sys.stdout.flush()

@@ -1,0 +1,188 @@
+"""How a strategy is applied to the model, from outside (torchtitan's `parallelize`).
+
+`build.py` calls these, and only it, in its fixed order: `parallelize_model` wraps the
+built model (DDP, FSDP2, or this rank's pipeline stage); `attach_strategy` adds what
+needs the optimizer first (DeepSpeed's engine, the pipeline schedule) and returns the
+`Strategy` the one `train_step` drives. Nothing here re-implements a collective, a
+sharding scheme or a schedule.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from flopwise.errors import UserError
+from flopwise.plan.from_config import batch_layout
+from flopwise.train.config import ParallelConfig, RunConfig
+from flopwise.train.distributed import DistEnv
+from flopwise.train.step import Strategy
+from flopwise.train.strategy_deepspeed import DeepSpeedStrategy
+from flopwise.train.strategy_pipeline import PipelineStrategy
+from flopwise.train.strategy_torch import TorchStrategy
+
+STRATEGIES_AVAILABLE = ("single", "ddp", "fsdp", "deepspeed", "pipeline")
+
+
+def check_strategy(cfg: ParallelConfig) -> None:
+    """Fail before any process starts when the strategy has no implementation or cannot run as set."""
+    if cfg.strategy not in STRATEGIES_AVAILABLE:
+        raise UserError(
+            f"parallel.strategy: {cfg.strategy} is not available in this version "
+            f"(allowed: {', '.join(STRATEGIES_AVAILABLE)})"
+        )
+    if cfg.strategy == "deepspeed":
+        check_deepspeed_config(cfg)
+
+
+def check_deepspeed_config(cfg: ParallelConfig) -> None:
+    """Reject ZeRO / offload combinations DeepSpeed cannot run, before any process starts."""
+    if cfg.offload == "params" and cfg.zero_stage != 3:
+        raise UserError(
+            f"parallel.offload: params offloads ZeRO-3 parameter shards and needs parallel.zero_stage=3 "
+            f"(got {cfg.zero_stage}; allowed with stage {cfg.zero_stage}: none"
+            f"{', optimizer' if cfg.zero_stage else ''})"
+        )
+    if cfg.offload == "optimizer" and cfg.zero_stage == 0:
+        raise UserError("parallel.offload: optimizer offload needs parallel.zero_stage >= 1 (allowed at stage 0: none)")
+
+
+def parallelize_model(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env: DistEnv,
+                      mp_policy=None) -> nn.Module:
+    """Apply the strategy's wrapping; returns the module the step calls.
+
+    `mp_policy` is FSDP2's `MixedPrecisionPolicy` for the `*-params` modes. DeepSpeed's
+    engine needs the optimizer, so `attach_strategy` builds it later.
+    """
+    if not any(p.is_meta for p in model.parameters()):  # a meta model (pretrained, FSDP2) is filled after sharding
+        model.to(env.device)
+    if cfg.strategy == "ddp":
+        return apply_ddp(model, cfg, env)
+    if cfg.strategy == "fsdp":
+        return apply_fsdp(model, blocks, cfg, env, mp_policy)
+    if cfg.strategy == "pipeline":
+        return apply_pipeline_stage(model, env)
+    return model  # single, deepspeed
+
+
+def apply_ddp(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
+    """`DistributedDataParallel` with the configured bucket size."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
+    # Non-persistent buffers (RoPE tables) are derived from the config and equal on every rank:
+    # broadcasting them before each forward would only add a collective (and a hidden wait).
+    return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.ddp_bucket_mb,
+                                   broadcast_buffers=_has_persistent_buffers(model))
+
+
+def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env: DistEnv, mp_policy) -> nn.Module:
+    """FSDP2 `fully_shard`: each transformer block, then large other children, then the root.
+
+    Other direct children holding at least `fsdp_min_params` parameters get their own
+    unit (a size-based policy; modules sharing a parameter, such as tied embeddings,
+    stay with the root). The root is not resharded after forward because backward
+    needs it at once (as in torchtitan).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    options = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=cfg.fsdp_reshard_after_forward, **options)
+    shared = _shared_parameter_ids(model)
+    block_ids = {id(block) for block in blocks}
+    for child in model.children():
+        if id(child) in block_ids or child is blocks or any(id(m) in block_ids for m in child.modules()):
+            continue
+        params = list(child.parameters())
+        if not params or any(id(p) in shared for p in params):
+            continue
+        if sum(p.numel() for p in params) >= cfg.fsdp_min_params:
+            fully_shard(child, reshard_after_forward=cfg.fsdp_reshard_after_forward, **options)
+    fully_shard(model, reshard_after_forward=False, **options)
+    return model
+
+
+def stage_layer_ranges(n_layers: int, stages: int) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) block ranges, as even as possible, earlier stages taking the remainder."""
+    if stages > n_layers:
+        raise UserError(
+            f"parallel.strategy: pipeline needs at least one transformer block per stage, but "
+            f"model.n_layers={n_layers} is fewer than the {stages} stages (one per process); "
+            f"raise model.n_layers or lower parallel.nproc_per_node x parallel.nnodes to <= {n_layers}"
+        )
+    base, extra = divmod(n_layers, stages)
+    ranges, start = [], 0
+    for stage in range(stages):
+        stop = start + base + (1 if stage < extra else 0)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+def apply_pipeline_stage(model: nn.Module, env: DistEnv) -> nn.Module:
+    """This rank's stage: the same decoder with the other stages' layers removed.
+
+    The embedding stays on the first stage, the final norm and LM head on the last; the
+    decoder's own forward skips what is absent (torchtitan's pipeline pattern), so no
+    second forward exists to drift from the first.
+    """
+    if not hasattr(model, "tok_emb") or not hasattr(model, "blocks"):
+        raise UserError(
+            "parallel.strategy: pipeline splits the built-in decoder (model.kind llama or gpt2); "
+            "for model.kind=hf use ddp, fsdp or deepspeed"
+        )
+    if model.cfg.tie_embeddings and env.world_size > 1:
+        raise UserError(
+            "model.tie_embeddings: a pipeline puts the embedding and the LM head on different stages, "
+            "so they cannot share a weight (set model.tie_embeddings=false, or use ddp, fsdp or deepspeed)"
+        )
+    total = sum(p.numel() for p in model.parameters())
+    start, stop = stage_layer_ranges(len(model.blocks), env.world_size)[env.rank]
+    if env.rank > 0:
+        model.tok_emb = None
+        model.pos_emb = None
+    model.blocks = nn.ModuleList(model.blocks[start:stop])
+    if env.rank < env.world_size - 1:
+        model.final_norm = None
+        model.lm_head = None
+    model.total_parameters = total  # the whole model, for the run header
+    model.stage_blocks = (start, stop)
+    return model.to(env.device)
+
+
+def attach_strategy(state, cfg: RunConfig, env: DistEnv) -> Strategy:
+    """The `Strategy` that drives this run's step: DeepSpeed's engine, a pipeline schedule, or plain torch.
+
+    DeepSpeed and the pipeline schedule need the optimizer (and the loss scaler), so
+    they are attached once the `TrainState` exists.
+    """
+    if cfg.parallel.strategy == "deepspeed":
+        _, grad_accum = batch_layout(cfg.training, env.world_size)
+        return DeepSpeedStrategy(state, cfg, env, grad_accum)
+    if cfg.parallel.strategy == "pipeline":
+        return PipelineStrategy(state, cfg.parallel, cfg.precision, cfg.training.grad_clip, env)
+    return TorchStrategy(state, cfg.precision, cfg.training.grad_clip, env)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module under a DDP wrapper (FSDP2 shards in place, so it is the module itself)."""
+    return model.module if hasattr(model, "no_sync") and hasattr(model, "module") else model
+
+
+def _has_persistent_buffers(model: nn.Module) -> bool:
+    """Whether any buffer is state (e.g. running statistics) rather than a table derived from the config."""
+    return any(
+        name not in module._non_persistent_buffers_set
+        for module in model.modules()
+        for name, _ in module.named_buffers(recurse=False)
+    )
+
+
+def _shared_parameter_ids(model: nn.Module) -> set[int]:
+    owners: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners[id(param)] = owners.get(id(param), 0) + 1
+    return {pid for pid, count in owners.items() if count > 1}

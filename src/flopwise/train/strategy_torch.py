@@ -1,0 +1,130 @@
+"""Plain torch as a trainer strategy: one process, DDP or FSDP2 (`parallel.strategy` single / ddp / fsdp).
+
+The model is already wrapped (`parallelize.py`); what this strategy adds to the one
+`train_step` is the forward under autocast with gradient synchronisation only on the
+last micro-step, and the local unscale / clip / step, where the skip decision uses the
+global gradient norm (a DTensor reduction under FSDP2), so every rank skips together
+even when only one shard holds the inf.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from flopwise.train.config import PrecisionConfig
+from flopwise.train.distributed import DistEnv, all_reduce_mean
+from flopwise.train.metrics import MemoryBytes, measure_memory
+from flopwise.train.precision import autocast_context
+from flopwise.train.step import StepHooks, apply_update, loss_fn
+
+
+class TorchStrategy:
+    """Drives a torch module (plain, DDP or FSDP2) with the trainer's own optimizer and loss scaler."""
+
+    memory_before_step = False
+
+    def __init__(self, state, precision: PrecisionConfig, grad_clip: float | None, env: DistEnv):
+        self.built = state.built
+        self.scaler = state.scaler
+        self.precision_mode = precision.mode
+        self.grad_clip = grad_clip
+        self.env = env
+
+    def begin_step(self, state) -> float:
+        """Training mode; the LR of this step (the schedule advances after the step)."""
+        self.built.model.train()
+        return state.optimizer.param_groups[0]["lr"]
+
+    def fetch(self, loader) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next micro-batch, copied to the device without blocking the host."""
+        inputs, targets = next(loader)
+        return inputs.to(self.env.device, non_blocking=True), targets.to(self.env.device, non_blocking=True)
+
+    def forward_backward(self, batch, micro: int, grad_accum: int, hooks: StepHooks) -> float:
+        """Forward under autocast, backward of the (scaled) loss; gradients sync on the last micro-step only."""
+        inputs, targets = batch
+        built, last = self.built, micro == grad_accum - 1
+        with gradient_sync(built.model, enabled=last):
+            with hooks.around_forward(built.module, micro, last, built.forward_context, built.saved_tensor_hooks), \
+                    autocast_context(self.precision_mode, self.env.device.type):
+                loss = loss_fn(built.model(inputs), targets) / grad_accum
+            hooks.before_backward(self.env, last)
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        return loss.detach().item()
+
+    def clip_and_step(self, state) -> tuple[bool, float, float | None]:
+        """Unscale, clip, step (unless a gradient is inf/nan), update the loss scale."""
+        optimizer, scaler = state.optimizer, state.scaler
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        if self.grad_clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip, foreach=True)
+        else:
+            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
+        skipped, scale = apply_update(optimizer, scaler, math.isfinite(grad_norm))
+        return skipped, grad_norm, scale
+
+    def memory(self, state, saved_activation_bytes: int) -> MemoryBytes:
+        """Parameters, gradients (still present) and optimizer state of this rank."""
+        return measure_memory(self.built.module, state.optimizer, saved_activation_bytes, self.env.device)
+
+    def end_step(self, state) -> None:
+        """Drop the gradients, advance the LR schedule."""
+        end_torch_step(state)
+
+    @torch.no_grad()
+    def evaluate(self, loader, batches: int) -> float:
+        """Mean validation loss over the first `batches` held-out batches, averaged over ranks."""
+        model = self.built.model
+        model.eval()
+        total = 0.0
+        for inputs, targets in loader.val_batches(batches):
+            inputs, targets = inputs.to(self.env.device), targets.to(self.env.device)
+            with autocast_context(self.precision_mode, self.env.device.type):
+                total += loss_fn(model(inputs), targets).item()
+        model.train()
+        return all_reduce_mean([total / batches], self.env)[0]
+
+
+def end_torch_step(state) -> None:
+    """Zero the gradients and advance the LR schedule (shared with the pipeline strategy)."""
+    state.optimizer.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():
+        # A skipped (inf/nan) step still advances the schedule; torch warns about that order.
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        state.scheduler.step()
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Turn gradient synchronisation off for non-final accumulation micro-steps.
+
+    DDP: `no_sync()`; FSDP2: `set_requires_gradient_sync(False)` (gradients stay
+    unsharded and accumulate locally until the final micro-step reduce-scatters them).
+    """
+    if enabled:
+        yield
+        return
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+        return
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+        return
+    yield

@@ -1,0 +1,148 @@
+"""flopwise's own import graph has no cycles, between modules or between packages.
+
+The graph is read from the source with `ast`: every `import flopwise...` / `from flopwise...`
+(and relative import) counts, at module level and inside functions alike, because a
+function-local import that closes a cycle is still a cycle (it only fails later, at
+call time). Strongly connected components (Tarjan 1972) of more than one node are the
+cycles; the test prints one path through each.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "flopwise"
+
+
+def module_files(root: Path = SRC) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _owner(name: str, modules: dict[str, Path]) -> str | None:
+    """The module a dotted name lives in (`flopwise.train.loop.train_step` -> `flopwise.train.loop`)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """flopwise modules that `module` imports anywhere in its file."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            # `from flopwise.train import loop` imports the module `loop`, not only the package
+            targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+        else:
+            continue
+        for target in targets:
+            if target == "flopwise" or target.startswith("flopwise."):
+                owner = _owner(target, modules)
+                if owner and owner != module:
+                    found.add(owner)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the flopwise modules it imports."""
+    modules = module_files()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same graph between flopwise's sub-packages (`flopwise.plan`, `flopwise.train`, ...)."""
+
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        edges = packages.setdefault(package(module), set())
+        edges.update(package(t) for t in targets if package(t) != package(module))
+    return packages
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components (recursive; the graph is small)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def a_cycle(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """One closed path through a component, for the failure message."""
+    members = set(component)
+    path = [component[0]]
+    while True:
+        nxt = sorted(graph[path[-1]] & members)[0]
+        if nxt in path:
+            return path[path.index(nxt):] + [nxt]
+        path.append(nxt)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    return [" -> ".join(a_cycle(c, graph)) for c in strongly_connected(graph) if len(c) > 1]
+
+
+def test_the_graph_is_read_from_the_source():
+    graph = import_graph()
+    assert "flopwise.train.loop" in graph and "flopwise.plan.planner" in graph
+    assert "flopwise.errors" in graph["flopwise.plan.planner"]
+    assert "flopwise.train.model" in graph["flopwise.train.build"]
+
+
+def test_tarjan_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == ["a -> b -> c -> a"]
+
+
+def test_no_module_imports_itself_back():
+    cycles = _cycles(import_graph())
+    assert not cycles, "import cycles between modules:\n" + "\n".join(cycles)
+
+
+def test_no_package_imports_itself_back():
+    cycles = _cycles(package_graph(import_graph()))
+    assert not cycles, "import cycles between packages:\n" + "\n".join(cycles)
