@@ -26,7 +26,8 @@ import torch  # noqa: E402
 
 from flopwise.train.config import DataConfig, RunConfig  # noqa: E402
 from flopwise.train.corpus import resolve_inputs  # noqa: E402
-from flopwise.train.data import TokenLoader, prepare_data, tokenizer_sample  # noqa: E402
+from flopwise.train.data import TokenLoader, tokenizer_sample  # noqa: E402
+from flopwise.train.prepare import prepare_data  # noqa: E402
 from flopwise.train.tokenizer import train_bpe  # noqa: E402
 
 

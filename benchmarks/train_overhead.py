@@ -61,7 +61,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from flopwise.train.config_loading import load_config
-    from flopwise.train.data import prepare_data
+    from flopwise.train.prepare import prepare_data
     from flopwise.train.loop import build_state, make_loader, make_optimizer, make_scheduler
     from flopwise.train.step import StepHooks, train_step
     from flopwise.train.distributed import init_distributed

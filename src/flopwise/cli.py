@@ -30,6 +30,7 @@ def build_app():
     from flopwise.report import commands as report_commands
     from flopwise.train import commands as train_commands
 
+    from flopwise.compress.config import parse_compress_config
     from flopwise.train.config_loading import load_config
 
     app = typer.Typer(
@@ -43,7 +44,9 @@ def build_app():
     # The composition root: `plan --config` reads a training config with the trainer's own
     # (torch-free) loader, handed in here so that plan never imports train.
     plan_commands.register(app, load_training_config=load_config)
-    for module in (catalog_commands, train_commands, compress_commands, diagnose_commands, report_commands):
+    # ... and `flopwise train` validates a `compress:` section with compress's own parser.
+    train_commands.register(app, check_compress=parse_compress_config)
+    for module in (catalog_commands, compress_commands, diagnose_commands, report_commands):
         module.register(app)
     app.command()(version)
     return app

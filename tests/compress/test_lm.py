@@ -19,7 +19,8 @@ def exported_run(tmp_path_factory):
     from safetensors.torch import save_file
 
     from flopwise.train.config_loading import dump_config, load_config
-    from flopwise.train.data import TokenLoader, prepare_data
+    from flopwise.train.data import TokenLoader
+from flopwise.train.prepare import prepare_data
     from flopwise.train.model import build_model
 
     root = tmp_path_factory.mktemp("lmrun")

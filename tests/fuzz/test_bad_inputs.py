@@ -20,7 +20,8 @@ import typer
 
 from flopwise.cli import app
 from flopwise.errors import UserError
-from flopwise.train.commands import load_train_config
+from flopwise.compress.config import parse_compress_config
+from flopwise.train.config_loading import load_train_config
 from tests.fuzz.bad_inputs import Case, generate
 
 CASE_LIMIT_SECONDS = 30  # a hang guard, not a speed claim: a valid plan on this CPU takes ~1 s
@@ -63,12 +64,12 @@ def run_case(case: Case, tmp_path) -> str | None:
     try:
         with alarm(CASE_LIMIT_SECONDS):
             if case.kind == "override":
-                load_train_config(None, list(case.payload))
+                load_train_config(None, list(case.payload), parse_compress_config)
                 return "accepted"
             if case.kind == "file":
                 path = tmp_path / "bad.yaml"
                 path.write_text(case.payload[0], encoding="utf-8")
-                load_train_config(str(path), list(case.payload[1:]))
+                load_train_config(str(path), list(case.payload[1:]), parse_compress_config)
                 return "accepted"
             out, err = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -94,7 +94,8 @@ def test_two_ranks_start_from_the_pretrained_weights(folders, tmp_path, strategy
     wrapping): each rank's first loss equals transformers' on that rank's batch."""
     from transformers import AutoModelForCausalLM
 
-    from flopwise.train.data import TokenLoader, prepare_data
+    from flopwise.train.data import TokenLoader
+    from flopwise.train.prepare import prepare_data
 
     run_dir = tmp_path / "run"
     overrides = ["model.kind=hf", f"model.pretrained={folders / name}", f"data.hf_dataset={folders / 'data.jsonl'}",

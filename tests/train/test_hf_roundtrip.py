@@ -64,7 +64,8 @@ def test_first_step_loss_equals_transformers_loss_on_the_same_batch(trained):
     from transformers import AutoModelForCausalLM
 
     from flopwise.train.config_loading import load_config
-    from flopwise.train.data import TokenLoader, prepare_data
+    from flopwise.train.data import TokenLoader
+    from flopwise.train.prepare import prepare_data
 
     cfg = load_config(trained / "run" / "config.yaml", [])
     prepared = prepare_data(cfg.data)

@@ -12,7 +12,7 @@ import torch
 from flopwise.errors import UserError
 from flopwise.train.config import RunConfig
 from flopwise.train.config_loading import load_config
-from flopwise.train.data import prepare_data
+from flopwise.train.prepare import prepare_data
 from flopwise.train.loop import build_state, lr_at, run_training
 from flopwise.plan.from_config import batch_layout
 from flopwise.train.step import train_step

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from flopwise.runrecord import MemoryBytes
-from flopwise.train.data import prepare_data
+from flopwise.train.prepare import prepare_data
 from flopwise.train.loop import build_state
 from flopwise.train.step import StepHooks, train_step
 from flopwise.train.strategy_torch import TorchStrategy

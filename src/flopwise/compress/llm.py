@@ -93,7 +93,8 @@ def held_out_tokens(run_dir: Path):
 
     from flopwise.train.config import RunConfig
     from flopwise.train.config_loading import load_config
-    from flopwise.train.data import open_shard, prepare_data
+    from flopwise.train.data import open_shard
+    from flopwise.train.prepare import prepare_data
 
     config_path = Path(run_dir) / "config.yaml"
     if not config_path.is_file():

@@ -16,8 +16,12 @@ TRAIN_HELP = (
 )
 
 
-def register(app: typer.Typer) -> None:
-    """Add this package's commands to the top-level app."""
+def register(app: typer.Typer, check_compress=None) -> None:
+    """Add this package's commands to the top-level app.
+
+    `check_compress` validates a config's `compress:` section before any process starts
+    (compress's parser, handed in by `flopwise.cli` so that train does not import compress).
+    """
 
     @app.command(name="train", help=TRAIN_HELP)
     def train(
@@ -30,12 +34,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Load the config (one-line errors, exit 2) and start the run."""
         # the trainer (and torch) load only when the command runs, not at `flopwise --help`
+        from flopwise.train.config_loading import load_train_config, split_arguments
         from flopwise.train.launch import launch
 
         config_path, overrides = split_arguments(args or [])
         if resume_from:
             overrides.append(f"checkpoint.resume_from={resume_from}")
-        launch(load_train_config(config_path, overrides))
+        launch(load_train_config(config_path, overrides, check_compress))
 
     from flopwise.train.generate_cli import register_generate
 
@@ -44,24 +49,6 @@ def register(app: typer.Typer) -> None:
     from flopwise.train.launch_cli import register_launch
 
     register_launch(app)
-
-
-def load_train_config(config_path: str | None, overrides: list[str]):
-    """The run config with every section validated before any process starts, `compress:` included."""
-    from flopwise.compress.config import parse_compress_config
-    from flopwise.train.config_loading import load_config
-
-    cfg = load_config(config_path, overrides)
-    if cfg.compress is not None:
-        parse_compress_config(cfg.compress, cfg.training.pruning, source=config_path or "config")
-    return cfg
-
-
-def split_arguments(args: list[str]) -> tuple[str | None, list[str]]:
-    """The first argument is the config file unless it looks like `key=value`."""
-    if args and "=" not in args[0]:
-        return args[0], list(args[1:])
-    return None, list(args)
 
 
 EXPORT_HELP = (

@@ -186,3 +186,22 @@ def _source_of(loc: tuple[str, ...], source: str, override_keys: dict[tuple[str,
 def dump_config(cfg: RunConfig) -> str:
     """The resolved config as YAML: written into the run directory and fed to the workers."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def load_train_config(config_path: str | None, overrides: list[str], check_compress=None):
+    """The run config with every section validated before any process starts.
+
+    `check_compress(section, pruning, source)` validates the `compress:` section; the CLI
+    passes compress's own parser in (`flopwise.cli`), so train does not import compress.
+    """
+    cfg = load_config(config_path, overrides)
+    if cfg.compress is not None and check_compress is not None:
+        check_compress(cfg.compress, cfg.training.pruning, source=config_path or "config")
+    return cfg
+
+
+def split_arguments(args: list[str]) -> tuple[str | None, list[str]]:
+    """The first argument is the config file unless it looks like `key=value`."""
+    if args and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)

@@ -81,12 +81,11 @@ class PreparedData:
         raise UserError(f"data split {split!r} is unknown; allowed: train, val")
 
 
-def prepare_data(cfg: DataConfig) -> PreparedData:
-    """Build (once) or load the token shards for `cfg`; safe to call from several processes."""
-    if cfg.hf_dataset is not None:  # a `datasets` source (train/hf_dataset.py)
-        from flopwise.train.hf_dataset import prepare_hf_dataset
+def prepare_file_data(cfg: DataConfig) -> PreparedData:
+    """Build (once) or load the token shards of `cfg.paths`; safe to call from several processes.
 
-        return prepare_hf_dataset(cfg)
+    `train/prepare.py: prepare_data` is the entry that also serves `datasets` sources.
+    """
     inputs = resolve_inputs(list(cfg.paths), cfg.format)
     key = cache_key(inputs, cfg)
     cache_dir = Path(cfg.cache_dir).expanduser()

@@ -37,6 +37,7 @@ from flopwise.train.config_loading import dump_config
 from flopwise.errors import PREEMPTED_EXIT_CODE, Preempted
 
 ERROR_FILE_ENV = "FLOPWISE_ERROR_FILE"
+LAUNCHER_PID_ENV = "FLOPWISE_LAUNCHER_PID"  # the workers watch this pid and stop when it is gone
 # torchrun's default signals plus SIGUSR1, Slurm's warning signal: torchrun passes them on to
 # the ranks, which save a checkpoint and stop with exit code 75 (docs/checkpoints.md).
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
@@ -183,7 +184,7 @@ def _run_torchrun_with_restarts(cfg: RunConfig) -> None:
 def _prepare_data_once(cfg: RunConfig) -> None:
     """Tokenize and cache in the launching process, so data errors surface before any rank starts."""
     # tokenizers and numpy load only when data is prepared
-    from flopwise.train.data import prepare_data
+    from flopwise.train.prepare import prepare_data
 
     if cfg.parallel.node_rank == 0 or cfg.parallel.nnodes == 1:
         prepare_data(cfg.data)
@@ -198,8 +199,6 @@ def _run_torchrun(cfg: RunConfig) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
-
-    from flopwise.train.worker import LAUNCHER_PID_ENV
 
     # torchrun sets OMP_NUM_THREADS=1 with a warning when unset; say it once, quietly.
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -77,7 +77,7 @@ def register_launch(app: typer.Typer) -> None:
 
 def _job_config(args: list[str] | None, nodes: int | None, gpus_per_node: int | None):
     """The config with --nodes/--gpus-per-node as overrides (validated like any other key)."""
-    from flopwise.train.commands import split_arguments
+    from flopwise.train.config_loading import split_arguments
     from flopwise.train.config_loading import load_config
 
     config_path, overrides = split_arguments(args or [])

@@ -25,7 +25,8 @@ from flopwise.train import prediction
 from flopwise.train.build import BuiltModel, build_strategy, build_training_model
 from flopwise.train.config import RunConfig, TrainingConfig
 from flopwise.train.config_loading import dump_config
-from flopwise.train.data import TokenLoader, prepare_data
+from flopwise.train.data import TokenLoader
+from flopwise.train.prepare import prepare_data
 from flopwise.train.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier, data_parallel_shape
 from flopwise.train.checkpoint.policy import StepBoundary
 from flopwise.runrecord import MemoryBytes, StepRecord, config_path, write_comparison

@@ -14,7 +14,6 @@ import traceback
 
 from flopwise.errors import UserError
 
-LAUNCHER_PID_ENV = "FLOPWISE_LAUNCHER_PID"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     torn down during interpreter finalization, which would turn a finished run into a
     failed rank.
     """
+    from flopwise.train.launch import LAUNCHER_PID_ENV
     from flopwise.train.parent_watch import die_with_parent
 
     launcher = os.environ.get(LAUNCHER_PID_ENV)

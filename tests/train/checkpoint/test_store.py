@@ -149,7 +149,7 @@ def test_the_metadata_loader_refuses_anything_but_dcp_metadata(saved, tmp_path):
 def test_a_nan_loss_stops_the_run_with_a_diagnosis_and_saves_nothing_after_it(corpus, tmp_path):
     """The real step and step boundary; the divergence itself is forced by a NaN weight (the loop
     already skips updates with non-finite gradients, so a tiny model rarely gets there alone)."""
-    from flopwise.train.data import prepare_data
+    from flopwise.train.prepare import prepare_data
     from flopwise.train.checkpoint.policy import StepBoundary
     from flopwise.train.loop import build_state
     from flopwise.train.step import train_step
@@ -214,7 +214,7 @@ def test_export_writes_one_safetensors_file_that_compress_can_read(saved, tmp_pa
 
 
 def test_a_time_interval_saves_when_the_minutes_have_passed(corpus, tmp_path):
-    from flopwise.train.data import prepare_data
+    from flopwise.train.prepare import prepare_data
     from flopwise.train.checkpoint.policy import StepBoundary
     from flopwise.train.loop import build_state
 

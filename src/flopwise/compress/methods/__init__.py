@@ -9,24 +9,10 @@ measures before and after. The PT2E / pruning / 2:4 methods of `compress/run.py`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
+from flopwise.compress.methods.base import LLMQuantMethod
 from flopwise.errors import UserError
 
-
-@dataclass(frozen=True)
-class LLMQuantMethod:
-    """A torchao weight quantization that transformers can save and load.
-
-    `torchao_config(device_type)` returns the torchao config for that device ("cpu"/"cuda");
-    `note(device_type)` says what the device gets when it differs from the name (or "").
-    """
-
-    name: str
-    summary: str
-    torchao_config: Callable[[str], object]
-    note: Callable[[str], str] = lambda device_type: ""
+__all__ = ["LLMQuantMethod", "LLM_METHOD_NAMES", "get_method", "registry"]
 
 
 def registry() -> dict[str, LLMQuantMethod]:

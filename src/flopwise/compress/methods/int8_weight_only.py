@@ -6,7 +6,7 @@ Activations stay in floating point; the matmul dequantizes the weight (torchao
 
 from __future__ import annotations
 
-from flopwise.compress.methods import LLMQuantMethod
+from flopwise.compress.methods.base import LLMQuantMethod
 
 
 def _config(device_type: str):
