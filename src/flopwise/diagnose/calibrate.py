@@ -65,6 +65,7 @@ class Budget:
     copy_bytes: int
     collective_sizes: tuple[int, ...]
     collective_iters: int
+    max_gemm_flops: float = float("inf")  # shapes with more work are left out (CPU time budget)
 
 
 def budget_for(kind: str, quick: bool) -> Budget:
@@ -76,14 +77,14 @@ def budget_for(kind: str, quick: bool) -> Budget:
         return Budget((512, 2048, 8192, 16384), (512, 1024, 2048, 4096, 8192), 0.05, 10, 1.0, 1024 * mib,
                       (mib, 4 * mib, 16 * mib, 64 * mib, 256 * mib), 20)
     if quick:
-        return Budget((256, 1024), (128, 512), 0.02, 3, 0.1, 32 * mib, (mib, 8 * mib), 3)
-    return Budget((128, 512, 2048), (128, 256, 512, 1024), 0.08, 3, 1.0, 128 * mib,
-                  (mib, 4 * mib, 16 * mib), 5)
+        return Budget((256, 1024), (128, 512), 0.02, 3, 0.2, 32 * mib, (mib, 8 * mib), 3, 1e9)
+    return Budget((128, 512, 2048), (128, 256, 512, 1024), 0.05, 3, 1.0, 64 * mib, (mib, 4 * mib, 16 * mib), 5, 4e9)
 
 
 def gemm_shapes(budget: Budget) -> list[tuple[int, int, int]]:
     """(M, N, K) shapes of a transformer's GEMMs: square, 4x wide (MLP up) and 4x deep (MLP down)."""
-    shapes = {(m, n, k) for m in budget.tokens for h in budget.widths for n, k in ((h, h), (4 * h, h), (h, 4 * h))}
+    shapes = {(m, n, k) for m in budget.tokens for h in budget.widths for n, k in ((h, h), (4 * h, h), (h, 4 * h))
+              if 2.0 * m * n * k <= budget.max_gemm_flops}
     return sorted(shapes, key=lambda s: (s[0] * s[1] * s[2], s))
 
 

@@ -56,6 +56,7 @@ def plan_command(
     restart_seconds: float = typer.Option(0.0, "--restart-seconds", help="--spot: seconds from preemption to training again."),
     spot_price_per_hour: Optional[float] = typer.Option(None, "--spot-price-per-hour", help="--spot: USD per device-hour (overrides the catalog)."),
     host_memory_gib: Optional[float] = typer.Option(None, "--host-memory-gib", help="--search: host RAM per node for offloaded states. [default: unchecked]"),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Device profile from `flopwise calibrate`: GEMM efficiency from measured rates (a CPU profile with no --hardware plans that CPU)."),
 ) -> None:
     """Predict FLOPs, memory, time, energy and cost of a training run (no GPU needed).
 
@@ -80,13 +81,40 @@ def plan_command(
 
         return run_search_and_spot(spec, devices, search, objective, top, spot, preemptions_per_day,
                                    checkpoint_seconds, restart_seconds, spot_price_per_hour, as_json, host_memory_gib)
-    result = plan(spec)
+    measured = None
+    if profile is not None:
+        spec, measured = _with_profile(spec, profile, hardware is None)
+    result = plan(spec, profile=measured)
     if as_json:
         import json
 
         print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
         return
     print_plan(result)
+
+
+def _with_profile(spec, path: str, hardware_defaulted: bool):
+    """(spec, profile): a CPU profile with no --hardware becomes the device; a profile measured on
+    another device than --hardware is used anyway, with a warning."""
+    import dataclasses
+
+    from flopwise.plan.planner import validate
+    from flopwise.plan.profile import hardware_from_profile, load_profile
+
+    measured = load_profile(path)
+    cluster = spec.cluster
+    if measured.device_kind == "cpu" and hardware_defaulted:
+        cluster = dataclasses.replace(cluster, hardware=hardware_from_profile(measured))
+    else:
+        hw = cluster.hardware
+        words = {w for w in measured.device.lower().replace("-", " ").split() if any(c.isdigit() for c in w)}
+        if not any(part in words for part in hw.key.split("-")):
+            warnings = tuple(cluster.extra.get("warnings", ())) + (
+                f"--profile was measured on {measured.device}, not {hw.key}; its GEMM rates are used anyway",)
+            cluster = dataclasses.replace(cluster, extra={**cluster.extra, "warnings": warnings})
+    spec = dataclasses.replace(spec, cluster=cluster)
+    validate(spec)
+    return spec, measured
 
 
 def _gib(nbytes: float) -> str:

@@ -20,6 +20,7 @@ from flopwise.plan.comm import CommEstimate, estimate_comm
 from flopwise.plan.cost import CostEstimate, EnergyEstimate, estimate_cost, estimate_energy
 from flopwise.plan.flops import FlopsEstimate, estimate_flops
 from flopwise.plan.params import ParamCount, count_params
+from flopwise.plan.profile_efficiency import profile_efficiency
 from flopwise.plan.spec import (
     OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, Cluster, Layout, RunSpec, Workload,
 )
@@ -147,19 +148,21 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 # --------------------------------------------------------------------------- the plan
 
 
-def plan(spec: RunSpec) -> Plan:
+def plan(spec: RunSpec, profile=None) -> Plan:
     """Predict parameters, FLOPs, memory, communication, time, energy and cost of a run.
 
     When the run does not fit, `advice` lists which single changes (ZeRO-3, recompute,
     offload, smaller micro-batch, more devices) make it fit, each computed by planning it.
+    `profile`: a measured device profile (`flopwise.plan.profile.DeviceProfile`); the
+    efficiency of the step's GEMMs then comes from it (unless --efficiency is given).
     """
-    result = _evaluate(spec)
+    result = _evaluate(spec, profile)
     if result.fits:
         return result
     return dataclasses.replace(result, advice=_advice(spec, result))
 
 
-def _evaluate(spec: RunSpec) -> Plan:
+def _evaluate(spec: RunSpec, profile=None) -> Plan:
     validate(spec)
     model, lay, work, cluster = spec.model, spec.layout, spec.workload, spec.cluster
     hw = cluster.hardware
@@ -202,6 +205,8 @@ def _evaluate(spec: RunSpec) -> Plan:
         eff_value = cluster.efficiency
         eff_source = cluster.extra.get("efficiency_source", "--efficiency")
         eff_conf = cluster.extra.get("efficiency_confidence", "user")
+    elif profile is not None and (cal := profile_efficiency(spec, profile, peak)) is not None:
+        eff_value, eff_source, eff_conf = cal.value, cal.source, cal.confidence
     else:
         cal = efficiency_for(hw.key, work.precision)
         eff_value, eff_source, eff_conf = cal.value, cal.source, cal.confidence

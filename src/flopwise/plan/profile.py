@@ -248,3 +248,35 @@ def profile_cache_dir() -> Path:
 def default_profile_path(device: str, threads: int | None = None, processes: int = 1) -> Path:
     """The per-device cache file `flopwise calibrate` writes and the trainer reads."""
     return profile_cache_dir() / f"{device_slug(device, threads, processes)}.json"
+
+
+def hardware_from_profile(profile: DeviceProfile, key: str = "cpu-measured", memory_bytes: float | None = None):
+    """A catalog-like HardwareSpec for a device the catalog has no entry for (a CPU): peaks are
+    the profile's best GEMM per dtype, memory bandwidth its measured copy rate, memory (CPU, when
+    not given) this machine's physical memory shared by the profile's processes."""
+    from flopwise.catalog.hardware import HardwareSpec
+
+    if memory_bytes is None and profile.device_kind == "cpu":
+        try:
+            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / profile.processes
+        except (ValueError, OSError, AttributeError):
+            memory_bytes = None
+    source = f"device profile of {profile.device} ({profile.created or 'undated'}), best measured GEMM per dtype"
+    return HardwareSpec(
+        key=key,
+        name=f"{profile.device}, measured",
+        vendor=profile.device_kind,
+        peak_tflops={dtype: profile.peak_flops(dtype) / 1e12 for dtype in profile.dtypes()},
+        sparse_factor=None,
+        memory_gb=memory_bytes / 2**30 if memory_bytes else None,
+        memory_unit="GiB",
+        memory_bandwidth_gbs=profile.memory_bandwidth_bytes_per_s / 1e9,
+        scale_up_gbs=(profile.collective_bus_bytes_per_s or 0) / 1e9 or None,
+        devices_per_node=profile.processes,
+        scale_out_gbs=None,
+        tdp_w=None,
+        sources={"peak_tflops": source, "memory_bandwidth_gbs": "device profile: large copy",
+                 "memory_gb": "physical memory / processes" if memory_bytes else "unknown"},
+        confidence={"peak_tflops": "measured", "memory_bandwidth_gbs": "measured"},
+        notes="stands in for a catalog entry: built from a device profile",
+    )
