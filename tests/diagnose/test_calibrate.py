@@ -61,3 +61,17 @@ def test_the_trainer_measures_a_profile_once_then_reads_the_cache(tmp_path, monk
     both, _ = profile_for_device(torch.device("cpu"), "bf16")  # a missing dtype is measured and added
     assert set(both.dtypes()) == {"fp32", "bf16"}
     assert [p for p in both.gemm if p.dtype == "fp32"] == list(first.gemm)
+
+
+@pytest.mark.slow
+def test_two_processes_measure_at_once_and_time_collectives(tmp_path):
+    out = tmp_path / "two.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--dtypes", "fp32", "--nproc", "2",
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    profile = load_profile(out)
+    assert profile.processes == 2 and profile.threads == 1
+    assert {c.op for c in profile.collectives} == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert all(c.world_size == 2 and c.bus_bytes_per_s > 0 for c in profile.collectives)
+    assert profile.collective_bus_bytes_per_s > 0
