@@ -29,6 +29,7 @@ def test_quick_calibration_writes_a_valid_profile(tmp_path):
     assert len([p for p in profile.gemm if p.dtype == "fp32"]) == len(gemm_shapes(budget_for("cpu", True)))
     assert all(p.flops_per_s > 1e6 for p in profile.gemm)
     assert profile.memory_bandwidth_bytes_per_s > 1e8
+    assert 0 < profile.kernel_overhead_seconds < 0.01
     assert profile.gemm_flops_per_s(1024, 192, 192, "fp32") > 0
 
 

@@ -29,7 +29,7 @@ def make_profile(kind: str = "cpu", device: str = "cpu (Test CPU)") -> DevicePro
             ("bf16", 128, 128, 128, 100e9), ("bf16", 1024, 1024, 1024, 400e9)]
     return DeviceProfile(
         device=device, device_kind=kind, gemm=tuple(GemmPoint(*row) for row in grid),
-        memory_bandwidth_bytes_per_s=20e9,
+        memory_bandwidth_bytes_per_s=20e9, kernel_overhead_seconds=8e-6,
         collectives=(CollectivePoint("all_reduce", 2, 2**20, 1e9), CollectivePoint("all_reduce", 2, 2**24, 3e9)),
         threads=1, processes=2, torch_version="2.x", host="test", created="2026-12-03T09:00:00+00:00",
     )

@@ -16,7 +16,9 @@ How it measures:
   processes on a shared machine is not counted as the device's. CUDA calls are timed with CUDA events after a synchronise. A dtype
   whose single call exceeds `max_call_seconds` stops there (fp16 matmuls on many CPUs run
   at a few GFLOP/s), and the profile says so.
-- Memory bandwidth: a large tensor copy, read + write bytes over the median time.
+- Memory bandwidth: a large tensor copy, read + write bytes over the time of one copy.
+- Kernel overhead: the time of an add of two one-element tensors (dispatch and launch,
+  which every small element-wise operator of a step pays).
 - Collectives (only inside a torchrun launch with several processes):
   `flopwise.diagnose.commbench.measure`, bus bandwidth as nccl-tests defines it.
 
@@ -178,6 +180,12 @@ def measure_memory_bandwidth(device: torch.device, budget: Budget) -> float:
     return 2.0 * budget.copy_bytes / seconds
 
 
+def measure_kernel_overhead(device: torch.device) -> float:
+    """Seconds of one tiny operator (an add of one-element tensors), start to end."""
+    one = torch.ones(1, device=device)
+    return time_call(lambda: torch.add(one, one), device, 0.05, 50, 1.0)
+
+
 def measure_collectives(budget: Budget) -> list[CollectivePoint]:
     """Bus bandwidth of FSDP's and DDP's collectives in the current process group (commbench)."""
     import torch.distributed as dist
@@ -230,6 +238,7 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
     budget = budget_for(device.type, quick)
     points, notes = measure_gemms(dtypes, device, budget)
     bandwidth = measure_memory_bandwidth(device, budget)
+    overhead = measure_kernel_overhead(device)
     dist = _process_group()
     collective_points: list[CollectivePoint] = []
     if dist is not None:
@@ -242,6 +251,7 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
         gemm=tuple(points),
         memory_bandwidth_bytes_per_s=bandwidth,
         collectives=tuple(collective_points),
+        kernel_overhead_seconds=overhead,
         threads=torch.get_num_threads() if device.type == "cpu" else None,
         processes=sharing_processes(device),
         torch_version=torch.__version__,

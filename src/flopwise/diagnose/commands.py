@@ -167,6 +167,8 @@ def calibrate(
                       f"{small.flops_per_s / 1e12:.4f} at ({small.m}, {small.n}, {small.k})")
     console.print(table)
     console.print(f"memory bandwidth (copy): {profile.memory_bandwidth_bytes_per_s / 1e9:,.1f} GB/s")
+    if profile.kernel_overhead_seconds:
+        console.print(f"one tiny operator: {profile.kernel_overhead_seconds * 1e6:,.1f} us")
     if profile.collective_bus_bytes_per_s:
         console.print(f"all_reduce bus bandwidth (best): {profile.collective_bus_bytes_per_s / 1e9:,.2f} GB/s")
     for note in profile.notes:

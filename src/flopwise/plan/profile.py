@@ -9,6 +9,8 @@ What a profile holds (JSON, `schema_version` 1):
 - GEMM points per dtype: C[M,N] = A[M,K]·B[K,N] as (m, n, k, achieved FLOP/s), timed as
   `torch.nn.functional.linear` (the call a model's layers make);
 - memory bandwidth in bytes/s (a large device-to-device copy: read + write bytes / time);
+- optionally the fixed time of one tiny operator (dispatch and launch: what each of a
+  step's many small element-wise kernels pays whatever its size);
 - optionally collectives (op, world size, bytes, bus bandwidth as nccl-tests defines it);
 - where and how: device name and kind, threads per process, processes measured at once,
   torch version, host, date.
@@ -67,6 +69,7 @@ class DeviceProfile:
     gemm: tuple[GemmPoint, ...]
     memory_bandwidth_bytes_per_s: float
     collectives: tuple[CollectivePoint, ...] = ()
+    kernel_overhead_seconds: float | None = None  # one tiny operator, start to end
     threads: int | None = None  # torch threads per process while measuring
     processes: int = 1  # processes that measured at the same time (they share a CPU)
     torch_version: str = ""
@@ -139,6 +142,7 @@ class DeviceProfile:
             "created": self.created,
             "gemm_flops_per_s": gemm,
             "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
+            "kernel_overhead_seconds": self.kernel_overhead_seconds,
             "collectives": [asdict(c) for c in self.collectives],
             "notes": list(self.notes),
         }
@@ -192,6 +196,9 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
         except (TypeError, KeyError, ValueError):
             raise UserError(f"{where}: collective {row!r} needs op, world_size, size_bytes, bus_bytes_per_s") from None
         collectives.append(point)
+    overhead = data.get("kernel_overhead_seconds")
+    if overhead is not None and (not _number(overhead) or overhead <= 0):
+        raise UserError(f"{where}: 'kernel_overhead_seconds' must be a number > 0 or null, got {overhead!r}")
     threads = data.get("threads")
     if threads is not None and not (isinstance(threads, int) and threads >= 1):
         raise UserError(f"{where}: 'threads' must be an integer >= 1 or null, got {threads!r}")
@@ -200,7 +207,7 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
         raise UserError(f"{where}: 'processes' must be an integer >= 1, got {processes!r}")
     return DeviceProfile(
         device=device, device_kind=kind, gemm=tuple(points), memory_bandwidth_bytes_per_s=float(bandwidth),
-        collectives=tuple(collectives), threads=threads, processes=processes,
+        collectives=tuple(collectives), kernel_overhead_seconds=overhead, threads=threads, processes=processes,
         torch_version=str(data.get("torch_version", "")), host=str(data.get("host", "")),
         created=str(data.get("created", "")), schema_version=version,
         notes=tuple(str(n) for n in data.get("notes") or ()),
