@@ -161,6 +161,7 @@ class Comparison:
     measured_over_predicted: dict
     notes: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+    profile: dict | None = None  # the device profile the prediction used (`flopwise calibrate`), if any
 
     def rows(self) -> list[tuple[str, float, float]]:
         """(name, predicted, measured) for every figure both sides have as a finite number."""
@@ -201,7 +202,7 @@ def read_comparison(run_dir: str | Path) -> Comparison | None:
     return Comparison(
         hardware=data.get("hardware") or {}, predicted=data.get("predicted") or {}, measured=data["measured"],
         measured_over_predicted=data.get("measured_over_predicted") or {}, notes=list(data.get("notes") or []),
-        schema_version=version,
+        schema_version=version, profile=data.get("profile") if isinstance(data.get("profile"), dict) else None,
     )
 
 

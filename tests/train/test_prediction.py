@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from flopwise.plan.profile import load_profile
 from flopwise.train.config_loading import load_config
 from flopwise.train.distributed import DistEnv
 from flopwise.train.prediction import (
@@ -102,10 +103,37 @@ def test_plan_json_is_the_planners_output_for_this_run(tmp_path):
     forecast = prepare(cfg, 512, CPU_ENV)
     written = json.loads((tmp_path / "run" / "plan.json").read_text())
     hardware = cpu_hardware({"fp32": forecast.peak_flops}, 1, forecast.peak_source)
-    expected = plan(runspec_from_config(cfg, hardware, world_size=1, vocab_size=512)).to_dict()
+    profile = load_profile(forecast.profile["path"])  # the device profile the prediction used
+    assert forecast.peak_flops == profile.peak_flops("fp32")
+    expected = plan(runspec_from_config(cfg, hardware, world_size=1, vocab_size=512), profile=profile).to_dict()
     assert written == json.loads(json.dumps(expected, default=str))
     assert written["inputs"]["layout"]["recompute"] == "full"
     assert written["inputs"]["workload"]["precision"] == "fp32"
     assert forecast.peak_source.startswith("measured CPU peak")
     assert forecast.flops_per_token == written["flops"]["model_per_unit"]
     assert forecast.mfu(1000.0) > 0
+
+
+def test_bf16_on_cpu_reports_mfu_against_the_bf16_peak(tmp_path):
+    """A real bf16 run on this CPU: MFU divides by the measured bf16 peak, never the fp32 one, so it stays <= 100 %."""
+    from flopwise.train.loop import run_training
+    from flopwise.train.parallel import init_distributed
+
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "code.py").write_text("".join(f"def f_{i % 50}(x):\n    return x * {i % 7}  # {i}\n" for i in range(3000)))
+    cfg = load_config(None, [
+        "model.n_layers=2", "model.hidden=64", "model.n_heads=4", "model.max_seq_len=64", "data.vocab_size=320",
+        "data.seq_len=64", "data.prefetch=0", "data.tokenizer_train_bytes=100000", f"data.paths=[{text}]",
+        f"data.cache_dir={tmp_path / 'cache'}", "parallel.strategy=single", "parallel.nproc_per_node=1",
+        "precision.mode=bf16", "training.max_steps=8", "training.micro_batch_size=8", "training.eval_every=8",
+        "training.eval_batches=1", "logging.progress=false", f"logging.run_dir={tmp_path / 'run'}",
+    ])
+    run_training(cfg, init_distributed(cfg.parallel))
+    comparison = json.loads((tmp_path / "run" / "predicted_vs_measured.json").read_text())
+    profile = load_profile(comparison["profile"]["path"])
+    assert comparison["hardware"]["peak_flops"] == profile.peak_flops("bf16") != profile.peak_flops("fp32")
+    assert 0 < comparison["measured"]["mfu"] <= 1.0
+    assert 0 < comparison["predicted"]["mfu"] <= 1.0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.rank0.jsonl").read_text().splitlines()]
+    assert rows and all(0 < row["mfu"] <= 1.0 for row in rows)

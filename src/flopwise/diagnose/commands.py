@@ -1,4 +1,4 @@
-"""CLI commands of flopwise.diagnose: `doctor`, `bench` and `diagnose`.
+"""CLI commands of flopwise.diagnose: `doctor`, `bench`, `calibrate` and `diagnose`.
 
 Each command parses its options, calls one function of this package and renders the result as a rich table, or as JSON with `--json`.
 torch and matplotlib are imported inside the commands that need them.
@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
     """Add this package's commands to the top-level app."""
     app.command("doctor")(doctor)
     app.command("bench")(bench)
+    app.command("calibrate")(calibrate)
     app.command("diagnose")(diagnose)
 
 
@@ -127,6 +128,49 @@ def _render_bench(result: dict, out: Optional[Path]) -> None:
         console.print(f"note: {note}")
     if out is not None:
         console.print(f"wrote {out}")
+
+
+def calibrate(
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the profile here. [default: $XDG_CACHE_HOME/flopwise/profiles/<device>.json, ~/.cache when unset]")] = None,
+    dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="Comma list of fp32, tf32, bf16, fp16. [default: fp32,bf16 on CPU; fp32,tf32,bf16,fp16 on CUDA]")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A small grid and short timings (a few seconds).")] = False,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per process. [default: torch's, or 1 per process with --nproc]")] = None,
+    nproc: Annotated[int, typer.Option("--nproc", help="Processes measuring at once, as training ranks run (also times collectives). [default: 1]")] = 1,
+    report_to: Annotated[Optional[Path], typer.Option("--report", hidden=True, help="Write where the profile went (used by the launcher).")] = None,
+) -> None:
+    """Measure this device's GEMM speed per shape and dtype, memory bandwidth and collectives; write a profile for `plan --profile` and the trainer."""
+    from flopwise.diagnose.calibrate import run_calibration
+
+    result = run_calibration(out, dtypes, quick, threads, nproc)
+    if result is None:  # a rank other than 0 inside a launch
+        return
+    profile, path = result
+    if report_to is not None:
+        report_to.write_text(json.dumps({"path": str(path)}))
+        return
+    console = _console()
+    threads_text = f", {profile.threads} thread(s) per process" if profile.threads else ""
+    console.print(f"device: {profile.device}, {profile.processes} process(es){threads_text}, torch {profile.torch_version}")
+    from rich.table import Table
+
+    table = Table(title="GEMM, achieved TFLOP/s (F.linear, median call)")
+    for col in ("dtype", "shapes", "best", "at (M, N, K)", "smallest shape"):
+        table.add_column(col, justify="left" if col == "dtype" else "right")
+    for dtype in profile.dtypes():
+        points = [p for p in profile.gemm if p.dtype == dtype]
+        best = max(points, key=lambda p: p.flops_per_s)
+        small = min(points, key=lambda p: p.m * p.n * p.k)
+        table.add_row(dtype, str(len(points)), f"{best.flops_per_s / 1e12:.4f}", f"({best.m}, {best.n}, {best.k})",
+                      f"{small.flops_per_s / 1e12:.4f} at ({small.m}, {small.n}, {small.k})")
+    console.print(table)
+    console.print(f"memory bandwidth (copy): {profile.memory_bandwidth_bytes_per_s / 1e9:,.1f} GB/s")
+    if profile.kernel_overhead_seconds:
+        console.print(f"one tiny operator: {profile.kernel_overhead_seconds * 1e6:,.1f} us")
+    if profile.collective_bus_bytes_per_s:
+        console.print(f"all_reduce bus bandwidth (best): {profile.collective_bus_bytes_per_s / 1e9:,.2f} GB/s")
+    for note in profile.notes:
+        console.print(f"note: {note}")
+    console.print(f"wrote {path}")
 
 
 def diagnose(

@@ -70,7 +70,10 @@ def plan_command(**options) -> None:
                                    o["preemptions_per_day"], o["checkpoint_seconds"], o["restart_seconds"],
                                    o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"],
                                    show_plan=print_plan)
-    result = plan(spec)
+    measured = None
+    if o["profile"] is not None:
+        spec, measured = _with_profile(spec, o["profile"], o["hardware"] is None)
+    result = plan(spec, profile=measured)
     if o["as_json"]:
         print_plan_json(result)
         return
@@ -134,6 +137,30 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
     print_plan(result)
     for note in notes_for(cfg):
         print(note)
+
+
+def _with_profile(spec, path: str, hardware_defaulted: bool):
+    """(spec, profile): a CPU profile with no --hardware becomes the device; a profile measured on
+    another device than --hardware is used anyway, with a warning."""
+    import dataclasses
+
+    from flopwise.plan.planner import validate
+    from flopwise.plan.profile import hardware_from_profile, load_profile
+
+    measured = load_profile(path)
+    cluster = spec.cluster
+    if measured.device_kind == "cpu" and hardware_defaulted:
+        cluster = dataclasses.replace(cluster, hardware=hardware_from_profile(measured))
+    else:
+        hw = cluster.hardware
+        words = {w for w in measured.device.lower().replace("-", " ").split() if any(c.isdigit() for c in w)}
+        if not any(part in words for part in hw.key.split("-")):
+            warnings = tuple(cluster.extra.get("warnings", ())) + (
+                f"--profile was measured on {measured.device}, not {hw.key}; its GEMM rates are used anyway",)
+            cluster = dataclasses.replace(cluster, extra={**cluster.extra, "warnings": warnings})
+    spec = dataclasses.replace(spec, cluster=cluster)
+    validate(spec)
+    return spec, measured
 
 
 def _gib(nbytes: float) -> str:

@@ -15,7 +15,7 @@ def run_json_plan(argv: list[str]) -> bool:
     from flopwise.plan.options import parse_json_plan_args, runspec_kwargs
 
     values = parse_json_plan_args(argv)
-    if values is None:
+    if values is None or values["profile"] is not None:  # --profile: the typer command reads it
         return False
     from flopwise.plan.flag_bounds import check_flag_values
     from flopwise.plan.planner import build_runspec, plan

@@ -60,6 +60,9 @@ OPTIONS = (
     PlanOption("allocator_reserve", "--allocator-reserve", float, 0.10,
                "Caching-allocator slack as a fraction of allocated memory, added to the reported total."),
     PlanOption("nodes_per_rack", "--nodes-per-rack", int, 4, "Nodes per rack for the rack power density."),
+    PlanOption("profile", "--profile", str, None,
+               "A device profile (JSON) from `flopwise calibrate`: GEMM rates and bandwidths measured on the "
+               "device; a CPU profile with no --hardware plans that CPU. [default: none]"),
     PlanOption("as_json", "--json", bool, False, "Print the plan as JSON (schema in docs/planner.md)."),
     PlanOption("search", "--search", bool, False, "Search every layout for --gpus devices and rank those that fit."),
     PlanOption("objective", "--objective", str, "time", "--search ranks by time|cost|energy."),

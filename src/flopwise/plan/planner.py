@@ -187,6 +187,8 @@ def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     with its methods); its GEMM rates and memory bandwidth replace the family curve.
     When the run does not fit, `advice` lists which single changes (ZeRO-3, recompute,
     offload, smaller micro-batch, more devices) make it fit, each computed by planning it.
+    `profile`: a measured device profile (`flopwise.plan.profile.DeviceProfile`); the
+    efficiency of the step's GEMMs then comes from it (unless --efficiency is given).
     """
     result = _evaluate(spec, profile)
     if result.fits:

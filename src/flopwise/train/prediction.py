@@ -4,10 +4,15 @@ Before step 1 the run writes `plan.json` (the planner's `plan(RunSpec).to_dict()
 same model, layout, precision and device). At the end it writes and prints
 `predicted_vs_measured.json`: memory per component, tokens/s and MFU, side by side.
 
-The device's peak FLOP/s decides MFU. On CUDA it is the catalog's dense peak for the
-detected device; a device the catalog does not know gives no MFU and says why (never
-another chip's peak). On CPU there is no catalog entry, so a timed large matmul on each
-rank stands in for the peak and is labelled "measured CPU peak".
+The device's peak FLOP/s in the dtype the matmuls run in decides MFU. On CUDA it is the
+catalog's dense peak for the detected device; a device the catalog does not know gives no
+MFU and says why (never another chip's peak). On CPU there is no catalog entry, so the
+best GEMM of this device's measured profile, in that dtype, stands in for the peak and is
+labelled "measured CPU peak".
+
+The prediction uses the device profile of the device the run is on (`flopwise
+calibrate`'s cache, or a quick profile measured by all ranks on first use and cached), so
+predicted and measured throughput come from the same machine; the record names it.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class Forecast:
     flops_per_token: float | None  # model FLOPs (forward + backward), as the planner counts them
     world_size: int
     notes: list[str] = field(default_factory=list)
+    profile: dict | None = None  # which device profile the prediction used
 
     def mfu(self, tokens_per_second: float) -> float | None:
         """Model FLOPs utilisation (Chowdhery et al. 2022, PaLM, App. B): achieved / (devices x peak)."""
@@ -102,6 +108,7 @@ class Forecast:
             predicted=predicted,
             measured=measured_out,
             measured_over_predicted=ratio,
+            profile=self.profile,
             notes=list(self.notes) + [
                 "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
                 "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
@@ -117,11 +124,13 @@ def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
     """Find the device peak, plan the run, and write `plan.json` (rank 0) before the first step.
 
     The RunSpec comes from `plan.from_config.runspec_from_config`, the same function
-    `flopwise plan --config` uses, so the two predictions agree for the same config.
+    `flopwise plan --config` uses, so the two predictions agree for the same config; the
+    time model uses this device's measured profile (`flopwise calibrate`).
     """
-    hardware, peak_source, reason = detect_hardware(cfg, env)
     dtype = precision_of(cfg.precision.mode).compute_dtype
     notes = notes_for(cfg)
+    profile, profile_record = _device_profile(env, dtype, notes)
+    hardware, peak_source, reason = detect_hardware(cfg, env, profile)
     spec = model_spec_from_config(cfg.model, vocab_size, cfg.data.seq_len)
     plan_dict, plan_error = None, None
     if hardware is None:
@@ -129,7 +138,7 @@ def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
     else:
         try:
             runspec = runspec_from_config(cfg, hardware, world_size=env.world_size, vocab_size=vocab_size)
-            plan_dict = plan(runspec).to_dict()
+            plan_dict = plan(runspec, profile=profile).to_dict()
         except Exception as err:  # a forecast that fails must not stop the training run
             plan_error = f"no prediction: the planner could not plan this run ({err.__class__.__name__}: {err})"
     if plan_error:
@@ -149,6 +158,7 @@ def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
         flops_per_token=flops_per_token,
         world_size=env.world_size,
         notes=notes,
+        profile=profile_record,
     )
     if env.is_main:
         path = plan_path(cfg.logging.run_dir)
@@ -172,13 +182,33 @@ def model_flops_per_token(spec) -> float:
 # ------------------------------------------------------------------------- the device and its peak
 
 
-def detect_hardware(cfg: RunConfig, env: DistEnv) -> tuple[HardwareSpec | None, str, str | None]:
+def _device_profile(env: DistEnv, dtype: str, notes: list[str]):
+    """(profile, record of which one) for this device; (None, None) and a note if it cannot be had."""
+    from flopwise.diagnose.calibrate import profile_for_device
+
+    try:
+        profile, path = profile_for_device(env.device, dtype)
+    except Exception as err:  # a forecast that fails must not stop the training run
+        notes.append(f"prediction: no device profile ({err.__class__.__name__}: {err}); table efficiency used")
+        return None, None
+    record = {"path": str(path), "device": profile.device, "created": profile.created,
+              "threads": profile.threads, "processes": profile.processes, "dtypes": list(profile.dtypes())}
+    notes.append(f"prediction: device profile {path} (measured {profile.created})")
+    return profile, record
+
+
+def detect_hardware(cfg: RunConfig, env: DistEnv, profile=None) -> tuple[HardwareSpec | None, str, str | None]:
     """(hardware, where its peak comes from, why there is no MFU or None)."""
     if env.device.type == "cuda":
         name = torch.cuda.get_device_name(env.device)
         return cuda_hardware(name, torch.cuda.get_device_properties(env.device).total_memory)
     dtypes = {"fp32"}
     dtypes.add(precision_of(cfg.precision.mode).compute_dtype)
+    if profile is not None and all(profile.peak_flops(d) for d in dtypes):
+        peaks = {d: profile.peak_flops(d) for d in sorted(dtypes)}
+        label = (f"measured CPU peak: best GEMM per dtype in the device profile ({profile.threads} thread(s), "
+                 f"{profile.processes} process(es) measuring at once)")
+        return cpu_hardware(peaks, env.world_size, label), label, None
     peaks = {}
     for dtype in sorted(dtypes):
         local = max(measure_matmul_flops(_torch_dtype(dtype), n) for n in CALIBRATION_SIZES)

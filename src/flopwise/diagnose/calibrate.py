@@ -1,0 +1,377 @@
+"""`flopwise calibrate`: measure this device's GEMM speeds, memory bandwidth and collectives.
+
+The result is a `flopwise.plan.profile.DeviceProfile`, written as JSON, which the
+planner's time model reads in place of datasheet curves (`flopwise plan --profile`) and
+which the trainer's prediction uses for the device it runs on.
+
+How it measures:
+
+- GEMMs: `torch.nn.functional.linear(x[M,K], w[N,K])` (what a model's layers call), over a
+  grid of shapes ordered by work, per dtype. One warm-up call, then repeated calls until
+  both a minimum count and a time budget are reached; the call at the FAST_QUANTILE of the
+  timed calls gives the rate (2·M·N·K / seconds): on a machine shared with other work some
+  calls are slowed by it, and a low quantile is what the device does when it runs, without
+  being the single luckiest call. On a CPU a call's time is the smaller of its wall time and
+  the process's CPU time divided by its threads, so that time the scheduler gives to other
+  processes on a shared machine is not counted as the device's. CUDA calls are timed with CUDA events after a synchronise. A dtype
+  whose single call exceeds `max_call_seconds` stops there (fp16 matmuls on many CPUs run
+  at a few GFLOP/s), and the profile says so.
+- Memory bandwidth: a large tensor copy, read + write bytes over the time of one copy.
+- Kernel overhead: the time of an add of two one-element tensors (dispatch and launch,
+  which every small element-wise operator of a step pays).
+- Collectives (only inside a torchrun launch with several processes):
+  `flopwise.diagnose.commbench.measure`, bus bandwidth as nccl-tests defines it.
+
+Under a launch every process measures at the same time (they share a CPU's memory and
+cores as training ranks do), the figures are averaged over processes and rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flopwise.errors import UserError
+from flopwise.plan.profile import (
+    CollectivePoint,
+    DeviceProfile,
+    GemmPoint,
+    default_profile_path,
+    load_profile,
+)
+
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CPU_DEFAULT_DTYPES = ("fp32", "bf16")
+CUDA_DEFAULT_DTYPES = ("fp32", "tf32", "bf16", "fp16")
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+FAST_QUANTILE = 0.2
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long calibration may spend: the grid, time per shape, and buffer sizes."""
+
+    tokens: tuple[int, ...]  # M values (tokens per micro-batch)
+    widths: tuple[int, ...]  # h values; shapes are (M, h, h), (M, 4h, h), (M, h, 4h)
+    seconds_per_shape: float
+    min_calls: int
+    max_call_seconds: float
+    copy_bytes: int
+    collective_sizes: tuple[int, ...]
+    collective_iters: int
+    max_gemm_flops: float = float("inf")  # shapes with more work are left out (CPU time budget)
+
+
+def budget_for(kind: str, quick: bool) -> Budget:
+    """The measurement grid and time budget for a CPU or a CUDA device (quick: a few seconds)."""
+    mib = 2**20
+    if kind == "cuda":
+        if quick:
+            return Budget((1024, 8192), (1024, 4096), 0.02, 5, 1.0, 256 * mib, (mib, 16 * mib), 5)
+        return Budget((512, 2048, 8192, 16384), (512, 1024, 2048, 4096, 8192), 0.05, 10, 1.0, 1024 * mib,
+                      (mib, 4 * mib, 16 * mib, 64 * mib, 256 * mib), 20)
+    if quick:
+        return Budget((256, 1024), (128, 512), 0.02, 5, 0.2, 32 * mib, (mib, 8 * mib), 3, 1e9)
+    return Budget((128, 512, 2048), (128, 256, 512, 1024), 0.05, 5, 1.0, 64 * mib, (mib, 4 * mib, 16 * mib), 5, 4e9)
+
+
+def gemm_shapes(budget: Budget) -> list[tuple[int, int, int]]:
+    """(M, N, K) shapes of a transformer's GEMMs: square, 4x wide (MLP up) and 4x deep (MLP down)."""
+    shapes = {(m, n, k) for m in budget.tokens for h in budget.widths for n, k in ((h, h), (4 * h, h), (h, 4 * h))
+              if 2.0 * m * n * k <= budget.max_gemm_flops}
+    return sorted(shapes, key=lambda s: (s[0] * s[1] * s[2], s))
+
+
+def parse_dtypes(text: str | None, kind: str) -> tuple[str, ...]:
+    """'fp32,bf16' -> ('fp32', 'bf16'); None -> the device's defaults; tf32 needs CUDA."""
+    if not text:
+        return CUDA_DEFAULT_DTYPES if kind == "cuda" else CPU_DEFAULT_DTYPES
+    names = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
+    for name in names:
+        if name not in TORCH_DTYPES:
+            raise UserError(f"--dtypes: {name!r} is not one of {', '.join(TORCH_DTYPES)}")
+        if name == "tf32" and kind != "cuda":
+            raise UserError("--dtypes: tf32 is a CUDA tensor-core mode; on CPU use fp32")
+    if not names:
+        raise UserError("--dtypes is empty; give e.g. fp32,bf16")
+    return names
+
+
+# ---------------------------------------------------------------------------- timing
+
+
+def time_call(fn, device: torch.device, seconds: float, min_calls: int, max_call_seconds: float) -> float | None:
+    """Seconds of `fn()` (the FAST_QUANTILE call) after one warm-up call; None when one call
+    exceeds `max_call_seconds`."""
+    cuda = device.type == "cuda"
+    start = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize(device)
+    if time.perf_counter() - start > max_call_seconds:
+        return None
+    samples: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while len(samples) < min_calls or time.perf_counter() < deadline:
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(begin.elapsed_time(end) / 1e3)
+        else:
+            threads = torch.get_num_threads()
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            samples.append(min(wall, cpu / threads) if cpu > 0 else wall)
+        if len(samples) >= 1000:
+            break
+    samples.sort()
+    return samples[int(FAST_QUANTILE * (len(samples) - 1))]
+
+
+def measure_gemms(dtypes: tuple[str, ...], device: torch.device, budget: Budget) -> tuple[list[GemmPoint], list[str]]:
+    """Achieved FLOP/s of `F.linear` over the grid for each dtype, and notes on what was cut short."""
+    points: list[GemmPoint] = []
+    notes: list[str] = []
+    for name in dtypes:
+        dtype = TORCH_DTYPES[name]
+        previous = torch.backends.cuda.matmul.allow_tf32 if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        try:
+            for m, n, k in gemm_shapes(budget):
+                x = torch.randn(m, k, device=device).to(dtype)
+                w = torch.randn(n, k, device=device).to(dtype)
+                seconds = time_call(lambda: F.linear(x, w), device, budget.seconds_per_shape, budget.min_calls,
+                                    budget.max_call_seconds)
+                if seconds is None:
+                    notes.append(f"{name}: stopped at ({m}, {n}, {k}): one call took over "
+                                 f"{budget.max_call_seconds:g} s; larger shapes not measured")
+                    break
+                points.append(GemmPoint(name, m, n, k, 2.0 * m * n * k / seconds))
+        finally:
+            if previous is not None:
+                torch.backends.cuda.matmul.allow_tf32 = previous
+    return points, notes
+
+
+def measure_memory_bandwidth(device: torch.device, budget: Budget) -> float:
+    """Bytes/s of a large copy (each byte read once and written once)."""
+    count = budget.copy_bytes // 4
+    src = torch.ones(count, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    seconds = time_call(lambda: dst.copy_(src), device, budget.seconds_per_shape * 4, 5, 10.0)
+    return 2.0 * budget.copy_bytes / seconds
+
+
+def measure_kernel_overhead(device: torch.device) -> float:
+    """Seconds of one tiny operator (an add of one-element tensors), start to end."""
+    one = torch.ones(1, device=device)
+    return time_call(lambda: torch.add(one, one), device, 0.05, 50, 1.0)
+
+
+def measure_collectives(budget: Budget) -> list[CollectivePoint]:
+    """Bus bandwidth of FSDP's and DDP's collectives in the current process group (commbench)."""
+    import torch.distributed as dist
+
+    from flopwise.diagnose.commbench import measure
+
+    rows = measure(list(COLLECTIVE_OPS), list(budget.collective_sizes), budget.collective_iters, 2)
+    world = dist.get_world_size()
+    return [CollectivePoint(r["op"], world, int(r["size_bytes"]), r["busbw_gb_per_s"] * 1e9) for r in rows]
+
+
+# ---------------------------------------------------------------------------- the profile
+
+
+def device_name(device: torch.device) -> str:
+    """'NVIDIA H100 80GB HBM3' for a GPU; 'cpu (<model name>)' for a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu ({model or platform.processor() or platform.machine()})"
+
+
+def _process_group():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
+
+
+def sharing_processes(device: torch.device) -> int:
+    """Processes measuring or training on this machine's CPU at once (1 on a GPU: each has its own)."""
+    if device.type == "cuda":
+        return 1
+    dist = _process_group()
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local and local.isdigit():
+        return int(local)
+    return dist.get_world_size() if dist is not None else 1
+
+
+def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
+                    collectives: bool = True) -> DeviceProfile:
+    """Measure a profile on `device`; in a process group every rank measures at once and gets the mean."""
+    budget = budget_for(device.type, quick)
+    points, notes = measure_gemms(dtypes, device, budget)
+    bandwidth = measure_memory_bandwidth(device, budget)
+    overhead = measure_kernel_overhead(device)
+    dist = _process_group()
+    collective_points: list[CollectivePoint] = []
+    if dist is not None:
+        points, bandwidth = _mean_over_ranks(dist, points, bandwidth)
+        if collectives:
+            collective_points = measure_collectives(budget)
+    return DeviceProfile(
+        device=device_name(device),
+        device_kind=device.type,
+        gemm=tuple(points),
+        memory_bandwidth_bytes_per_s=bandwidth,
+        collectives=tuple(collective_points),
+        kernel_overhead_seconds=overhead,
+        threads=torch.get_num_threads() if device.type == "cpu" else None,
+        processes=sharing_processes(device),
+        torch_version=torch.__version__,
+        host=socket.gethostname(),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        notes=tuple(notes) + (("quick calibration: a small grid, short timings",) if quick else ()),
+    )
+
+
+def _mean_over_ranks(dist, points: list[GemmPoint], bandwidth: float) -> tuple[list[GemmPoint], float]:
+    """Average each shape's rate (over the ranks that measured it) and the bandwidth."""
+    mine = ([(p.dtype, p.m, p.n, p.k, p.flops_per_s) for p in points], bandwidth)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    rates: dict[tuple, list[float]] = {}
+    for rank_points, _ in every:
+        for dtype, m, n, k, rate in rank_points:
+            rates.setdefault((dtype, m, n, k), []).append(rate)
+    merged = [GemmPoint(*key, statistics.fmean(values)) for key, values in rates.items()]
+    return merged, statistics.fmean(b for _, b in every)
+
+
+def default_device() -> torch.device:
+    """This process's GPU under a launch (LOCAL_RANK), the first GPU, or the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def profile_for_device(device: torch.device, dtype: str) -> tuple[DeviceProfile, Path]:
+    """The cached profile for this device (and, on a CPU, these threads and processes), with
+    `dtype` and fp32 measured; a quick one is measured on first use and cached.
+
+    Call it on every rank at the same point: in a process group the ranks agree whether to
+    measure, measure at once (as they will train), and rank 0 writes the cache.
+    """
+    threads = torch.get_num_threads() if device.type == "cpu" else None
+    path = default_profile_path(device_name(device), threads, sharing_processes(device))
+    dtypes = tuple(dict.fromkeys(("fp32", dtype)))
+    try:
+        cached: DeviceProfile | None = load_profile(path)
+    except UserError:
+        cached = None
+    missing = tuple(d for d in dtypes if cached is None or cached.peak_flops(d) is None)
+    dist = _process_group()
+    if dist is not None:  # every rank must take the same branch
+        votes: list = [None] * dist.get_world_size()
+        dist.all_gather_object(votes, missing)
+        missing = tuple(dict.fromkeys(d for vote in votes for d in vote))
+    if not missing:
+        return cached, path
+    fresh = measure_profile(missing if cached is not None else dtypes, device, quick=True, collectives=False)
+    if cached is not None:
+        fresh = replace(cached, gemm=cached.gemm + fresh.gemm, notes=cached.notes + fresh.notes)
+    if dist is None or dist.get_rank() == 0:
+        fresh.save(path)
+    return fresh, path
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def run_calibration(out: Path | None, dtypes_text: str | None, quick: bool, threads: int | None,
+                    nproc: int) -> tuple[DeviceProfile, Path] | None:
+    """Measure and write a profile; starts `nproc` processes with torchrun when asked.
+    Returns (profile, path) on the process that wrote it, None on other ranks."""
+    if threads is not None:
+        if threads < 1:
+            raise UserError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    if nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {nproc}")
+    inside = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    if nproc > 1 and not inside:
+        return _launch(out, dtypes_text, quick, threads, nproc)
+    device = default_device()
+    dtypes = parse_dtypes(dtypes_text, device.type)
+    owns_group = False
+    if inside and int(os.environ["WORLD_SIZE"]) > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            owns_group = True
+    try:
+        profile = measure_profile(dtypes, device, quick)
+    finally:
+        if owns_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    path = out or default_profile_path(profile.device, profile.threads, profile.processes)
+    profile.save(path)
+    return profile, path
+
+
+def _launch(out: Path | None, dtypes_text: str | None, quick: bool, threads: int | None,
+            nproc: int) -> tuple[DeviceProfile, Path]:
+    """Run the calibration in `nproc` local processes (torchrun --standalone)."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads or env.get("OMP_NUM_THREADS") or 1)
+    with tempfile.TemporaryDirectory(prefix="flopwise-calibrate-") as tmp:
+        result = Path(tmp) / "where.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "flopwise", "calibrate", "--report", str(result)]
+        if out is not None:
+            cmd += ["--out", str(out.resolve())]
+        if dtypes_text:
+            cmd += ["--dtypes", dtypes_text]
+        if quick:
+            cmd.append("--quick")
+        if threads is not None:
+            cmd += ["--threads", str(threads)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0 or not result.exists():
+            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+            raise UserError(f"flopwise calibrate: torchrun exited with {proc.returncode}: {tail[-400:]}")
+        path = Path(json.loads(result.read_text())["path"])
+    return load_profile(path), path

@@ -1,0 +1,289 @@
+"""A device profile: what `flopwise calibrate` measured on one device, as plain data.
+
+The planner's time model reads a profile instead of datasheet curves when one is given
+(`flopwise plan --profile PATH`, and the trainer's own prediction). Standard library only,
+so the planner stays torch-free and cheap to import.
+
+What a profile holds (JSON, `schema_version` 1):
+
+- GEMM points per dtype: C[M,N] = A[M,K]·B[K,N] as (m, n, k, achieved FLOP/s), timed as
+  `torch.nn.functional.linear` (the call a model's layers make);
+- memory bandwidth in bytes/s (a large device-to-device copy: read + write bytes / time);
+- optionally the fixed time of one tiny operator (dispatch and launch: what each of a
+  step's many small element-wise kernels pays whatever its size);
+- optionally collectives (op, world size, bytes, bus bandwidth as nccl-tests defines it);
+- where and how: device name and kind, threads per process, processes measured at once,
+  torch version, host, date.
+
+Interpolation rule (`gemm_flops_per_s`): a shape's rate is the inverse-distance weighted
+mean (weights 1/d², nearest 4 points) of the measured rates, with d measured in
+(log M, log N, log K) space: GEMM efficiency changes with the order of magnitude of each
+dimension, not with its absolute size. An exact grid point returns its own rate. Below the
+smallest measured work (M·N·K) the time of that smallest GEMM is a floor (launch and
+loop overheads do not shrink with the shape), so the rate falls in proportion to the work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from flopwise.errors import UserError
+
+SCHEMA_VERSION = 1
+NEAREST = 4  # points the interpolation weighs
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True)
+class GemmPoint:
+    """One timed GEMM: C[m,n] = A[m,k]·B[k,n] in `dtype` at `flops_per_s` (2·m·n·k / median time)."""
+
+    dtype: str
+    m: int
+    n: int
+    k: int
+    flops_per_s: float
+
+
+@dataclass(frozen=True)
+class CollectivePoint:
+    """One timed collective (nccl-tests conventions: whole-array bytes, bus bandwidth)."""
+
+    op: str
+    world_size: int
+    size_bytes: int
+    bus_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Measured speeds of one device (one process's share of it on a CPU)."""
+
+    device: str  # e.g. "NVIDIA H100 80GB HBM3" or "cpu (AMD EPYC)"
+    device_kind: str  # "cuda" or "cpu"
+    gemm: tuple[GemmPoint, ...]
+    memory_bandwidth_bytes_per_s: float
+    collectives: tuple[CollectivePoint, ...] = ()
+    kernel_overhead_seconds: float | None = None  # one tiny operator, start to end
+    threads: int | None = None  # torch threads per process while measuring
+    processes: int = 1  # processes that measured at the same time (they share a CPU)
+    torch_version: str = ""
+    host: str = ""
+    created: str = ""  # ISO 8601 date and time (UTC)
+    schema_version: int = SCHEMA_VERSION
+    notes: tuple[str, ...] = field(default=())
+
+    # ------------------------------------------------------------------ what the planner calls
+
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes with GEMM measurements, in first-measured order."""
+        return tuple(dict.fromkeys(p.dtype for p in self.gemm))
+
+    def peak_flops(self, dtype: str) -> float | None:
+        """The best measured GEMM FLOP/s for `dtype` (the MFU denominator where no datasheet peak
+        exists), or None when that dtype was not measured."""
+        rates = [p.flops_per_s for p in self.gemm if p.dtype == dtype]
+        return max(rates) if rates else None
+
+    def gemm_flops_per_s(self, m: int, n: int, k: int, dtype: str) -> float | None:
+        """Achieved FLOP/s for an (m, n, k) GEMM in `dtype`, interpolated over the measured
+        grid (module docstring), or None when `dtype` was not measured."""
+        points = [p for p in self.gemm if p.dtype == dtype]
+        if not points:
+            return None
+        m, n, k = max(1, int(m)), max(1, int(n)), max(1, int(k))
+        where = (math.log(m), math.log(n), math.log(k))
+        scored = []
+        for p in points:
+            d2 = sum((a - b) ** 2 for a, b in zip(where, (math.log(p.m), math.log(p.n), math.log(p.k))))
+            if d2 == 0.0:
+                scored = [(0.0, p)]
+                break
+            scored.append((d2, p))
+        scored.sort(key=lambda item: item[0])
+        nearest = scored[:NEAREST]
+        if nearest[0][0] == 0.0:
+            rate = nearest[0][1].flops_per_s
+        else:
+            weights = [1.0 / d2 for d2, _ in nearest]
+            rate = sum(w * p.flops_per_s for w, (_, p) in zip(weights, nearest)) / sum(weights)
+        smallest = min(points, key=lambda p: p.m * p.n * p.k)
+        work, floor_work = m * n * k, smallest.m * smallest.n * smallest.k
+        if work < floor_work:
+            rate = min(rate, smallest.flops_per_s * work / floor_work)
+        return rate
+
+    @property
+    def collective_bus_bytes_per_s(self) -> float | None:
+        """Best measured all-reduce bus bandwidth (the largest messages saturate the link), or None."""
+        rates = [c.bus_bytes_per_s for c in self.collectives if c.op == "all_reduce"]
+        return max(rates) if rates else None
+
+    # ------------------------------------------------------------------ JSON
+
+    def to_dict(self) -> dict:
+        """JSON-able form; GEMMs are grouped by dtype as [m, n, k, flops_per_s] rows."""
+        gemm: dict[str, list[list[float]]] = {}
+        for p in self.gemm:
+            gemm.setdefault(p.dtype, []).append([p.m, p.n, p.k, p.flops_per_s])
+        return {
+            "schema_version": self.schema_version,
+            "device": self.device,
+            "device_kind": self.device_kind,
+            "threads": self.threads,
+            "processes": self.processes,
+            "torch_version": self.torch_version,
+            "host": self.host,
+            "created": self.created,
+            "gemm_flops_per_s": gemm,
+            "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
+            "kernel_overhead_seconds": self.kernel_overhead_seconds,
+            "collectives": [asdict(c) for c in self.collectives],
+            "notes": list(self.notes),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON (atomically: tmp file, then rename); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(path)
+        return path
+
+
+def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
+    """Validate plain data read from JSON and build a DeviceProfile (UserError naming the field)."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: not a JSON object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise UserError(f"{where}: schema_version {version!r} is not {SCHEMA_VERSION}; "
+                        "measure it again with `flopwise calibrate`")
+    device = data.get("device")
+    kind = data.get("device_kind")
+    if not isinstance(device, str) or not device:
+        raise UserError(f"{where}: 'device' must be a non-empty string")
+    if kind not in ("cpu", "cuda"):
+        raise UserError(f"{where}: 'device_kind' must be 'cpu' or 'cuda', got {kind!r}")
+    table = data.get("gemm_flops_per_s")
+    if not isinstance(table, dict) or not table:
+        raise UserError(f"{where}: 'gemm_flops_per_s' must map a dtype to [m, n, k, flops_per_s] rows")
+    points = []
+    for dtype, rows in table.items():
+        if dtype not in DTYPES:
+            raise UserError(f"{where}: gemm dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        if not isinstance(rows, list) or not rows:
+            raise UserError(f"{where}: gemm_flops_per_s.{dtype} must be a non-empty list")
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 4 and all(_number(v) for v in row)
+                    and all(v > 0 for v in row)):
+                raise UserError(f"{where}: gemm_flops_per_s.{dtype} row {row!r} is not [m, n, k, flops_per_s] > 0")
+            points.append(GemmPoint(dtype, int(row[0]), int(row[1]), int(row[2]), float(row[3])))
+    bandwidth = data.get("memory_bandwidth_bytes_per_s")
+    if not _number(bandwidth) or bandwidth <= 0:
+        raise UserError(f"{where}: 'memory_bandwidth_bytes_per_s' must be a number > 0, got {bandwidth!r}")
+    collectives = []
+    for row in data.get("collectives") or []:
+        try:
+            point = CollectivePoint(str(row["op"]), int(row["world_size"]), int(row["size_bytes"]),
+                                    float(row["bus_bytes_per_s"]))
+        except (TypeError, KeyError, ValueError):
+            raise UserError(f"{where}: collective {row!r} needs op, world_size, size_bytes, bus_bytes_per_s") from None
+        collectives.append(point)
+    overhead = data.get("kernel_overhead_seconds")
+    if overhead is not None and (not _number(overhead) or overhead <= 0):
+        raise UserError(f"{where}: 'kernel_overhead_seconds' must be a number > 0 or null, got {overhead!r}")
+    threads = data.get("threads")
+    if threads is not None and not (isinstance(threads, int) and threads >= 1):
+        raise UserError(f"{where}: 'threads' must be an integer >= 1 or null, got {threads!r}")
+    processes = data.get("processes", 1)
+    if not (isinstance(processes, int) and processes >= 1):
+        raise UserError(f"{where}: 'processes' must be an integer >= 1, got {processes!r}")
+    return DeviceProfile(
+        device=device, device_kind=kind, gemm=tuple(points), memory_bandwidth_bytes_per_s=float(bandwidth),
+        collectives=tuple(collectives), kernel_overhead_seconds=overhead, threads=threads, processes=processes,
+        torch_version=str(data.get("torch_version", "")), host=str(data.get("host", "")),
+        created=str(data.get("created", "")), schema_version=version,
+        notes=tuple(str(n) for n in data.get("notes") or ()),
+    )
+
+
+def load_profile(path: str | Path) -> DeviceProfile:
+    """Read a profile written by `flopwise calibrate`; a missing, unreadable or malformed file
+    is a UserError of one line naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--profile: {path} not found (write one with `flopwise calibrate --out {path}`)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        reason = str(err).splitlines()[0] if str(err) else err.__class__.__name__
+        raise UserError(f"--profile: {path} is not valid JSON ({reason})") from None
+    return profile_from_dict(data, f"--profile {path}")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---------------------------------------------------------------------- where profiles are cached
+
+
+def device_slug(device: str, threads: int | None = None, processes: int = 1) -> str:
+    """A file-name-safe key for a device and how it was measured, e.g. 'nvidia-h100-80gb-hbm3'
+    or 'cpu-amd-epyc-1t-2p' (CPU speed depends on threads and on processes sharing it)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
+    if threads is not None:
+        slug += f"-{threads}t"
+    if processes > 1:
+        slug += f"-{processes}p"
+    return slug
+
+
+def profile_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/flopwise/profiles (default ~/.cache/flopwise/profiles)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "flopwise" / "profiles"
+
+
+def default_profile_path(device: str, threads: int | None = None, processes: int = 1) -> Path:
+    """The per-device cache file `flopwise calibrate` writes and the trainer reads."""
+    return profile_cache_dir() / f"{device_slug(device, threads, processes)}.json"
+
+
+def hardware_from_profile(profile: DeviceProfile, key: str = "cpu-measured", memory_bytes: float | None = None):
+    """A catalog-like HardwareSpec for a device the catalog has no entry for (a CPU): peaks are
+    the profile's best GEMM per dtype, memory bandwidth its measured copy rate, memory (CPU, when
+    not given) this machine's physical memory shared by the profile's processes."""
+    from flopwise.catalog.hardware import HardwareSpec
+
+    if memory_bytes is None and profile.device_kind == "cpu":
+        try:
+            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / profile.processes
+        except (ValueError, OSError, AttributeError):
+            memory_bytes = None
+    source = f"device profile of {profile.device} ({profile.created or 'undated'}), best measured GEMM per dtype"
+    return HardwareSpec(
+        key=key,
+        name=f"{profile.device}, measured",
+        vendor=profile.device_kind,
+        peak_tflops={dtype: profile.peak_flops(dtype) / 1e12 for dtype in profile.dtypes()},
+        sparse_factor=None,
+        memory_gb=memory_bytes / 2**30 if memory_bytes else None,
+        memory_unit="GiB",
+        memory_bandwidth_gbs=profile.memory_bandwidth_bytes_per_s / 1e9,
+        scale_up_gbs=(profile.collective_bus_bytes_per_s or 0) / 1e9 or None,
+        devices_per_node=profile.processes,
+        scale_out_gbs=None,
+        tdp_w=None,
+        sources={"peak_tflops": source, "memory_bandwidth_gbs": "device profile: large copy",
+                 "memory_gb": "physical memory / processes" if memory_bytes else "unknown"},
+        confidence={"peak_tflops": "measured", "memory_bandwidth_gbs": "measured"},
+        notes="stands in for a catalog entry: built from a device profile",
+    )

@@ -1,0 +1,78 @@
+"""`flopwise calibrate` on this CPU: a real quick calibration writes a valid profile, the
+cache path, dtype parsing, and the trainer's profile-on-first-use cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flopwise.diagnose.calibrate import budget_for, gemm_shapes, parse_dtypes, profile_for_device
+from flopwise.errors import UserError
+from flopwise.plan.profile import load_profile
+
+
+def test_quick_calibration_writes_a_valid_profile(tmp_path):
+    out = tmp_path / "profile.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
+    proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--threads", "1",
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {out}" in proc.stdout.replace("\n", "") and "1 thread(s)" in proc.stdout
+    profile = load_profile(out)
+    assert profile.device_kind == "cpu" and profile.device.startswith("cpu")
+    assert profile.threads == 1 and profile.processes == 1 and profile.torch_version == torch.__version__
+    assert set(profile.dtypes()) == {"fp32", "bf16"}
+    assert len([p for p in profile.gemm if p.dtype == "fp32"]) == len(gemm_shapes(budget_for("cpu", True)))
+    assert all(p.flops_per_s > 1e6 for p in profile.gemm)
+    assert profile.memory_bandwidth_bytes_per_s > 1e8
+    assert 0 < profile.kernel_overhead_seconds < 0.01
+    assert profile.gemm_flops_per_s(1024, 192, 192, "fp32") > 0
+
+
+def test_default_output_is_the_per_device_cache(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--dtypes", "fp32"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    written = list((tmp_path / "flopwise" / "profiles").glob("cpu-*-1t.json"))
+    assert len(written) == 1 and str(written[0]) in proc.stdout
+    assert load_profile(written[0]).dtypes() == ("fp32",)
+
+
+def test_dtypes_are_checked():
+    assert parse_dtypes(None, "cpu") == ("fp32", "bf16")
+    assert parse_dtypes("bf16, fp32,bf16", "cpu") == ("bf16", "fp32")
+    with pytest.raises(UserError, match="int4"):
+        parse_dtypes("fp32,int4", "cpu")
+    with pytest.raises(UserError, match="tf32"):
+        parse_dtypes("tf32", "cpu")
+
+
+def test_the_trainer_measures_a_profile_once_then_reads_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first, path = profile_for_device(torch.device("cpu"), "fp32")
+    assert path.is_file() and path.parent == tmp_path / "flopwise" / "profiles"
+    assert first.dtypes() == ("fp32",)
+    again, same = profile_for_device(torch.device("cpu"), "fp32")
+    assert same == path and again == first  # read back, not measured again
+    both, _ = profile_for_device(torch.device("cpu"), "bf16")  # a missing dtype is measured and added
+    assert set(both.dtypes()) == {"fp32", "bf16"}
+    assert [p for p in both.gemm if p.dtype == "fp32"] == list(first.gemm)
+
+
+@pytest.mark.slow
+def test_two_processes_measure_at_once_and_time_collectives(tmp_path):
+    out = tmp_path / "two.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--dtypes", "fp32", "--nproc", "2",
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    profile = load_profile(out)
+    assert profile.processes == 2 and profile.threads == 1
+    assert {c.op for c in profile.collectives} == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert all(c.world_size == 2 and c.bus_bytes_per_s > 0 for c in profile.collectives)
+    assert profile.collective_bus_bytes_per_s > 0

@@ -1,0 +1,134 @@
+"""Device profiles: JSON round trip, interpolation over the measured grid, one-line errors,
+and `plan --profile` as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flopwise.errors import UserError
+from flopwise.plan.planner import build_runspec, plan
+from flopwise.plan.profile import (
+    CollectivePoint,
+    DeviceProfile,
+    GemmPoint,
+    default_profile_path,
+    device_slug,
+    load_profile,
+)
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
+
+
+def make_profile(kind: str = "cpu", device: str = "cpu (Test CPU)") -> DeviceProfile:
+    grid = [("fp32", 128, 128, 128, 50e9), ("fp32", 1024, 1024, 1024, 100e9), ("fp32", 1024, 4096, 1024, 90e9),
+            ("bf16", 128, 128, 128, 100e9), ("bf16", 1024, 1024, 1024, 400e9)]
+    return DeviceProfile(
+        device=device, device_kind=kind, gemm=tuple(GemmPoint(*row) for row in grid),
+        memory_bandwidth_bytes_per_s=20e9, kernel_overhead_seconds=8e-6,
+        collectives=(CollectivePoint("all_reduce", 2, 2**20, 1e9), CollectivePoint("all_reduce", 2, 2**24, 3e9)),
+        threads=1, processes=2, torch_version="2.x", host="test", created="2026-12-03T09:00:00+00:00",
+    )
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    profile = make_profile()
+    path = profile.save(tmp_path / "deep" / "p.json")
+    assert load_profile(path) == profile
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 1 and data["gemm_flops_per_s"]["bf16"][1] == [1024, 1024, 1024, 400e9]
+
+
+def test_measured_points_come_back_exactly_and_peak_is_the_best():
+    profile = make_profile()
+    assert profile.gemm_flops_per_s(1024, 1024, 1024, "fp32") == 100e9
+    assert profile.gemm_flops_per_s(128, 128, 128, "bf16") == 100e9
+    assert profile.peak_flops("fp32") == 100e9 and profile.peak_flops("bf16") == 400e9
+    assert profile.peak_flops("fp16") is None and profile.gemm_flops_per_s(512, 512, 512, "fp16") is None
+    assert profile.collective_bus_bytes_per_s == 3e9
+    assert profile.dtypes() == ("fp32", "bf16")
+
+
+def test_interpolation_lies_between_its_neighbours_in_log_space():
+    profile = make_profile()
+    middle = profile.gemm_flops_per_s(362, 362, 362, "bf16")  # the log-space midpoint of 128 and 1024
+    assert 100e9 < middle < 400e9
+    assert middle == pytest.approx(250e9, rel=0.01)  # equal distances, equal weights
+    nearer_large = profile.gemm_flops_per_s(700, 700, 700, "bf16")
+    assert middle < nearer_large < 400e9
+    # beyond the grid the nearest points decide; no rate above the best measured
+    assert profile.gemm_flops_per_s(8192, 8192, 8192, "fp32") <= 100e9
+
+
+def test_below_the_smallest_measured_gemm_its_time_is_a_floor():
+    profile = make_profile()
+    tiny = profile.gemm_flops_per_s(64, 64, 64, "fp32")  # 1/8 of the smallest work
+    assert tiny == pytest.approx(50e9 / 8)
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "not found"),
+        ("{not json", "not valid JSON"),
+        ("[]", "not a JSON object"),
+        ('{"schema_version": 99}', "schema_version 99"),
+        ('{"schema_version": 1, "device": "x", "device_kind": "tpu"}', "device_kind"),
+        ('{"schema_version": 1, "device": "x", "device_kind": "cpu", "gemm_flops_per_s": {"fp32": [[1, 2]]}}',
+         "[m, n, k, flops_per_s]"),
+        ('{"schema_version": 1, "device": "x", "device_kind": "cpu", "gemm_flops_per_s": {"int3": [[1, 1, 1, 1]]}}',
+         "int3"),
+        ('{"schema_version": 1, "device": "x", "device_kind": "cpu", "gemm_flops_per_s": {"fp32": [[1, 1, 1, 1]]}}',
+         "memory_bandwidth_bytes_per_s"),
+    ],
+)
+def test_bad_files_give_one_line_naming_the_file(tmp_path, content, fragment):
+    path = tmp_path / "profile.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UserError) as err:
+        load_profile(path)
+    message = str(err.value)
+    assert fragment in message and str(path) in message and "\n" not in message
+
+
+def test_cache_path_follows_xdg_and_names_device_threads_and_processes(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = default_profile_path("cpu (AMD EPYC 9654)", threads=1, processes=2)
+    assert path == tmp_path / "flopwise" / "profiles" / "cpu-amd-epyc-9654-1t-2p.json"
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_plan_takes_gemm_efficiency_from_the_profile():
+    spec = build_runspec(model="gpt2-124m", hardware="h100-sxm", gpus=1, seq_len=1024, batch_tokens="8K",
+                         tokens="1B", precision="bf16")
+    profile = make_profile(kind="cuda", device="NVIDIA H100 80GB HBM3")
+    slow = plan(spec, profile=profile)
+    assert "profile" in slow.time.efficiency_source and slow.time.efficiency_confidence == "measured"
+    faster = DeviceProfile(**{**profile.__dict__, "gemm": tuple(
+        GemmPoint(p.dtype, p.m, p.n, p.k, p.flops_per_s * 2) for p in profile.gemm)})
+    assert plan(spec, profile=faster).time.tokens_per_second == pytest.approx(2 * slow.time.tokens_per_second, rel=0.05)
+    assert plan(spec).time.efficiency_source != slow.time.efficiency_source  # no profile: the table
+
+
+def run_plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flopwise", "plan", *args], capture_output=True, text=True,
+                          env=ENV, timeout=60)
+
+
+def test_plan_profile_cli_plans_the_profiled_cpu_and_rejects_bad_files(tmp_path):
+    path = make_profile().save(tmp_path / "cpu.json")
+    out = run_plan("--profile", str(path), "--model", "gpt2-124m", "--gpus", "1", "--precision", "bf16",
+                   "--seq-len", "256", "--batch-tokens", "2K", "--tokens", "1M", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["inputs"]["hardware"] == "cpu-measured"
+    assert result["time"]["peak_flops"] == 400e9 and "profile" in result["time"]["efficiency_source"]
+    (tmp_path / "bad.json").write_text('{"schema_version": 0}')
+    bad = run_plan("--profile", str(tmp_path / "bad.json"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "schema_version" in bad.stderr
+    assert "Traceback" not in bad.stderr
