@@ -20,7 +20,7 @@ def exported_run(tmp_path_factory):
 
     from flopwise.train.config_loading import dump_config, load_config
     from flopwise.train.data import TokenLoader
-from flopwise.train.prepare import prepare_data
+    from flopwise.train.prepare import prepare_data
     from flopwise.train.model import build_model
 
     root = tmp_path_factory.mktemp("lmrun")

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from flopwise.train import checkpoint as ckpt
-from tests.train.test_faults import config, corpus, losses, train_cli, wait_for_step, write  # noqa: F401
+from tests.train.checkpoint.test_policy import config, corpus, losses, train_cli, wait_for_step, write  # noqa: F401
 
 psutil = pytest.importorskip("psutil")
 
