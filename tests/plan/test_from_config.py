@@ -38,14 +38,22 @@ def test_the_default_config_is_two_fsdp_processes_of_the_builtin_decoder():
     assert spec.workload.precision == "fp32" and spec.workload.optimizer == "adamw"
 
 
-def test_fsdp_and_every_k_checkpointing_are_mapped_and_said():
+def test_fsdp_and_every_k_checkpointing_are_planned_as_what_they_are():
     spec = _spec("training.gradient_checkpointing=2")
-    cfg = load_config(DEFAULT, ["training.gradient_checkpointing=2"])
-    # the closest words the planner has today (see the TODO(planner v2) notes in from_config.py)
-    assert spec.layout.zero_stage == 3 and spec.layout.recompute == "none"
-    notes = " ".join(notes_for(cfg))
-    assert "every 2 blocks" in notes and "FSDP2 is planned as ZeRO-3" in notes
+    assert spec.layout.framework == "fsdp" and spec.layout.zero_stage == 3  # FSDP2 full sharding
+    assert spec.layout.recompute == "every:2"
     assert _spec("training.gradient_checkpointing=true").layout.recompute == "full"
+    assert _spec().layout.recompute == "none"
+    assert _spec("parallel.strategy=deepspeed").layout.framework == "deepspeed"
+    # the planner counts what every-2 recompute re-runs: between none and every block
+    from flopwise.plan.planner import plan
+
+    hw = get_hardware("h100-sxm")
+    times = [plan(runspec_from_config(load_config(DEFAULT, [f"training.gradient_checkpointing={k}"]), hw)).time
+             for k in ("false", "2", "true")]
+    assert times[0].step_seconds < times[1].step_seconds < times[2].step_seconds
+    notes = " ".join(notes_for(load_config(DEFAULT, ["training.gradient_checkpointing=2"])))
+    assert "every 2 blocks" not in notes and "ZeRO-3" not in notes
 
 
 def test_strategies_map_to_layouts():

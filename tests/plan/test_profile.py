@@ -111,7 +111,10 @@ def test_plan_takes_gemm_efficiency_from_the_profile():
     assert "profile" in slow.time.efficiency_source and slow.time.efficiency_confidence == "measured"
     faster = DeviceProfile(**{**profile.__dict__, "gemm": tuple(
         GemmPoint(p.dtype, p.m, p.n, p.k, p.flops_per_s * 2) for p in profile.gemm)})
-    assert plan(spec, profile=faster).time.tokens_per_second == pytest.approx(2 * slow.time.tokens_per_second, rel=0.05)
+    # the operator model: twice the GEMM rate speeds up the GEMMs only (attention, memory-bound
+    # kernels and the optimizer keep their time), so the step gains less than 2x
+    gain = plan(spec, profile=faster).time.tokens_per_second / slow.time.tokens_per_second
+    assert 1.2 < gain < 2.0
     assert plan(spec).time.efficiency_source != slow.time.efficiency_source  # no profile: the table
 
 

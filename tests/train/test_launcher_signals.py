@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from flopwise.train import checkpoint as ckpt
+from flopwise.train.checkpoint import store as ckpt
 from tests.train.checkpoint.test_policy import config, corpus, losses, train_cli, wait_for_step, write  # noqa: F401
 
 psutil = pytest.importorskip("psutil")

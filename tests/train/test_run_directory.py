@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from flopwise.errors import UserError
-from flopwise.train import checkpoint as ckpt
+from flopwise.train.checkpoint import store as ckpt
 from flopwise.train.checkpoint.checks import latest_valid_or_stop, prune_keeping_valid
 from flopwise.train.config_loading import load_config
 from flopwise.train.launch import launch

@@ -101,7 +101,7 @@ def csv_rows(result) -> list[dict]:
 
 def write_outputs(result, folder: Path) -> list[Path]:
     """pareto.png, compare.json and compare.csv in `folder`."""
-    from flopwise.report.pareto import plot_pareto
+    from flopwise.plan.pareto_plot import plot_pareto
 
     folder.mkdir(parents=True, exist_ok=True)
     rows = csv_rows(result)

@@ -261,7 +261,9 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     else:
         rates = device_rates(hw, work.precision, peak, profile, eff_value)
         if eff_value is None:
-            eff_source = f"operator model: {rates.curve.family} GEMM curve ({rates.curve.source})"
+            eff_source = (f"operator model: GEMM rates and memory bandwidth from the measured device profile "
+                          f"({getattr(profile, 'device', 'profile')})" if profile is not None else
+                          f"operator model: {rates.curve.family} GEMM curve ({rates.curve.source})")
             eff_conf = "measured" if profile is not None else ("low" if rates.curve.family == "generic" else "medium")
             if eff_conf == "low":
                 warnings.append(f"{hw.key}: no GEMM micro-benchmark for this device family; times are low-confidence "
