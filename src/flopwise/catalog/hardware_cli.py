@@ -15,7 +15,7 @@ def register_hardware(app: typer.Typer) -> None:
 
     @app.command("hardware")
     def hardware(
-        name: str = typer.Argument(None, metavar="[NAME]", help="A device key or alias, e.g. h100, a100, 910b."),
+        name: str = typer.Argument(None, metavar="[NAME]", help="A device key, alias or unique prefix, e.g. h100-sxm, a100-40gb, 910b3."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """List the accelerator catalog, or show one device's figures with sources and seed-claim verdicts."""
