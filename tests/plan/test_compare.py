@@ -106,3 +106,15 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, args, message):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), out.stderr
+
+
+@pytest.mark.parametrize("extra", [(), ("--local", "--gpus", "4", "--hardware", "rtx4090")])
+def test_cli_without_out_writes_no_files_and_says_how_to_get_them(tmp_path, extra):
+    args = ("--model", "gpt3-125m", "--tokens", "1B", "--max-devices", "8")
+    if not extra:
+        args += ("--hardware", "a100-80gb,h100-sxm")
+    done = subprocess.run([sys.executable, "-m", "flopwise", "compare", *args, *extra], capture_output=True,
+                          text=True, env=ENV, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert "no files written; add --out DIR" in done.stdout

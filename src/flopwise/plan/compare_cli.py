@@ -31,7 +31,7 @@ def compare_command(
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Fastest option whose on-demand cost fits."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Fewest devices that finish in time."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Comma-separated catalog keys. [default: all]"),
-    out: Optional[Path] = typer.Option(None, "--out", help="Folder for pareto.png, compare.json, compare.csv. [default: compare-MODEL]"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write pareto.png, compare.json, compare.csv (--local: hybrid.json, hybrid.csv) into this folder. [default: write no files]"),
     max_devices: int = typer.Option(4096, "--max-devices", help="Largest device count tried."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Training sequence length. [default: the model's]"),
     batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens", help="Tokens per optimizer step. [default: 4Mi]"),
@@ -69,8 +69,7 @@ def compare_command(
                              max_devices=max_devices, seq_len=seq_len, batch_tokens=batch_tokens, precision=precision,
                              optimizer=optimizer, price_per_hour=price_per_hour, global_batch=global_batch,
                              host_memory_gib=host_memory_gib)
-    folder = out or Path(f"compare-{result.model}")
-    written = write_outputs(result, folder)
+    written = write_outputs(result, out) if out is not None else []
     if as_json:
         data = result.to_dict()
         data["files"] = [str(p) for p in written]
@@ -158,7 +157,10 @@ def print_comparison(result, written: list[Path]) -> None:
         console.print(line)
     for line in result.notes:
         console.print(f"[yellow]note:[/yellow] {line}")
-    console.print("wrote " + ", ".join(str(p) for p in written))
+    if written:
+        console.print("wrote " + ", ".join(str(p) for p in written))
+    else:
+        console.print("[dim]no files written; add --out DIR for pareto.png, compare.json and compare.csv[/dim]")
 
 
 def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardware_usd, years, seq_len, batch_tokens,
@@ -172,7 +174,16 @@ def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardwa
         raise UserError(f"--local-host-memory-gib must be > 0, got {host_gib}")
     result = plan_hybrid(model, tokens, Site(local_key, gpus, host_gib), parse_site(cloud, "--cloud"),
                          electricity, hardware_usd, years, seq_len, batch_tokens, price_per_hour)
-    folder = out or Path(f"hybrid-{result.job.model}")
+    if out is not None:
+        _write_hybrid(result, out)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+        return
+    print_hybrid(result, out)
+
+
+def _write_hybrid(result, folder: Path) -> None:
+    """hybrid.json and hybrid.csv (the model-size sweep on both sites) in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "hybrid.json").write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str) + "\n")
     with (folder / "hybrid.csv").open("w", newline="") as handle:
@@ -184,13 +195,9 @@ def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardwa
                              r.local.days if r.local else "", r.local_usd if r.local_usd is not None else "",
                              r.cloud.layout if r.cloud else "does not fit", r.cloud.days if r.cloud else "",
                              r.cloud_usd if r.cloud_usd is not None else "", r.cloud_faster, r.cloud_cheaper])
-    if as_json:
-        print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
-        return
-    print_hybrid(result, folder)
 
 
-def print_hybrid(result, folder: Path) -> None:
+def print_hybrid(result, folder: Path | None) -> None:
     """The model-size sweep on both sites and the crossovers."""
     from rich.console import Console
     from rich.table import Table
@@ -224,4 +231,7 @@ def print_hybrid(result, folder: Path) -> None:
     if result.cloud.host_memory_gib is None:
         console.print(f"[dim]cloud host memory not checked; give it as --cloud {result.cloud.hardware}:"
                       f"{result.cloud.devices}:GIB[/dim]")
-    console.print(f"wrote {folder / 'hybrid.json'}, {folder / 'hybrid.csv'}")
+    if folder is not None:
+        console.print(f"wrote {folder / 'hybrid.json'}, {folder / 'hybrid.csv'}")
+    else:
+        console.print("[dim]no files written; add --out DIR for hybrid.json and hybrid.csv[/dim]")
