@@ -23,7 +23,7 @@ wanted_stamp() {
 }
 
 torch_build() {
-  .venv/bin/python -c "import torch; print(f'torch {torch.__version__}, ' + (f'CUDA {torch.version.cuda}' if torch.version.cuda else 'CPU only'))"
+  .venv/bin/python -W ignore -c "import torch; print(f'torch {torch.__version__}, ' + (f'CUDA {torch.version.cuda}' if torch.version.cuda else 'CPU only'))" 2>/dev/null
 }
 
 WANTED=$(wanted_stamp)

@@ -18,7 +18,7 @@ def register_hardware(app: typer.Typer) -> None:
         name: str = typer.Argument(None, metavar="[NAME]", help="A device key, alias or unique prefix, e.g. h100-sxm, a100-40gb, 910b3."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
-        """List the accelerator catalog, or show one device's figures with sources and seed-claim verdicts."""
+        """List the accelerator catalog, or show one device's figures with sources and verdicts on published claims."""
         catalog = load_catalog()
         if name is None:
             specs = list(catalog.devices.values())
@@ -138,7 +138,7 @@ def _print_device(spec: HardwareSpec) -> None:
     else:
         console.print("prices: none published in the catalog (pass --price-per-hour to `flopwise plan`)")
     if spec.seed_claims:
-        claims = Table(title="seed-article claims checked against the figures above")
+        claims = Table(title="published claims (articles in docs/hardware.md) checked against the figures above")
         for column in ("claim", "status", "verdict"):
             claims.add_column(column, overflow="fold")
         for claim in spec.seed_claims:

@@ -41,7 +41,7 @@ def compare_command(
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences (CNN: samples) per step. [default: 4Mi tokens; CNN 256]"),
     host_memory_gib: float = typer.Option(1024.0, "--host-memory-gib", help="RAM per node for offloaded states (assumption; 8-GPU cloud nodes carry ~1-2 TiB)."),
     local: bool = typer.Option(False, "--local", help="Hybrid plan: --hardware/--gpus are your own cards, vs --cloud."),
-    cloud: str = typer.Option("v100-32gb:8:298", "--cloud", help="--local: rented node as DEVICE:COUNT[:HOST_GIB]. [default: the seed's 8 x V100 32GB, 320 GB = 298 GiB RAM as in Tencent's GN10X.18XLARGE320 name]"),
+    cloud: str = typer.Option("v100-32gb:8:298", "--cloud", help="--local: rented node as DEVICE:COUNT[:HOST_GIB]. [default: 8 x V100 32GB with 320 GB = 298 GiB RAM, Tencent Cloud's GN10X.18XLARGE320, the cloud node of the small-team recipe in the blog post \"AI大模型算力争夺战：核心技术解析与实战指南\"]"),
     local_host_memory_gib: float = typer.Option(128.0, "--local-host-memory-gib", help="--local: RAM of your machine for offloaded states (assumption)."),
     electricity_usd_per_kwh: float = typer.Option(0.15, "--electricity-usd-per-kwh", help="--local: your electricity price (assumption)."),
     local_hardware_usd: Optional[float] = typer.Option(None, "--local-hardware-usd", help="--local: price of one of your cards, amortised."),
@@ -119,7 +119,7 @@ def _money(value) -> str:
 
 
 def print_comparison(result, written: list[Path]) -> None:
-    """The chosen option per device as a table, then advice, the seed's rules of thumb and notes."""
+    """The chosen option per device as a table, then advice, published rules of thumb and notes."""
     from rich.console import Console
     from rich.table import Table
 
