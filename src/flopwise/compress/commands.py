@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
         no_compile: bool = typer.Option(False, "--no-compile", help="measure the INT8 graph in eager mode (slow, no INT8 kernels)"),
         out: Optional[Path] = typer.Option(None, "--out", help="output folder"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="also show library warnings and logs (kept in OUT/library.log)"),
     ) -> None:
         """Compress a model (INT8 PTQ/QAT, pruning, 2:4) and report what was measured before and after."""
         options = dict(
@@ -98,17 +99,11 @@ def register(app: typer.Typer) -> None:
         )
         cfg, source = resolve_config(target, options)
         out_dir = out or cfg.out or default_out(cfg, source)
-        import logging
-        import warnings
+        from flopwise.train.library_noise import route_library_noise
 
-        warnings.filterwarnings("ignore")  # torchao / export deprecation chatter; results carry the facts
-        import torch
-
-        if not torch.cuda.is_available():
-            # torchao tries to load its CUDA-only kernel libraries on import and logs each failure;
-            # on a CPU they are never used.
-            logging.getLogger("torchao").setLevel(logging.ERROR)
-        logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's enum registration notice
+        # torchao logs each CUDA kernel library it cannot load on a CPU, plus deprecation chatter
+        # from torch.export: kept in OUT/library.log, shown with -v.
+        route_library_noise(Path(out_dir), verbose)
         from flopwise.compress.report import print_table, write_report
         from flopwise.compress.run import compress_task
 

@@ -80,6 +80,9 @@ def launch(cfg: RunConfig) -> None:
 
 def run_here(cfg: RunConfig) -> None:
     """The per-process run: join the group, train, leave the group."""
+    from flopwise.train.library_noise import route_library_noise
+
+    route_library_noise(cfg.logging.run_dir)  # before torch.distributed / DeepSpeed are imported
     from flopwise.train.loop import run_training
     from flopwise.train.parallel import init_distributed, shutdown
 
