@@ -123,7 +123,9 @@ def print_comparison(result, written: list[Path]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 180))
+    from flopwise.table_layout import print_first_that_fits
+
+    console = Console()
     if result.mode == "gpus":
         what = f"{result.target:g} devices each"
     elif result.mode == "budget":
@@ -133,22 +135,27 @@ def print_comparison(result, written: list[Path]) -> None:
     else:
         what = "fewest devices that fit"
     console.print(f"[bold]{result.model}[/bold], {result.tokens:.3g} tokens: {what}")
-    table = Table()
-    for column in ("device", "n", "best layout", "days", "device-h", "MWh", "on-demand", "spot", "tok/s/dev", "MFU"):
-        table.add_column(column, justify="left" if column in ("device", "best layout") else "right")
+    columns = ("device", "n", "best layout", "days", "device-h", "MWh", "on-demand", "spot", "tok/s/dev", "MFU")
     front = {(o.hardware, o.devices) for o in result.pareto}
+    rows = []
     for verdict in sorted(result.verdicts, key=lambda v: (v.chosen is None, v.chosen.days if v.chosen else 0)):
         o = verdict.chosen
         if o is None:
-            table.add_row(verdict.hardware, "-", f"[dim]{verdict.note}[/dim]", *["-"] * 7)
+            rows.append(dict(zip(columns, (verdict.hardware, "-", f"[dim]{verdict.note}[/dim]", *["-"] * 7)),
+                             key=verdict.hardware))
             continue
         mark = " *" if (o.hardware, o.devices) in front else ""
-        table.add_row(
+        rows.append(dict(zip(columns, (
             o.hardware + mark + ("" if o.priced else " (no price)"), str(o.devices), o.layout, f"{o.days:,.1f}",
             f"{o.device_hours:,.0f}", "n/a" if o.kwh is None else f"{o.kwh / 1000:,.2f}", _money(o.on_demand_usd),
             _money(o.spot_usd), f"{o.plan.time.tokens_per_second_per_device:,.0f}", f"{o.plan.time.mfu:.1%}",
-        )
-    console.print(table)
+        )), key=o.hardware + mark))
+    # a narrow terminal gets the layouts, then the time and cost per device, instead of squeezed cells
+    print_first_that_fits(
+        console,
+        _compare_table(columns, rows),
+        [_compare_table(columns[:4], rows, "layouts"), _compare_table(("key", *columns[4:]), rows, "energy, cost, speed")],
+    )
     console.print("[dim]* on the time-vs-cost Pareto front; spot is the catalog's spot price before preemptions "
                   "(see `flopwise plan --spot`); devices marked (no price) are compared on time and energy only.[/dim]")
     for line in result.advice:
@@ -161,6 +168,21 @@ def print_comparison(result, written: list[Path]) -> None:
         console.print("wrote " + ", ".join(str(p) for p in written))
     else:
         console.print("[dim]no files written; add --out DIR for pareto.png, compare.json and compare.csv[/dim]")
+
+
+def _compare_table(columns, rows: list[dict[str, str]], title: str | None = None):
+    from rich import box
+    from rich.table import Table
+
+    table = Table() if title is None else Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
+                                                   pad_edge=False, collapse_padding=True)
+    for column in columns:
+        wraps = column == "best layout"  # the device key is never cut; a long layout text may wrap
+        table.add_column("device" if column == "key" else column,
+                         justify="left" if column in ("key", "device", "best layout") else "right", no_wrap=not wraps)
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    return table
 
 
 def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardware_usd, years, seq_len, batch_tokens,
