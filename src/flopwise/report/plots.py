@@ -125,7 +125,7 @@ def plot_step_breakdown(diagnosis: Diagnosis, path: Path) -> Path | None:
     if not keys or not diagnosis.breakdown:
         return None
     ranks = [f"rank {b.rank}" for b in diagnosis.breakdown]
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(ranks) + 3), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(ranks) + 3), 4))
     bottom = [0.0] * len(ranks)
     for key in keys:
         values = [b.median[key] * 1e3 for b in diagnosis.breakdown]
@@ -143,7 +143,7 @@ def plot_step_breakdown(diagnosis: Diagnosis, path: Path) -> Path | None:
     if stragglers:
         ax.set_ylim(top=max(bottom) * 1.15)
     ax.set_ylabel("median ms per step")
-    ax.set_title("Step time per rank (warm-up step excluded)" + ("" if stragglers else ": no straggler"))
+    ax.set_title("Step time per rank, median" + ("" if stragglers else ": no straggler"))
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
