@@ -56,3 +56,18 @@ def test_a_ddp_run_shows_no_library_warning_and_names_the_log(tmp_path):
     logs = [Path(tmp_path / "run" / name) for name in ("library.log", "library.rank1.log")]
     assert all("broadcast_buffers" in log.read_text() for log in logs)
     assert f"are in {logs[0]}, {logs[1]}; -v shows them" in done.stdout
+
+
+def test_torch_child_loggers_stay_quiet_after_torch_reinstalls_its_handlers(tmp_path):
+    snippet = (
+        "import logging, sys\n"
+        "from flopwise.train.library_noise import route_library_noise\n"
+        "route_library_noise(sys.argv[1], verbose=False)\n"
+        "import torch._logging\n"
+        "torch._logging._internal._init_logs()\n"  # what torch.compile does on its first call
+        "logging.getLogger('torch.utils._pytree').warning('Enum subclass registration is deprecated')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", snippet, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Enum subclass" not in done.stderr
+    assert "Enum subclass registration is deprecated" in (tmp_path / "library.log").read_text()

@@ -20,6 +20,10 @@ from pathlib import Path
 
 VERBOSE_ENV = "FLOPWISE_VERBOSE"
 LIBRARY_LOGGERS = ("deepspeed", "DeepSpeed", "torchao", "torch", "transformers", "datasets", "py.warnings")
+# torch._logging re-installs its own console handler on "torch" when torch.compile starts, so
+# the chatty children also get a filter of their own (filters on a logger survive that).
+TORCH_CHILDREN = ("torch.utils._pytree", "torch._dynamo", "torch._inductor", "torch.distributed", "torch._export",
+                  "torch.export", "torch.ao")
 _installed: dict[str, object] = {}
 
 
@@ -64,6 +68,11 @@ def route_library_noise(folder: Path | str, verbose: bool | None = None) -> Path
             for console in [h for h in logger.handlers if _is_console(h)]:
                 console.setLevel(logging.CRITICAL + 1)
             logger.propagate = False
+    for name in TORCH_CHILDREN:
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, _ToLogFile)]:
+            logger.removeFilter(old)
+        logger.addFilter(_ToLogFile(handler, verbose))
     if not verbose:
         logging.lastResort = None  # a library record with no handler left must not reach stderr
 
@@ -78,6 +87,19 @@ def route_library_noise(folder: Path | str, verbose: bool | None = None) -> Path
     warnings.showwarning = showwarning
     warnings.simplefilter("default")  # each distinct warning once per place, into the log
     return path
+
+
+class _ToLogFile(logging.Filter):
+    """Write the record to the library log; let it go on to the console only when verbose."""
+
+    def __init__(self, handler: logging.Handler, verbose: bool):
+        super().__init__()
+        self.handler, self.verbose = handler, verbose
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.handler.level:
+            self.handler.handle(record)
+        return self.verbose
 
 
 def _is_console(handler: logging.Handler) -> bool:
