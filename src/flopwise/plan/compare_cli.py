@@ -121,7 +121,6 @@ def _money(value) -> str:
 def print_comparison(result, written: list[Path]) -> None:
     """The chosen option per device as a table, then advice, published rules of thumb and notes."""
     from rich.console import Console
-    from rich.table import Table
 
     from flopwise.table_layout import print_first_that_fits
 

@@ -95,7 +95,6 @@ def _duration(seconds: float) -> str:
 def print_search(result: SearchResult) -> None:
     """The ranked layouts as a table, then what was evaluated and why the rest were rejected."""
     from rich.console import Console
-    from rich.table import Table
 
     from flopwise.table_layout import print_first_that_fits
 
