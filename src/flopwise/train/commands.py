@@ -10,7 +10,8 @@ import typer
 TRAIN_HELP = (
     "Train a model from a YAML config, with `key=value` overrides.\n\n"
     "With no config, trains the embedded default: a small LLaMA-style decoder on the Python standard "
-    "library's source, 2 processes with FSDP2 on this CPU, about 2 minutes, then prints predicted vs "
+    "library's source, 2 processes with FSDP2 on this CPU (measured: 1 min 44 s on 2 idle cores, "
+    "5 min 34 s on 2 busy ones), then prints predicted vs "
     "measured.\n\n"
     "Examples: `flopwise train` | `flopwise train configs/gpu_single_node.yaml training.max_steps=500` | "
     "`flopwise train parallel.nproc_per_node=1 parallel.strategy=single`"
