@@ -169,11 +169,36 @@ def test_ascend_cluster_claim_verdict_carries_the_arithmetic():
 
 @pytest.mark.parametrize(
     ("alias", "key"),
-    [("h100", "h100-sxm"), ("H100", "h100-sxm"), ("a100", "a100-80gb"), (" A100-SXM ", "a100-80gb"),
-     ("910b", "ascend-910b3"), ("4090", "rtx4090"), ("v5p", "tpu-v5p"), ("MI300X", "mi300x"), ("910", "ascend-910")],
+    [("h100-80gb", "h100-sxm"), ("H100-SXM5", "h100-sxm"), (" A100-80GB-SXM ", "a100-80gb"), ("a100-80gb", "a100-80gb"),
+     ("910b3", "ascend-910b3"), ("4090", "rtx4090"), ("v5p", "tpu-v5p"), ("MI300X", "mi300x"), ("mi300", "mi300x"),
+     ("ascend910", "ascend-910"), ("h20", "h200"), ("gaudi", None)],
 )
-def test_aliases_and_case_resolve(alias, key):
-    assert get_hardware(alias).key == key
+def test_keys_aliases_and_unique_prefixes_resolve(alias, key):
+    if key is None:  # gaudi2 and gaudi3
+        with pytest.raises(UserError, match=r"matches 2 catalog entries: gaudi2, gaudi3"):
+            get_hardware(alias)
+    else:
+        assert get_hardware(alias).key == key
+
+
+@pytest.mark.parametrize(
+    ("name", "listed"),
+    [("a100", "a100-40gb, a100-80gb, a100-80gb-pcie"), ("A100-SXM", "a100-40gb, a100-80gb"),
+     ("h100", "h100-sxm, h100-pcie"), ("v100", "v100-32gb, v100-32gb-pcie"), ("910b", "ascend-910b2, ascend-910b3, ascend-910b4")],
+)
+def test_a_name_shared_by_several_parts_lists_them(name, listed):
+    with pytest.raises(UserError, match=rf"hardware '{name}' matches \d catalog entries: {listed}; name one of them") as err:
+        get_hardware(name)
+    assert "\n" not in str(err.value)
+
+
+def test_an_ambiguous_name_on_the_command_line_is_one_line_and_exit_2():
+    done = subprocess.run([sys.executable, "-m", "flopwise", "plan", "--hardware", "a100"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: hardware 'a100' matches 3 catalog entries: a100-40gb, a100-80gb, a100-80gb-pcie; "
+        "name one of them (see `flopwise hardware`)"
+    ]
 
 
 def test_unknown_name_suggests_close_matches():
@@ -237,7 +262,7 @@ def test_cli_json_parses_for_list_and_device():
     assert listing.returncode == 0, listing.stderr
     records = json.loads(listing.stdout)
     assert {r["key"] for r in records} >= set(REQUIRED_KEYS)
-    one = _run_cli("hardware", "h100", "--json")
+    one = _run_cli("hardware", "h100-sxm", "--json")
     record = json.loads(one.stdout)
     assert record["key"] == "h100-sxm"
     assert record["sparse_peak_tflops"]["fp8"] == pytest.approx(3957.8)

@@ -107,3 +107,30 @@ def test_lm_int8_graph_takes_any_sequence_length_in_a_fresh_process(exported_run
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[(1, 8, 300), (3, 17, 300), (2, 32, 300)]"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fp32_validation_loss_is_the_training_runs_own_last_one(tmp_path):
+    """compress scores the float model on the held-out batches the run evaluated, so the figures agree."""
+    import json
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"def function_{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(400)))
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"data.paths=[{corpus}]", "data.vocab_size=300", "data.seq_len=32", f"data.cache_dir={tmp_path / 'cache'}",
+        "data.val_fraction=0.2", "model.n_layers=2", "model.hidden=64", "model.n_heads=4", "model.max_seq_len=32",
+        "training.max_steps=4", "training.eval_every=4", "training.eval_batches=3", "training.micro_batch_size=4",
+        "parallel.nproc_per_node=2", "parallel.strategy=ddp", f"logging.run_dir={run_dir}", "logging.progress=false",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
+    for args in (["train", *overrides], ["export", str(run_dir)]):
+        done = subprocess.run([sys.executable, "-m", "flopwise", *args], capture_output=True, text=True, env=env,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    last = json.loads((run_dir / "predicted_vs_measured.json").read_text())["measured"]["val_losses"][-1]
+    assert last["step"] == 4
+    task = lm_task(run_dir, eval_batches=3)
+    assert task.quality(task.model)["val_loss"] == pytest.approx(last["loss"], rel=1e-4)
+    assert "the batches the training run evaluated" in task.quality_basis

@@ -32,6 +32,7 @@ def write_run_dir(
     val_every: int = 10,
     plan_step_seconds: float | None = 0.15,
     seed: int = 0,
+    hardware: str = "cpu-measured",
 ) -> Path:
     """Write a run dir and return it.
 
@@ -99,7 +100,7 @@ def write_run_dir(
     if plan_step_seconds is not None:
         # The shape of `flopwise.runrecord.Comparison`, as the trainer writes it.
         pvm = {
-            "hardware": {"key": "cpu-measured", "name": "CPU", "devices": ranks},
+            "hardware": {"key": hardware, "name": hardware, "devices": ranks},
             "predicted": {
                 "memory_bytes": {"weights": 4_000_000, "gradients": 4_000_000, "optimizer": 8_000_000, "activations": 10_000_000},
                 "tokens_per_second": TOKENS_PER_STEP / plan_step_seconds,
@@ -111,7 +112,7 @@ def write_run_dir(
                 "tokens_per_second": TOKENS_PER_STEP / 0.12,
                 "step_seconds": 0.12,
                 "mfu": 0.02,
-                "hardware": "cpu-measured",
+                "hardware": hardware,
                 "val_losses": [{"step": 10, "loss": 5.0}],
             },
             "measured_over_predicted": {"memory_activations": 1.2},

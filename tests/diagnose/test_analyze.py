@@ -36,12 +36,23 @@ def test_clean_run_has_no_findings_and_a_breakdown_per_rank(tmp_path):
 
 
 def test_straggler_rank_is_named_with_its_excess(tmp_path):
-    d = diagnose_run_dir(write_run_dir(tmp_path / "run", ranks=4, straggler=(2, 0.35)))
+    d = diagnose_run_dir(write_run_dir(tmp_path / "run", ranks=4, straggler=(2, 0.35), hardware="h100-sxm"))
     f = finding(d, "straggler")
     assert f.rank == 2
     assert "rank 2" in f.message and "slower in compute" in f.message
     assert f.evidence["excess"] == pytest.approx(0.35, abs=0.05)
-    assert "clocks" in f.next_step
+    assert "clocks" in f.next_step and "nvidia-smi" in f.next_step
+
+
+def test_straggler_advice_on_a_cpu_run_is_about_cores_not_gpus(tmp_path):
+    f = finding(diagnose_run_dir(write_run_dir(tmp_path / "run", ranks=2, straggler=(1, 0.35))), "straggler")
+    assert "nvidia-smi" not in f.next_step and "cores" in f.next_step
+
+
+def test_a_cpu_run_slower_than_planned_is_a_note_not_a_finding(tmp_path):
+    d = diagnose_run_dir(write_run_dir(tmp_path / "run", plan_step_seconds=0.05))
+    assert "plan_mismatch" not in kinds(d)
+    assert any("not judged on a CPU" in note and "step_seconds 2.40x" in note for note in d.notes)
 
 
 def test_straggler_seen_from_sync_waits_alone(tmp_path):
@@ -94,7 +105,7 @@ def test_periodic_slow_steps_point_at_checkpoints(tmp_path):
 
 
 def test_plan_mismatch_from_predicted_vs_measured(tmp_path):
-    d = diagnose_run_dir(write_run_dir(tmp_path / "run", plan_step_seconds=0.05))
+    d = diagnose_run_dir(write_run_dir(tmp_path / "run", plan_step_seconds=0.05, hardware="a100-80gb"))
     rows = {r.name: r for r in d.plan_rows}
     assert rows["step_seconds"].ratio == pytest.approx(2.4)
     assert rows["tokens_per_second"].ratio == pytest.approx(1 / 2.4)

@@ -72,7 +72,7 @@ def test_cnn_gets_a_sample_batch_and_the_cv_rule_of_thumb():
     result = compare_devices("resnet50", "10M", ["a100-80gb", "tpu-v4"], gpus=8)
     assert all(v.chosen is not None for v in result.verdicts)
     assert result.verdicts[0].chosen.plan.spec.layout.global_batch_size == 256
-    assert result.rules_of_thumb[0].startswith("seed rule of thumb: CV tasks -> TPU | 8 x tpu-v4")
+    assert result.rules_of_thumb[0].startswith("rule of thumb from the blog post \"AI算力发展趋势：从硬件加速到算法优化的技术演进\": CV tasks -> TPU | 8 x tpu-v4")
 
 
 def test_budget_too_small_is_a_user_error():
@@ -84,7 +84,7 @@ def test_cli_writes_png_json_csv(tmp_path):
     out = run_compare("--model", "gpt3-1.3b", "--tokens", "50B", "--hardware", "a100-80gb,h100-sxm,ascend-910b2",
                       "--max-devices", "64", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "seed rule of thumb: NLP tasks -> H100" in out.stdout and "ascend-910b2 (no price)" in out.stdout
+    assert "rule of thumb from the blog post \"AI算力发展趋势：从硬件加速到算法优化的技术演进\": NLP tasks -> H100" in out.stdout and "ascend-910b2 (no price)" in out.stdout
     png = (tmp_path / "pareto.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     data = json.loads((tmp_path / "compare.json").read_text())
@@ -106,3 +106,15 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, args, message):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), out.stderr
+
+
+@pytest.mark.parametrize("extra", [(), ("--local", "--gpus", "4", "--hardware", "rtx4090")])
+def test_cli_without_out_writes_no_files_and_says_how_to_get_them(tmp_path, extra):
+    args = ("--model", "gpt3-125m", "--tokens", "1B", "--max-devices", "8")
+    if not extra:
+        args += ("--hardware", "a100-80gb,h100-sxm")
+    done = subprocess.run([sys.executable, "-m", "flopwise", "compare", *args, *extra], capture_output=True,
+                          text=True, env=ENV, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert "no files written; add --out DIR" in done.stdout

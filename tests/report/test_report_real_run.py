@@ -34,5 +34,5 @@ def test_diagnose_and_report_read_a_real_training_run(tmp_path):
     report = subprocess.run(flopwise + ["report", str(run_dir)], capture_output=True, text=True, env=env, timeout=300)
     assert report.returncode == 0, report.stderr
     text = (run_dir / "report.md").read_text()
-    assert "## Predicted vs measured" in text and "final validation loss" in text
+    assert "## Predicted vs measured" in text and "validation loss (held-out batches)" in text
     assert len(list((run_dir / "plots").glob("*.png"))) == 4

@@ -377,15 +377,36 @@ def load_hardware() -> dict[str, HardwareSpec]:
 
 
 def get_hardware(name: str) -> HardwareSpec:
-    """A device by key or alias, case-insensitive; an unknown name suggests close matches."""
+    """A device by key, alias or unique prefix, case-insensitive.
+
+    A name shared by several parts ('a100' is a 40 GB and two 80 GB parts) is refused with
+    one line listing them: picking one silently could tell a user with 40 GB cards that a
+    model fits. An unknown name suggests close matches.
+    """
     catalog = load_catalog()
     wanted = name.strip().lower()
-    key = wanted if wanted in catalog.devices else catalog.aliases.get(wanted)
-    if key is not None:
-        return catalog.devices[key]
+    if wanted in catalog.devices:
+        return catalog.devices[wanted]
+    matching = matching_devices(wanted)
+    if len(matching) == 1:
+        return catalog.devices[matching[0]]
+    if matching:
+        raise UserError(
+            f"hardware '{name}' matches {len(matching)} catalog entries: {', '.join(matching)}; "
+            "name one of them (see `flopwise hardware`)"
+        )
     import difflib  # only on the error path: keeps the planner's start-up lean
 
     names = [*catalog.devices, *catalog.aliases]
     close = difflib.get_close_matches(wanted, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(catalog.devices)}"
     raise UserError(f"unknown hardware '{name}'; {hint} (see `flopwise hardware`)")
+
+
+def matching_devices(wanted: str) -> list[str]:
+    """Keys of every device whose key or an alias starts with `wanted` (lower case), in catalog order."""
+    catalog = load_catalog()
+    return [
+        key for key, spec in catalog.devices.items()
+        if key.startswith(wanted) or any(alias.startswith(wanted) for alias in spec.aliases)
+    ]

@@ -15,10 +15,10 @@ def register_hardware(app: typer.Typer) -> None:
 
     @app.command("hardware")
     def hardware(
-        name: str = typer.Argument(None, metavar="[NAME]", help="A device key or alias, e.g. h100, a100, 910b."),
+        name: str = typer.Argument(None, metavar="[NAME]", help="A device key, alias or unique prefix, e.g. h100-sxm, a100-40gb, 910b3."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
-        """List the accelerator catalog, or show one device's figures with sources and seed-claim verdicts."""
+        """List the accelerator catalog, or show one device's figures with sources and verdicts on published claims."""
         catalog = load_catalog()
         if name is None:
             specs = list(catalog.devices.values())
@@ -59,29 +59,46 @@ def _cheapest(spec: HardwareSpec) -> str:
 
 
 def _print_catalog(specs: list[HardwareSpec]) -> None:
-    from rich.console import Console
+    """The catalog as one table; in a narrow terminal without the long name and the price's provider."""
+    from flopwise.table_layout import print_first_that_fits, terminal
+
+    console = terminal()
+    print_first_that_fits(console, _catalog_table(specs, narrow=False), _catalog_table(specs, narrow=True))
+    console.print("'-' = unsupported or unknown; `flopwise hardware NAME` shows the full name, sources and confidence.")
+
+
+def _catalog_table(specs: list[HardwareSpec], narrow: bool):
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="flopwise hardware (dense peaks; bandwidth GB/s per direction)")
-    columns = ("key", "name", "bf16 TFLOPS", "fp8 TFLOPS", "memory", "mem GB/s", "scale-up GB/s", "TDP W",
-               "cheapest on-demand $/device-h")
+    if narrow:
+        columns = ("key", "bf16", "fp8", "memory", "mem BW", "link", "TDP", "$/h")
+        table = Table(title="flopwise hardware: dense TFLOPS (bf16, fp8); memory bandwidth (mem BW) and scale-up "
+                            "link in GB/s per direction; TDP in W; cheapest on-demand $ per device-hour ($/h)",
+                      box=box.SIMPLE_HEAD, pad_edge=False)
+    else:
+        columns = ("key", "name", "bf16 TFLOPS", "fp8 TFLOPS", "memory", "mem GB/s", "scale-up GB/s", "TDP W",
+                   "cheapest on-demand $/device-h")
+        table = Table(title="flopwise hardware (dense peaks; bandwidth GB/s per direction)")
     for column in columns:
-        table.add_column(column, justify="left" if column in ("key", "name", columns[-1]) else "right")
+        # keys are what users type: never wrapped, never cut
+        table.add_column(column, justify="left" if column in ("key", "name", columns[-1]) else "right",
+                         no_wrap=column == "key" or narrow, min_width=max(len(s.key) for s in specs) if column == "key" else None)
     for spec in specs:
-        table.add_row(
-            spec.key,
-            spec.name,
+        price = spec.cheapest_on_demand()
+        cells = [
             _num(spec.peak_tflops.get("bf16")),
             _num(spec.peak_tflops.get("fp8")),
             _num(spec.memory_gb, f" {spec.memory_unit}"),
             _num(spec.memory_bandwidth_gbs),
             _num(spec.scale_up_gbs),
             _num(spec.tdp_w),
-            _cheapest(spec),
-        )
-    console = Console()
-    console.print(table)
-    console.print("'-' = unsupported or unknown; `flopwise hardware NAME` shows sources and confidence.")
+        ]
+        if narrow:
+            table.add_row(spec.key, *cells, "-" if price is None else f"{price.on_demand_usd_per_hour:.2f}")
+        else:
+            table.add_row(spec.key, spec.name, *cells, _cheapest(spec))
+    return table
 
 
 def _figure_rows(spec: HardwareSpec) -> list[tuple[str, str, str]]:
@@ -138,7 +155,7 @@ def _print_device(spec: HardwareSpec) -> None:
     else:
         console.print("prices: none published in the catalog (pass --price-per-hour to `flopwise plan`)")
     if spec.seed_claims:
-        claims = Table(title="seed-article claims checked against the figures above")
+        claims = Table(title="published claims (articles in docs/hardware.md) checked against the figures above")
         for column in ("claim", "status", "verdict"):
             claims.add_column(column, overflow="fold")
         for claim in spec.seed_claims:

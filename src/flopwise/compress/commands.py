@@ -92,6 +92,7 @@ def register(app: typer.Typer) -> None:
         new_tokens: Optional[int] = typer.Option(None, "--new-tokens", help="LLM methods: tokens generated per timed call"),
         out: Optional[Path] = typer.Option(None, "--out", help="output folder"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="also show library warnings and logs (kept in OUT/library.log)"),
     ) -> None:
         """Compress a model (INT8 PTQ/QAT, pruning, 2:4) and report what was measured before and after."""
         options = dict(
@@ -103,6 +104,7 @@ def register(app: typer.Typer) -> None:
         cfg, source = resolve_config(target, options)
         out_dir = out or cfg.out or default_out(cfg, source)
         from flopwise.compress.config import LLM_METHODS
+        from flopwise.train.library_noise import route_library_noise
 
         if latency_batch is not None and latency_batch < 1:
             raise UserError(f"--latency-batch: {latency_batch} must be >= 1")
@@ -110,6 +112,9 @@ def register(app: typer.Typer) -> None:
             raise UserError("--latency-batch 1: batch 1 is always measured for this method; "
                             "--latency-batch sets the second, larger batch (>= 2)")
 
+        # torchao logs each CUDA kernel library it cannot load on a CPU, plus deprecation chatter
+        # from torch.export: kept in OUT/library.log, shown with -v.
+        route_library_noise(Path(out_dir), verbose)
         if cfg.method in LLM_METHODS:  # an HF folder transformers loads (compress/llm.py)
             from flopwise.compress.llm import compress_llm_run, print_llm_result
 
@@ -123,17 +128,6 @@ def register(app: typer.Typer) -> None:
                 print_llm_result(result)
                 print(f"compressed model: {out_dir} (transformers loads it; try `flopwise generate {out_dir} --prompt ...`)")
             return
-        import logging
-        import warnings
-
-        warnings.filterwarnings("ignore")  # torchao / export deprecation chatter; results carry the facts
-        import torch
-
-        if not torch.cuda.is_available():
-            # torchao tries to load its CUDA-only kernel libraries on import and logs each failure;
-            # on a CPU they are never used.
-            logging.getLogger("torchao").setLevel(logging.ERROR)
-        logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's enum registration notice
         from flopwise.compress.report import print_table, write_report
         from flopwise.compress.run import compress_task
 

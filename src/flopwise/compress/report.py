@@ -34,6 +34,8 @@ def notes(result: dict) -> list[str]:
     details = result["details"]
     lines = [f"task {result['task']}, method {result['method']}, backend {result['backend']}"
              f"{' (torch.compile, Inductor freezing)' if result['compiled'] else ''}, {result['threads']} thread(s)"]
+    if result.get("quality_basis"):
+        lines.append(f"measured on: {result['quality_basis']}")
     if "note" in details:
         lines.append(details["note"])
     if "kernel" in details:
@@ -89,31 +91,56 @@ def write_json(result: dict, path: Path) -> Path:
     return path
 
 
+PANEL_TITLES = {"disk_mb": "Size on disk", "val_loss": "Validation loss", "accuracy": "Accuracy", "perplexity": "Perplexity"}
+
+
 def write_plot(result: dict, path: Path) -> Path:
-    """Three bars per model: latency at the large batch, size on disk, quality."""
+    """Three panels per model: latency at the large batch (p10-p90 bars), size on disk, quality (± its stderr)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     data = rows(result)
+    entries = result["baselines"] + [result["compressed"]]
     names = [r["model"] for r in data]
-    keys = [k for k in data[0] if k.startswith("latency_b") and not k.startswith("latency_b1_")] or ["latency_b1_ms"]
-    panels = [(keys[0], "ms (median)"), ("disk_mb", "MB on disk"), (result["quality_metric"], result["quality_metric"])]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, (key, label) in zip(axes, panels):
-        values = [r[key] for r in data]
-        ax.bar(names, values, color=["#888888"] * (len(names) - 1) + ["#1f77b4"])
-        ax.set_title(key)
-        ax.set_ylabel(label)
+    metric = result["quality_metric"]
+    large = entries[0]["latency"]["by_batch"][-1]["batch_size"]
+    spreads = [_spread(e["latency"]["by_batch"][-1]) for e in entries]
+    latency_errors = [[below for below, _ in spreads], [above for _, above in spreads]]
+    stderr = [e["quality"].get(f"{metric}_stderr") for e in entries]
+    panels = [
+        (f"Latency at batch {large}", "milliseconds per batch (median; bars p10-p90)",
+         [e["latency"]["by_batch"][-1]["median_ms"] for e in entries], latency_errors),
+        (PANEL_TITLES["disk_mb"], "megabytes (10^6 bytes)", [r["disk_mb"] for r in data], None),
+        (PANEL_TITLES.get(metric, metric), _quality_unit(metric) + ("; bars ± standard error" if all(stderr) else ""),
+         [r[metric] for r in data], [[v or 0 for v in stderr]] * 2 if all(stderr) else None),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, (title, unit, values, errors) in zip(axes, panels):
+        ax.bar(names, values, yerr=errors, capsize=4, color=["#888888"] * (len(names) - 1) + ["#1f77b4"])
+        ax.set_title(title)
+        ax.set_ylabel(unit, fontsize=8)
         ax.tick_params(axis="x", rotation=20)
         for i, v in enumerate(values):
-            ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
-    fig.suptitle(f"{result['method']} on {result['task']} ({result['backend']}, {result['threads']} thread(s))")
+            ax.text(i, v, f"{v:.4g}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"{result['method']} on {result['task']}: before (grey) and after (blue) "
+                 f"({result['backend']}, {result['threads']} thread(s))")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _spread(latency: dict) -> list[float]:
+    """[below, above] the median: the measured p10 and p90 as an error bar."""
+    return [max(0.0, latency["median_ms"] - latency.get("p10_ms", latency["median_ms"])),
+            max(0.0, latency.get("p90_ms", latency["median_ms"]) - latency["median_ms"])]
+
+
+def _quality_unit(metric: str) -> str:
+    return {"val_loss": "cross-entropy, nats per token (lower is better)",
+            "accuracy": "share correct (higher is better)"}.get(metric, metric)
 
 
 def write_report(result: dict, out: Path) -> dict:

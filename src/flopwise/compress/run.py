@@ -179,6 +179,7 @@ def compress_task(task: Task, cfg: CompressConfig, out: Path, progress=None) -> 
     after["label"] = cfg.method
     result = {
         "task": task.name,
+        "quality_basis": task.quality_basis,
         "method": cfg.method,
         "backend": manifest["backend"],
         "compiled": bool(cfg.compile and fmt == "pt2"),

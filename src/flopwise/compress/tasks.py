@@ -8,6 +8,7 @@ the language-model task reads an exported run (`RUN_DIR/export/model.safetensors
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -32,6 +33,7 @@ class Task:
     quality_metric: str
     higher_is_better: bool
     rebuild: dict = field(default_factory=dict)  # how load_compressed rebuilds the float architecture
+    quality_basis: str = ""  # what the quality figure is measured on, in words, for the report
     files: dict = field(default_factory=dict)  # file name -> text written next to the compressed model
 
 
@@ -70,6 +72,7 @@ def digits_task(name: str, network_kwargs: dict | None = None, epochs: int | Non
         loss=F.cross_entropy,
         quality=lambda m: {"accuracy": digits_accuracy(m, data)},
         quality_metric="accuracy",
+        quality_basis="accuracy: share of the held-out test split of scikit-learn's 8x8 digits classified correctly",
         higher_is_better=True,
         rebuild={"task": name, "network_kwargs": kwargs},
     )
@@ -140,15 +143,27 @@ def lm_task(source: Path, eval_batches: int = 8, batch_size: int = 8, model: nn.
     def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
+    # The held-out batches the training run itself evaluated (its seed, micro-batch and data-parallel
+    # shards), so the fp32 figure here is the run's own last validation loss, not a new sample of it.
+    train = run_config.training
+    shards = 1 if run_config.parallel.strategy == "pipeline" else run_config.parallel.nproc_per_node * run_config.parallel.nnodes
+    basis = (f"val_loss: mean cross-entropy over {shards * eval_batches} held-out batches of {train.micro_batch_size} x "
+             f"{seq_len} tokens ({eval_batches} per data-parallel shard x {shards}, seed {train.seed}): the batches "
+             f"the training run evaluated{'' if eval_batches == train.eval_batches else ' (first ' + str(eval_batches) + ' per shard)'}; "
+             "error bars: standard error over those batches")
+
     def quality(m: nn.Module) -> dict:
-        val = iter(loader("val", batch_size, 0))
-        losses = []
+        shard_means, losses = [], []
         with torch.no_grad():
-            for _ in range(eval_batches):
-                inputs, targets = next(val)
-                losses.append(float(lm_loss(m(inputs), targets)))
-        mean = sum(losses) / len(losses)
-        return {"val_loss": mean, "perplexity": math.exp(min(mean, 50.0))}
+            for shard in range(shards):
+                val = TokenLoader(prepared, "val", seq_len, train.micro_batch_size, rank=shard, world_size=shards,
+                                  seed=train.seed, prefetch=0)
+                mine = [float(lm_loss(m(inputs), targets)) for inputs, targets in val.val_batches(eval_batches)]
+                shard_means.append(sum(mine) / len(mine))
+                losses += mine
+        mean = sum(shard_means) / len(shard_means)  # as the run averages its ranks' means
+        spread = statistics.stdev(losses) / math.sqrt(len(losses)) if len(losses) > 1 else 0.0
+        return {"val_loss": mean, "perplexity": math.exp(min(mean, 50.0)), "val_loss_stderr": spread}
 
     return Task(
         name="lm",
@@ -160,5 +175,6 @@ def lm_task(source: Path, eval_batches: int = 8, batch_size: int = 8, model: nn.
         quality_metric="val_loss",
         higher_is_better=False,
         rebuild={"task": "lm", "vocab_size": prepared.vocab_size},
+        quality_basis=basis,
         files={"config.yaml": dump_config(run_config)},
     )

@@ -107,6 +107,12 @@ class RunData:
     plan_rows: list[PlanRow]
     config: dict
     skipped_lines: int = 0
+    hardware_key: str = ""  # the plan's device ("cpu-measured" for a CPU run); "" when no plan was written
+
+    @property
+    def on_cpu(self) -> bool:
+        """True when the run's plan was made for this machine's CPU (advice about GPUs does not apply)."""
+        return self.hardware_key.startswith("cpu")
 
     @property
     def ranks(self) -> list[int]:
@@ -212,7 +218,18 @@ def load_run(run_dir: str | Path) -> RunData:
         names = ", ".join(p.name for p in files)
         raise UserError(f"{root}: {names} hold no step records (lines with 'step' and 'step_seconds'); did the run get past step 1?")
     steps_by_rank = {rank: [steps[s] for s in sorted(steps)] for rank, steps in by_rank.items()}
-    return RunData(root, steps_by_rank, read_plan_rows(root), read_config(config_path(root)), skipped)
+    return RunData(root, steps_by_rank, read_plan_rows(root), read_config(config_path(root)), skipped,
+                   read_hardware_key(root))
+
+
+def read_hardware_key(root: Path) -> str:
+    """The catalog key of the device the plan was made for ("cpu" on a CPU run), "" when unknown."""
+    try:
+        comparison = read_comparison(root)
+    except UserError:
+        return ""
+    key = (comparison.hardware if comparison is not None else {}).get("key")
+    return key if isinstance(key, str) else ""
 
 
 def read_config(path: Path) -> dict:
@@ -291,7 +308,7 @@ def rank_breakdown(rank: int, records: list[dict]) -> RankBreakdown:
 # --------------------------------------------------------------------------- checks
 
 
-def find_stragglers(breakdown: list[RankBreakdown]) -> list[Finding]:
+def find_stragglers(breakdown: list[RankBreakdown], on_cpu: bool = False) -> list[Finding]:
     """A rank whose compute (or, without it, step) time stands out from the other ranks.
 
     In synchronous data parallelism every rank waits for the slowest at the gradient
@@ -324,9 +341,7 @@ def find_stragglers(breakdown: list[RankBreakdown]) -> list[Finding]:
                     f"({b.median[key]:.3f} s vs {baseline:.3f} s median of the other ranks); "
                     f"rank{'s' if len(waiting) > 1 else ''} {_ranks(waiting)} wait{'' if len(waiting) > 1 else 's'} for it "
                     "at every gradient sync",
-                    next_step=f"check rank {b.rank}'s device: clocks and temperature (nvidia-smi -q -d CLOCK,TEMPERATURE, "
-                    "or `flopwise doctor` on that host), other processes on it, and uneven sequence lengths or "
-                    "batch sizes in its data shard",
+                    next_step=_straggler_next_step(b.rank, on_cpu),
                     evidence={"metric": key, "rank_median_seconds": b.median[key], "others_median_seconds": baseline, "excess": excess},
                 )
             )
@@ -334,6 +349,16 @@ def find_stragglers(breakdown: list[RankBreakdown]) -> list[Finding]:
     if all("sync_wait_seconds" in b.median for b in breakdown):
         findings += _late_arrivals(breakdown, flagged)
     return sorted(findings, key=lambda f: -f.evidence.get("excess", 0.0))
+
+
+def _straggler_next_step(rank: int, on_cpu: bool) -> str:
+    if on_cpu:
+        return (f"on a CPU the ranks share the host's cores: look for other processes using them (top), "
+                f"give each rank its own cores (OMP_NUM_THREADS x ranks <= cores), and check for uneven "
+                f"sequence lengths or batch sizes in rank {rank}'s data shard")
+    return (f"check rank {rank}'s device: clocks and temperature (nvidia-smi -q -d CLOCK,TEMPERATURE, "
+            "or `flopwise doctor` on that host), other processes on it, and uneven sequence lengths or "
+            "batch sizes in its data shard")
 
 
 def _late_arrivals(breakdown: list[RankBreakdown], flagged: set[int]) -> list[Finding]:
@@ -578,14 +603,16 @@ def find_memory_imbalance(breakdown: list[RankBreakdown]) -> list[Finding]:
 SPEED_FIGURES = ("tokens_per_second", "step_seconds", "mfu")
 
 
-def find_plan_mismatch(rows: list[PlanRow], run_dir: Path) -> list[Finding]:
+def find_plan_mismatch(rows: list[PlanRow], run_dir: Path, on_cpu: bool = False) -> list[Finding]:
     """Predicted figures that reality missed by more than PLAN_TOLERANCE either way.
 
     Speed (tokens/s, step time, MFU: one fact seen three ways) and memory are separate
-    findings because they have different fixes.
+    findings because they have different fixes. On a CPU the speed prediction is an
+    assumed efficiency over a timed matmul peak, not a calibrated figure, so a miss
+    there says nothing about the run: only memory is judged (`cpu_speed_note` says why).
     """
     off = [r for r in rows if r.predicted > 0 and not (1 / PLAN_TOLERANCE <= r.ratio <= PLAN_TOLERANCE)]
-    speed = [r for r in off if r.name.split(".")[-1] in SPEED_FIGURES]
+    speed = [] if on_cpu else [r for r in off if r.name.split(".")[-1] in SPEED_FIGURES]
     memory = [r for r in off if is_memory_figure(r.name)]
     findings = []
     if speed:
@@ -620,17 +647,25 @@ def diagnose(run: RunData) -> Diagnosis:
     """All checks over a loaded run, most severe findings first."""
     breakdown = [rank_breakdown(rank, run.steps_by_rank[rank]) for rank in run.ranks]
     findings = (
-        find_stragglers(breakdown)
+        find_stragglers(breakdown, run.on_cpu)
         + find_throughput_imbalance(breakdown)
         + find_data_stalls(run, breakdown)
         + find_outlier_steps(run, breakdown)
         + find_loss_problems(run)
         + find_memory_imbalance(breakdown)
-        + find_plan_mismatch(run.plan_rows, run.run_dir)
+        + find_plan_mismatch(run.plan_rows, run.run_dir, run.on_cpu)
     )
     findings.sort(key=lambda f: -SEVERITIES.index(f.severity))
     steps = max(len(v) for v in run.steps_by_rank.values())
     notes = []
+    missed = [r for r in run.plan_rows if r.name.split(".")[-1] in SPEED_FIGURES and r.predicted > 0
+              and not (1 / PLAN_TOLERANCE <= r.ratio <= PLAN_TOLERANCE)]
+    if run.on_cpu and missed:
+        notes.append(
+            f"speed differs from the plan ({', '.join(f'{r.name} {r.ratio:.2f}x' for r in missed)}) but is not "
+            "judged on a CPU: the planner's CPU figure assumes an efficiency over a timed matmul peak, and other "
+            f"processes share the cores; `flopwise plan --calibrate {run.run_dir}` fits it to this run"
+        )
     if len(run.ranks) > 1 and not all("sync_wait_seconds" in b.median for b in breakdown):
         notes.append(
             "this run times gradient sync inside forward+backward, so a rank that is slow before the sync "

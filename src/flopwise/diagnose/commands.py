@@ -184,22 +184,20 @@ def diagnose(
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
         return
-    from rich.table import Table
+    from flopwise.table_layout import print_first_that_fits
 
     console = _console()
     keys = [k for k in (*COMPONENTS, "other_seconds", "step_seconds") if all(k in b.median for b in result.breakdown)]
-    table = Table(title=f"{run_dir}: step time per rank, ms (median/p90)")
-    table.add_column("rank", justify="right")
-    for k in keys:
-        table.add_column(SHORT_LABELS[k], justify="right", no_wrap=True)
-    table.add_column("tokens/s", justify="right")
-    for b in result.breakdown:
-        table.add_row(
-            str(b.rank),
-            *(f"{b.median[k] * 1e3:.1f}/{b.p90[k] * 1e3:.1f}" for k in keys),
-            f"{b.tokens_per_second:,.0f}" if b.tokens_per_second else "n/a",
-        )
-    console.print(table)
+    # 80 columns cannot hold median/p90 pairs for 6 components: fold into a median and a p90 table
+    print_first_that_fits(
+        console,
+        _breakdown_table(f"{run_dir}: step time per rank, ms (median/p90)", result.breakdown, keys,
+                         lambda b, k: f"{b.median[k] * 1e3:.1f}/{b.p90[k] * 1e3:.1f}"),
+        [_breakdown_table(f"{run_dir}: step time per rank, ms (median)", result.breakdown, keys,
+                          lambda b, k: f"{b.median[k] * 1e3:.1f}", compact=True),
+         _breakdown_table("the same, 90th percentile (p90), ms", result.breakdown, keys,
+                          lambda b, k: f"{b.p90[k] * 1e3:.1f}", compact=True)],
+    )
     if not result.findings:
         console.print("[green]No problems found[/]: no straggler, data stall, outlier step, loss spike or plan mismatch.")
     for f in result.findings:
@@ -210,3 +208,19 @@ def diagnose(
         console.print(f"note: {note}")
     if result.skipped_lines:
         console.print(f"note: {result.skipped_lines} unreadable metric line(s) skipped")
+
+
+def _breakdown_table(title: str, breakdown, keys: list[str], cell, compact: bool = False):
+    """One row per rank: each step-time component as `cell(rank_breakdown, key)`, then tokens/s."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact)
+    table.add_column("rank", justify="right", no_wrap=True)
+    for k in keys:
+        table.add_column(SHORT_LABELS[k], justify="right", no_wrap=True)
+    table.add_column("tokens/s", justify="right", no_wrap=True)
+    for b in breakdown:
+        table.add_row(str(b.rank), *(cell(b, k) for k in keys),
+                      f"{b.tokens_per_second:,.0f}" if b.tokens_per_second else "n/a")
+    return table

@@ -37,7 +37,7 @@ SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 ELEMENT_BYTES = 4  # float32, nccl-tests' default type
 SATURATION_FRACTION = 0.8
 RANK_SPREAD_WARN = 0.25
-SEED_BUCKET_MB = (2.0, 8.0)  # seed article: "AllReduce group size 2MB-8MB"
+RULE_OF_THUMB_BUCKET_MB = (2.0, 8.0)  # "AI大模型算力争夺战": "调整AllReduce分组大小（建议2MB-8MB）"
 DDP_DEFAULT_BUCKET_MB = 25.0  # torch.nn.parallel.DistributedDataParallel bucket_cap_mb default
 
 
@@ -127,7 +127,7 @@ def saturation(rows: list[dict], op: str = "all_reduce", fraction: float = SATUR
     """Smallest message that reaches `fraction` of the best measured bus bandwidth for `op`.
 
     Gradient buckets below that size spend their time on per-call latency rather than on
-    the link; this is where the seed's "AllReduce bucket 2-8 MB" advice comes from.
+    the link; this is where the common "AllReduce bucket 2-8 MB" rule of thumb comes from.
     """
     rows = sorted((r for r in rows if r["op"] == op), key=lambda r: r["size_bytes"])
     if len(rows) < 2:
@@ -148,17 +148,17 @@ def saturation(rows: list[dict], op: str = "all_reduce", fraction: float = SATUR
 
 
 def bucket_advice(size_mb: float, peak: float, saturated_in_range: bool, op: str) -> str:
-    """Plain-language reading of the saturation point against the seed's 2-8 MB and DDP's 25 MB."""
+    """Plain-language reading of the saturation point against the 2-8 MB rule of thumb and DDP's 25 MB."""
     if not saturated_in_range:
         return (
             f"{op} bus bandwidth was still rising at the largest size ({format_size(size_mb * 2**20)}); "
             "measure larger sizes (e.g. --sizes 16M,64M,256M) before choosing a bucket size"
         )
-    low, high = SEED_BUCKET_MB
+    low, high = RULE_OF_THUMB_BUCKET_MB
     where = "inside" if low <= size_mb <= high else ("below" if size_mb < low else "above")
     return (
         f"{op} reaches {SATURATION_FRACTION:.0%} of its best bus bandwidth ({peak:.2f} GB/s) at "
-        f"{format_size(size_mb * 2**20)}, {where} the seed's 2-8 MB bucket range: gradient buckets "
+        f"{format_size(size_mb * 2**20)}, {where} the 2-8 MB range a common rule of thumb gives for AllReduce buckets (blog post “AI大模型算力争夺战：核心技术解析与实战指南”): gradient buckets "
         f"of at least {max(1.0, size_mb):.0f} MB keep the link busy (parallel.ddp_bucket_mb; "
         f"PyTorch DDP defaults to {DDP_DEFAULT_BUCKET_MB:.0f} MB); larger buckets only delay the "
         "overlap of communication with the backward pass"

@@ -30,7 +30,8 @@ RULES_OF_THUMB = {
     "nlp": ("h100-sxm", "NLP tasks -> H100"),
     "domestic": ("ascend", "domestic (China) deployments -> Ascend"),
 }
-"""Seed article 000's chip advice ("CV 任务优先 TPU，NLP 任务选择 H100，国产化场景考虑昇腾"),
+RULES_SOURCE = 'the blog post "AI算力发展趋势：从硬件加速到算法优化的技术演进"'
+"""The chip advice of the article RULES_SOURCE names ("CV 任务优先 TPU，NLP 任务选择 H100，国产化场景考虑昇腾"),
 shown beside what the numbers say; never used to choose."""
 
 
@@ -315,7 +316,7 @@ def _advice(chosen: list[DeviceOption]) -> list[str]:
 
 
 def _rules_of_thumb(model, chosen: list[DeviceOption]) -> list[str]:
-    """The seed's rule for this kind of workload next to what the numbers say."""
+    """A published rule of thumb for this kind of workload next to what the numbers say."""
     kind = "cv" if model.arch == "cnn" else "nlp"
     key, rule = RULES_OF_THUMB[kind]
     fastest = min(chosen, key=lambda o: o.days)
@@ -324,19 +325,19 @@ def _rules_of_thumb(model, chosen: list[DeviceOption]) -> list[str]:
     ruled = next((o for o in chosen if o.hardware == key), None)
     numbers = f"fastest {fastest.hardware}" + (f", cheapest {cheapest.hardware}" if cheapest else "")
     if ruled is None:
-        lines = [f"seed rule of thumb: {rule} | {key} was not compared; the numbers say: {numbers}"]
+        lines = [f"rule of thumb from {RULES_SOURCE}: {rule} | {key} was not compared; the numbers say: {numbers}"]
     else:
-        lines = [f"seed rule of thumb: {rule} | {ruled.devices} x {key}: {ruled.days:,.1f} days"
+        lines = [f"rule of thumb from {RULES_SOURCE}: {rule} | {ruled.devices} x {key}: {ruled.days:,.1f} days"
                  + (f", ${ruled.on_demand_usd:,.0f}" if ruled.priced else ", no price")
                  + f"; the numbers say: {numbers}"]
     domestic = [o for o in chosen if o.hardware.startswith("ascend")]
     _, rule = RULES_OF_THUMB["domestic"]
     if domestic:
         best = min(domestic, key=lambda o: o.days)
-        lines.append(f"seed rule of thumb: {rule} | best Ascend here: {best.devices} x {best.hardware}, "
+        lines.append(f"rule of thumb from {RULES_SOURCE}: {rule} | best Ascend here: {best.devices} x {best.hardware}, "
                      f"{best.days:,.1f} days ({best.days / fastest.days:,.1f}x the fastest; no published price)")
     else:
-        lines.append(f"seed rule of thumb: {rule} | no Ascend device was compared")
+        lines.append(f"rule of thumb from {RULES_SOURCE}: {rule} | no Ascend device was compared")
     return lines
 
 

@@ -31,7 +31,7 @@ def compare_command(
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Fastest option whose on-demand cost fits."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Fewest devices that finish in time."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Comma-separated catalog keys. [default: all]"),
-    out: Optional[Path] = typer.Option(None, "--out", help="Folder for pareto.png, compare.json, compare.csv. [default: compare-MODEL]"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write pareto.png, compare.json, compare.csv (--local: hybrid.json, hybrid.csv) into this folder. [default: write no files]"),
     max_devices: int = typer.Option(4096, "--max-devices", help="Largest device count tried."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Training sequence length. [default: the model's]"),
     batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens", help="Tokens per optimizer step. [default: 4Mi]"),
@@ -41,7 +41,7 @@ def compare_command(
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences (CNN: samples) per step. [default: 4Mi tokens; CNN 256]"),
     host_memory_gib: float = typer.Option(1024.0, "--host-memory-gib", help="RAM per node for offloaded states (assumption; 8-GPU cloud nodes carry ~1-2 TiB)."),
     local: bool = typer.Option(False, "--local", help="Hybrid plan: --hardware/--gpus are your own cards, vs --cloud."),
-    cloud: str = typer.Option("v100-32gb:8:298", "--cloud", help="--local: rented node as DEVICE:COUNT[:HOST_GIB]. [default: the seed's 8 x V100 32GB, 320 GB = 298 GiB RAM as in Tencent's GN10X.18XLARGE320 name]"),
+    cloud: str = typer.Option("v100-32gb:8:298", "--cloud", help="--local: rented node as DEVICE:COUNT[:HOST_GIB]. [default: 8 x V100 32GB with 320 GB = 298 GiB RAM, Tencent Cloud's GN10X.18XLARGE320, the cloud node of the small-team recipe in the blog post \"AI大模型算力争夺战：核心技术解析与实战指南\"]"),
     local_host_memory_gib: float = typer.Option(128.0, "--local-host-memory-gib", help="--local: RAM of your machine for offloaded states (assumption)."),
     electricity_usd_per_kwh: float = typer.Option(0.15, "--electricity-usd-per-kwh", help="--local: your electricity price (assumption)."),
     local_hardware_usd: Optional[float] = typer.Option(None, "--local-hardware-usd", help="--local: price of one of your cards, amortised."),
@@ -72,8 +72,7 @@ def compare_command(
                              max_devices=max_devices, seq_len=seq_len, batch_tokens=batch_tokens, precision=precision,
                              optimizer=optimizer, price_per_hour=price_per_hour, global_batch=global_batch,
                              host_memory_gib=host_memory_gib)
-    folder = out or Path(f"compare-{result.model}")
-    written = write_outputs(result, folder)
+    written = write_outputs(result, out) if out is not None else []
     if as_json:
         data = result.to_dict()
         data["files"] = [str(p) for p in written]
@@ -123,11 +122,12 @@ def _money(value) -> str:
 
 
 def print_comparison(result, written: list[Path]) -> None:
-    """The chosen option per device as a table, then advice, the seed's rules of thumb and notes."""
+    """The chosen option per device as a table, then advice, published rules of thumb and notes."""
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console(width=max(Console().width, 180))
+    from flopwise.table_layout import print_first_that_fits
+
+    console = Console()
     if result.mode == "gpus":
         what = f"{result.target:g} devices each"
     elif result.mode == "budget":
@@ -137,22 +137,27 @@ def print_comparison(result, written: list[Path]) -> None:
     else:
         what = "fewest devices that fit"
     console.print(f"[bold]{result.model}[/bold], {result.tokens:.3g} tokens: {what}")
-    table = Table()
-    for column in ("device", "n", "best layout", "days", "device-h", "MWh", "on-demand", "spot", "tok/s/dev", "MFU"):
-        table.add_column(column, justify="left" if column in ("device", "best layout") else "right")
+    columns = ("device", "n", "best layout", "days", "device-h", "MWh", "on-demand", "spot", "tok/s/dev", "MFU")
     front = {(o.hardware, o.devices) for o in result.pareto}
+    rows = []
     for verdict in sorted(result.verdicts, key=lambda v: (v.chosen is None, v.chosen.days if v.chosen else 0)):
         o = verdict.chosen
         if o is None:
-            table.add_row(verdict.hardware, "-", f"[dim]{verdict.note}[/dim]", *["-"] * 7)
+            rows.append(dict(zip(columns, (verdict.hardware, "-", f"[dim]{verdict.note}[/dim]", *["-"] * 7)),
+                             key=verdict.hardware))
             continue
         mark = " *" if (o.hardware, o.devices) in front else ""
-        table.add_row(
+        rows.append(dict(zip(columns, (
             o.hardware + mark + ("" if o.priced else " (no price)"), str(o.devices), o.layout, f"{o.days:,.1f}",
             f"{o.device_hours:,.0f}", "n/a" if o.kwh is None else f"{o.kwh / 1000:,.2f}", _money(o.on_demand_usd),
             _money(o.spot_usd), f"{o.plan.time.tokens_per_second_per_device:,.0f}", f"{o.plan.time.mfu:.1%}",
-        )
-    console.print(table)
+        )), key=o.hardware + mark))
+    # a narrow terminal gets the layouts, then the time and cost per device, instead of squeezed cells
+    print_first_that_fits(
+        console,
+        _compare_table(columns, rows),
+        [_compare_table(columns[:4], rows, "layouts"), _compare_table(("key", *columns[4:]), rows, "energy, cost, speed")],
+    )
     console.print("[dim]* on the time-vs-cost Pareto front; spot is the catalog's spot price before preemptions "
                   "(see `flopwise plan --spot`); devices marked (no price) are compared on time and energy only.[/dim]")
     for line in result.advice:
@@ -161,7 +166,25 @@ def print_comparison(result, written: list[Path]) -> None:
         console.print(line)
     for line in result.notes:
         console.print(f"[yellow]note:[/yellow] {line}")
-    console.print("wrote " + ", ".join(str(p) for p in written))
+    if written:
+        console.print("wrote " + ", ".join(str(p) for p in written))
+    else:
+        console.print("[dim]no files written; add --out DIR for pareto.png, compare.json and compare.csv[/dim]")
+
+
+def _compare_table(columns, rows: list[dict[str, str]], title: str | None = None):
+    from rich import box
+    from rich.table import Table
+
+    table = Table() if title is None else Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
+                                                   pad_edge=False, collapse_padding=True)
+    for column in columns:
+        wraps = column == "best layout"  # the device key is never cut; a long layout text may wrap
+        table.add_column("device" if column == "key" else column,
+                         justify="left" if column in ("key", "device", "best layout") else "right", no_wrap=not wraps)
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    return table
 
 
 def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardware_usd, years, seq_len, batch_tokens,
@@ -175,7 +198,16 @@ def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardwa
         raise UserError(f"--local-host-memory-gib must be > 0, got {host_gib}")
     result = plan_hybrid(model, tokens, Site(local_key, gpus, host_gib), parse_site(cloud, "--cloud"),
                          electricity, hardware_usd, years, seq_len, batch_tokens, price_per_hour)
-    folder = out or Path(f"hybrid-{result.job.model}")
+    if out is not None:
+        _write_hybrid(result, out)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+        return
+    print_hybrid(result, out)
+
+
+def _write_hybrid(result, folder: Path) -> None:
+    """hybrid.json and hybrid.csv (the model-size sweep on both sites) in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "hybrid.json").write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str) + "\n")
     with (folder / "hybrid.csv").open("w", newline="") as handle:
@@ -187,13 +219,9 @@ def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardwa
                              r.local.days if r.local else "", r.local_usd if r.local_usd is not None else "",
                              r.cloud.layout if r.cloud else "does not fit", r.cloud.days if r.cloud else "",
                              r.cloud_usd if r.cloud_usd is not None else "", r.cloud_faster, r.cloud_cheaper])
-    if as_json:
-        print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
-        return
-    print_hybrid(result, folder)
 
 
-def print_hybrid(result, folder: Path) -> None:
+def print_hybrid(result, folder: Path | None) -> None:
     """The model-size sweep on both sites and the crossovers."""
     from rich.console import Console
     from rich.table import Table
@@ -227,4 +255,7 @@ def print_hybrid(result, folder: Path) -> None:
     if result.cloud.host_memory_gib is None:
         console.print(f"[dim]cloud host memory not checked; give it as --cloud {result.cloud.hardware}:"
                       f"{result.cloud.devices}:GIB[/dim]")
-    console.print(f"wrote {folder / 'hybrid.json'}, {folder / 'hybrid.csv'}")
+    if folder is not None:
+        console.print(f"wrote {folder / 'hybrid.json'}, {folder / 'hybrid.csv'}")
+    else:
+        console.print("[dim]no files written; add --out DIR for hybrid.json and hybrid.csv[/dim]")

@@ -99,32 +99,25 @@ def _duration(seconds: float) -> str:
 def print_search(result: SearchResult) -> None:
     """The ranked layouts as a table, then what was evaluated and why the rest were rejected."""
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console(width=max(Console().width, 200))  # a wide table reads better than wrapped cells
+    from flopwise.table_layout import print_first_that_fits
+
+    console = Console()
     spec = result.base
     hw = spec.cluster.hardware
     console.print(f"[bold]{spec.model.name or spec.model.key}[/bold] on {result.devices} x {hw.name or hw.key}: "
                   f"{spec.workload.precision}, {spec.workload.optimizer}, seq {spec.workload.seq_len}, "
                   f"global batch {result.global_batch} sequences; best {len(result.ranked)} by {result.objective}")
-    table = Table(show_lines=False)
-    for column in ("#", "dp", "tp", "pp", "mbs x acc", "ZeRO", "recompute", "offload", "schedule", "GiB", "CPU GiB",
-                   "step", "bubble", "comm", "comm %", "tok/s/dev", "MFU", "job", "on-demand $", "MWh"):
-        table.add_column(column, justify="right", no_wrap=True)
-    for i, p in enumerate(result.ranked, 1):
-        lay, tm = p.spec.layout, p.time
-        sched = "-" if lay.pp == 1 else lay.pipeline_schedule + (f" v{lay.virtual_stages}" if lay.pipeline_schedule == "interleaved" else "")
-        table.add_row(
-            str(i), str(lay.dp), str(lay.tp) + ("+SP" if lay.sequence_parallel else ""), str(lay.pp),
-            f"{lay.micro_batch_size} x {lay.grad_accum}", str(lay.zero_stage), lay.recompute, lay.offload, sched,
-            f"{p.memory.total_bytes / 2**30:,.1f}", f"{p.memory.cpu_offload_bytes / 2**30:,.0f}", _duration(tm.step_seconds), f"{tm.bubble_fraction:.1%}",
-            _duration(tm.exposed_comm_seconds), f"{tm.exposed_comm_share:.0%}", f"{tm.tokens_per_second_per_device:,.0f}",
-            f"{tm.mfu:.1%}" + (" !" if above_published(p) else ""),
-            _duration(tm.total_seconds),
-            "n/a" if p.cost.on_demand_usd is None else f"{p.cost.on_demand_usd:,.0f}",
-            "n/a" if p.energy.kwh is None else f"{p.energy.kwh / 1000:,.2f}",
-        )
-    console.print(table)
+    rows = [_search_row(i, p) for i, p in enumerate(result.ranked, 1)]
+    layout_columns = SEARCH_COLUMNS[:11]
+    outcome_columns = ("#", *SEARCH_COLUMNS[11:])
+    # one wide table when the terminal holds it; else the layouts, then their time and cost, by rank (#)
+    print_first_that_fits(
+        console,
+        _search_table(SEARCH_COLUMNS, rows),
+        [_search_table(layout_columns, rows, "layouts (CPU: GiB offloaded per device)"),
+         _search_table(outcome_columns, rows, "time and cost of the same layouts (#)")],
+    )
     ceiling = published_mfu_ceiling(result.ranked[0]) if result.ranked else None
     if ceiling and any(above_published(p) for p in result.ranked):
         console.print(f"[yellow]! MFU above the best published run on this device class ({ceiling[0]:.1%}, "
@@ -139,6 +132,46 @@ def print_search(result: SearchResult) -> None:
     console.print("[dim]CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); sequence parallelism is on with every tp > 1; variants scoring the same that differ only in "
                   "ZeRO stage or offload are shown once (the simplest); offload's CPU time is not modelled, so ties "
                   "prefer no offload. `--json` lists each layout's full plan.[/dim]")
+
+
+SEARCH_COLUMNS = ("#", "dp", "tp", "pp", "mbs x acc", "ZeRO", "recompute", "offload", "schedule", "GiB", "CPU GiB",
+                  "step", "bubble", "comm", "comm %", "tok/s/dev", "MFU", "job", "on-demand $", "MWh")
+
+
+def _search_row(i: int, p) -> dict[str, str]:
+    lay, tm = p.spec.layout, p.time
+    sched = "-" if lay.pp == 1 else lay.pipeline_schedule + (f" v{lay.virtual_stages}" if lay.pipeline_schedule == "interleaved" else "")
+    cells = (
+        str(i), str(lay.dp), str(lay.tp) + ("+SP" if lay.sequence_parallel else ""), str(lay.pp),
+        f"{lay.micro_batch_size} x {lay.grad_accum}", str(lay.zero_stage), lay.recompute, lay.offload, sched,
+        f"{p.memory.total_bytes / 2**30:,.1f}", f"{p.memory.cpu_offload_bytes / 2**30:,.0f}", _duration(tm.step_seconds),
+        f"{tm.bubble_fraction:.1%}", _duration(tm.exposed_comm_seconds), f"{tm.exposed_comm_share:.0%}",
+        f"{tm.tokens_per_second_per_device:,.0f}", f"{tm.mfu:.1%}" + (" !" if above_published(p) else ""),
+        _duration(tm.total_seconds),
+        "n/a" if p.cost.on_demand_usd is None else f"{p.cost.on_demand_usd:,.0f}",
+        "n/a" if p.energy.kwh is None else f"{p.energy.kwh / 1000:,.2f}",
+    )
+    return dict(zip(SEARCH_COLUMNS, cells))
+
+
+COMPACT_HEADERS = {"mbs x acc": "mbs×acc", "CPU GiB": "CPU"}
+
+
+def _search_table(columns, rows: list[dict[str, str]], title: str | None = None):
+    """All rows over `columns`; with a title it is one part of a folded (narrow) layout, drawn compactly."""
+    from rich import box
+    from rich.table import Table
+
+    if title is None:
+        table = Table(show_lines=False)
+    else:
+        table = Table(show_lines=False, title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                      collapse_padding=True)
+    for column in columns:
+        table.add_column(COMPACT_HEADERS.get(column, column) if title else column, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    return table
 
 
 def print_spot(estimate: SpotEstimate, chosen: Plan) -> None:

@@ -21,11 +21,12 @@ def register(app: typer.Typer) -> None:
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by `flopwise train`.")],
 ) -> None:
-    """Write RUN_DIR/report.md with loss, throughput, step-breakdown and memory plots."""
+    """Write RUN_DIR/report.md and a self-contained RUN_DIR/report.html with loss, throughput, step-breakdown and memory plots."""
     from flopwise.report.run_report import write_report  # matplotlib stays off the CLI's import path
 
     files = write_report(run_dir)
     print(f"wrote {files.report}")
+    print(f"wrote {files.html} (self-contained: plots, config and environment in one file)")
     for path in files.plots:
         print(f"wrote {path}")
     sys.stdout.flush()

@@ -43,8 +43,34 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def validation_losses(run: RunData) -> list[tuple[int, float]]:
+    """(step, loss) of every evaluation, step 0 (before training) included.
+
+    The step records carry the evaluations made after a step; the one before the first
+    step lives only in predicted_vs_measured.json's `measured.val_losses`.
+    """
+    points = dict(run.val_losses())
+    try:
+        import json
+
+        data = json.loads((run.run_dir / "predicted_vs_measured.json").read_text())
+        for item in data.get("measured", {}).get("val_losses", []):
+            loss = finite_number(item.get("loss"))
+            if loss is not None and isinstance(item.get("step"), int):
+                points.setdefault(item["step"], loss)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return sorted(points.items())
+
+
+def predicted_tokens_per_second(diagnosis: Diagnosis) -> float | None:
+    """The plan's tokens/s for the whole run (all ranks), when the run has a prediction."""
+    row = next((r for r in diagnosis.plan_rows if r.name == "tokens_per_second"), None)
+    return row.predicted if row is not None and row.predicted > 0 else None
+
+
 def plot_loss(run: RunData, path: Path) -> Path | None:
-    """Train loss (mean over ranks per step) and validation loss against step."""
+    """Train loss (mean over ranks per step) and validation loss (step 0 included) against step."""
     by_step: dict[int, list[float]] = {}
     for records in run.steps_by_rank.values():
         for r in records:
@@ -55,20 +81,22 @@ def plot_loss(run: RunData, path: Path) -> Path | None:
         return None
     steps = sorted(by_step)
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label="train (mean over ranks)", lw=1.2)
-    val = run.val_losses()
+    ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label="train: this step's batch (mean over ranks)",
+            lw=1.2)
+    val = validation_losses(run)
     if val:
-        ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="validation", lw=1.5, ms=5)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("Loss")
+        ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="validation: held-out batches", lw=1.5, ms=5)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("optimizer step (0 = before training)")
+    ax.set_ylabel("cross-entropy loss (nats per token)")
+    ax.set_title("Loss: training and validation")
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, path)
 
 
-def plot_tokens_per_second(run: RunData, path: Path) -> Path | None:
-    """Tokens/s of every rank against step: a lagging or noisy rank shows as its own line."""
+def plot_tokens_per_second(run: RunData, path: Path, predicted: float | None = None) -> Path | None:
+    """Tokens/s of every rank against step, and the plan's prediction as a dashed line."""
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = False
     for rank in run.ranks:
@@ -80,9 +108,11 @@ def plot_tokens_per_second(run: RunData, path: Path) -> Path | None:
     if not drawn:
         plt.close(fig)
         return None
-    ax.set_xlabel("step")
-    ax.set_ylabel("tokens / s")
-    ax.set_title("Throughput per rank")
+    if predicted:
+        ax.axhline(predicted, color="black", ls="--", lw=1.2, label=f"predicted by the plan ({predicted:,.0f})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("tokens / s (all ranks' tokens / this rank's step time)")
+    ax.set_title("Throughput per rank vs plan")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(ncol=min(4, len(run.ranks)))
@@ -95,14 +125,25 @@ def plot_step_breakdown(diagnosis: Diagnosis, path: Path) -> Path | None:
     if not keys or not diagnosis.breakdown:
         return None
     ranks = [f"rank {b.rank}" for b in diagnosis.breakdown]
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(ranks) + 3), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(ranks) + 3), 4))
     bottom = [0.0] * len(ranks)
     for key in keys:
         values = [b.median[key] * 1e3 for b in diagnosis.breakdown]
         ax.bar(ranks, values, bottom=bottom, label=COMPONENT_LABELS[key], color=COMPONENT_COLORS[key])
         bottom = [a + v for a, v in zip(bottom, values)]
+    stragglers = [f for f in diagnosis.findings if f.kind == "straggler" and f.rank is not None]
+    ranks_shown = [b.rank for b in diagnosis.breakdown]
+    for f in stragglers:
+        if f.rank in ranks_shown:
+            x = ranks_shown.index(f.rank)
+            excess = f.evidence.get("excess")
+            text = f"straggler: rank {f.rank}" + (f" (+{excess:.0%})" if isinstance(excess, float) else "")
+            ax.annotate(text, xy=(x, bottom[x]), xytext=(0, 6), textcoords="offset points", ha="center",
+                        color="#d62728", fontweight="bold")
+    if stragglers:
+        ax.set_ylim(top=max(bottom) * 1.15)
     ax.set_ylabel("median ms per step")
-    ax.set_title("Step time breakdown (warm-up step excluded)")
+    ax.set_title("Step time per rank, median" + ("" if stragglers else ": no straggler"))
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)

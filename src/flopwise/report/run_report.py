@@ -1,7 +1,8 @@
-"""`flopwise report RUN_DIR`: one Markdown page with the plots, the findings and predicted vs measured.
+"""`flopwise report RUN_DIR`: the plots, the findings and predicted vs measured, twice.
 
-The page is written next to the run's own files (`RUN_DIR/report.md`, figures under
-`RUN_DIR/plots/`) so that copying the run directory copies its report; links are relative.
+`RUN_DIR/report.md` links the figures under `RUN_DIR/plots/` (relative links: copying the
+run directory copies its report); `RUN_DIR/report.html` is one self-contained page with
+the figures embedded, plus the config and the environment (see html_report.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from flopwise.diagnose.analyze import (
     load_run,
 )
 from flopwise.report import plots
+from flopwise.report.html_report import write_html_report
 from flopwise.runrecord import REPORT_FILE, TIME_COMPONENTS
 
 
@@ -27,22 +29,25 @@ class ReportFiles:
 
     report: Path
     plots: list[Path]
+    html: Path | None = None
 
 
 def write_report(run_dir: str | Path) -> ReportFiles:
-    """Diagnose the run, draw its figures and write report.md; raises UserError for a bad run dir."""
+    """Diagnose the run, draw its figures, write report.md and report.html; UserError for a bad run dir."""
     run = load_run(run_dir)
     diagnosis = diagnose(run)
     plot_dir = run.run_dir / "plots"
     figures = {
         "Loss": plots.plot_loss(run, plot_dir / "loss.png"),
-        "Throughput per rank": plots.plot_tokens_per_second(run, plot_dir / "tokens_per_second.png"),
+        "Throughput per rank": plots.plot_tokens_per_second(run, plot_dir / "tokens_per_second.png",
+                                                            plots.predicted_tokens_per_second(diagnosis)),
         "Step time breakdown": plots.plot_step_breakdown(diagnosis, plot_dir / "step_breakdown.png"),
         "Memory": plots.plot_memory(diagnosis, plot_dir / "memory.png"),
     }
     path = run.run_dir / REPORT_FILE
     path.write_text(render_markdown(run, diagnosis, figures), encoding="utf-8")
-    return ReportFiles(path, [p for p in figures.values() if p is not None])
+    page = write_html_report(run, diagnosis, figures, summary_rows(run, diagnosis))
+    return ReportFiles(path, [p for p in figures.values() if p is not None], page)
 
 
 def render_markdown(run: RunData, diagnosis: Diagnosis, figures: dict[str, Path | None]) -> str:
@@ -75,6 +80,11 @@ def render_markdown(run: RunData, diagnosis: Diagnosis, figures: dict[str, Path 
 
 
 def _summary(run: RunData, diagnosis: Diagnosis) -> list[str]:
+    return ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in summary_rows(run, diagnosis)]
+
+
+def summary_rows(run: RunData, diagnosis: Diagnosis) -> list[tuple[str, str]]:
+    """(label, value) pairs: what ran, how far, the final losses (each saying what it is measured on), speed."""
     first = run.steps_by_rank[run.ranks[0]]
     last = first[-1]
     parallel = run.config.get("parallel") or {}
@@ -90,19 +100,20 @@ def _summary(run: RunData, diagnosis: Diagnosis) -> list[str]:
         rows.append(("precision", str(precision["mode"])))
     loss = last.get("loss")
     if isinstance(loss, (int, float)):
-        rows.append(("final train loss (rank %d)" % run.ranks[0], f"{loss:.4f}"))
-    val = run.val_losses()
+        rows.append((f"final train loss (rank {run.ranks[0]}, on its last training batch)", f"{loss:.4f}"))
+    val = plots.validation_losses(run)
     if val:
-        rows.append(("final validation loss", f"{val[-1][1]:.4f} at step {val[-1][0]}"))
+        rows.append(("validation loss (held-out batches)", f"{val[0][1]:.4f} at step {val[0][0]}, "
+                                                           f"{val[-1][1]:.4f} at step {val[-1][0]}"))
     tps = [b.tokens_per_second for b in diagnosis.breakdown if b.tokens_per_second]
     if tps:
-        rows.append(("median tokens/s per rank", ", ".join(f"{v:,.0f}" for v in tps)))
+        rows.append(("tokens/s per rank (all ranks' tokens / the rank's median step)", ", ".join(f"{v:,.0f}" for v in tps)))
     mfu = [r["mfu"] for r in first if isinstance(r.get("mfu"), (int, float))]
     if mfu:
         rows.append(("MFU (last step)", f"{100 * mfu[-1]:.1f} %"))
     if run.skipped_lines:
         rows.append(("unreadable metric lines skipped", str(run.skipped_lines)))
-    return ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    return rows
 
 
 def _breakdown_table(diagnosis: Diagnosis) -> list[str]:

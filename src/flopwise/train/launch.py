@@ -139,14 +139,33 @@ def _launch(cfg: RunConfig, one_rank: bool) -> None:
 def run_here(cfg: RunConfig) -> None:
     """The per-process run: join the group, train, leave the group."""
     # torch loads only when a run starts: launch stays light for the CLI and torchrun_args
-    from flopwise.train.loop import run_training
-    from flopwise.train.distributed import init_distributed, shutdown
+    from flopwise.train.library_noise import route_library_noise
 
+    route_library_noise(cfg.logging.run_dir)  # before torch.distributed / DeepSpeed are imported
+    from flopwise.train.distributed import init_distributed, shutdown
+    from flopwise.train.environment import write_environment
+    from flopwise.train.loop import run_training
+
+    _warn_about_bf16_on_cpu(cfg)
     env = init_distributed(cfg.parallel)
+    write_environment(cfg.logging.run_dir)
     try:
         run_training(cfg, env)
     finally:
         shutdown(env)
+
+
+def _warn_about_bf16_on_cpu(cfg: RunConfig) -> None:
+    """Rank 0 says once, with a measurement, when bf16 will be slower than fp32 on this CPU."""
+    import torch
+
+    from flopwise.train.bf16_on_cpu import bf16_warning
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    message = bf16_warning(cfg.precision.mode, on_cpu=not torch.cuda.is_available())
+    if message:
+        print(message, file=sys.stderr, flush=True)
 
 
 def _run_here_with_restarts(cfg: RunConfig) -> None:

@@ -196,7 +196,7 @@ class RunDisplay:
         if log:
             mfu = record.get("mfu")
             mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
-            stats = f"loss {record['loss']:.3f}  {record['tokens_per_second']:,.0f} tok/s  MFU {mfu_text}"
+            stats = f"loss {record['loss']:.3f}  {record['tokens_per_second']:,.0f} tok/s  MFU {mfu_text} (this step)"
             if self._progress is None:  # plain lines for logs and non-interactive runs
                 print(f"step {record['step']}/{self._total_steps}  {stats}", flush=True)
         if self._progress is not None:

@@ -361,19 +361,22 @@ def format_comparison(comparison: Comparison) -> str:
     from rich.table import Table
 
     hw = comparison.hardware
-    table = Table(title=f"predicted vs measured, per device ({hw['name']}, {hw['devices']} device(s))")
+    table = Table(title=f"predicted vs measured ({hw['name']}, {hw['devices']} device(s)): memory per device, "
+                        "speed for the whole run")
     for column in ("", "predicted", "measured", "measured / predicted"):
         table.add_column(column, justify="right" if column else "left")
     pred, meas, ratio = comparison.predicted, comparison.measured, comparison.measured_over_predicted
     for key in MEMORY_COMPONENTS:
         table.add_row(f"memory: {key}", _mib(pred["memory_bytes"].get(key)), _mib(meas["memory_bytes"].get(key)),
                       _num(ratio.get(f"memory_{key}"), "{:.2f}"))
-    table.add_row("tokens/s", _num(pred["tokens_per_second"], "{:,.0f}"), _num(meas["tokens_per_second"], "{:,.0f}"),
+    table.add_row("tokens/s *", _num(pred["tokens_per_second"], "{:,.0f}"), _num(meas["tokens_per_second"], "{:,.0f}"),
                   _num(ratio.get("tokens_per_second"), "{:.2f}"))
-    table.add_row("MFU", _num(pred["mfu"], "{:.1%}"), _num(meas["mfu"], "{:.1%}"), _num(ratio.get("mfu"), "{:.2f}"))
+    table.add_row("MFU *", _num(pred["mfu"], "{:.1%}"), _num(meas["mfu"], "{:.1%}"), _num(ratio.get("mfu"), "{:.2f}"))
     buffer = StringIO()
     console = Console(file=buffer, width=100, force_terminal=False)
     console.print(table)
+    console.print("* measured: all ranks' tokens per step / the slowest rank's median step time after the first "
+                  "20% of steps (the progress bar shows single steps on rank 0, so it moves around this figure)")
     console.print(f"peak: {hw['peak_source']}")
     for note in comparison.notes:
         if note.startswith(("no MFU", "no prediction")):
