@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.tour
 @pytest.mark.distributed
 def test_the_readme_tour_runs_from_a_fresh_clone(tmp_path):
     results = tmp_path / "tour.json"
