@@ -110,13 +110,15 @@ def print_search(result: SearchResult) -> None:
                   f"global batch {result.global_batch} sequences; best {len(result.ranked)} by {result.objective}")
     rows = [_search_row(i, p) for i, p in enumerate(result.ranked, 1)]
     layout_columns = SEARCH_COLUMNS[:11]
-    outcome_columns = ("#", *SEARCH_COLUMNS[11:])
-    # one wide table when the terminal holds it; else the layouts, then their time and cost, by rank (#)
+    time_columns = ("#", *SEARCH_COLUMNS[11:17])
+    cost_columns = ("#", *SEARCH_COLUMNS[17:])
+    # one wide table when the terminal holds it; else the layouts, their time, then their cost, by rank (#)
     print_first_that_fits(
         console,
         _search_table(SEARCH_COLUMNS, rows),
         [_search_table(layout_columns, rows, "layouts (CPU: GiB offloaded per device)"),
-         _search_table(outcome_columns, rows, "time and cost of the same layouts (#)")],
+         _search_table(time_columns, rows, "time of the same layouts (#)"),
+         _search_table(cost_columns, rows, "job length, cost and energy of the same layouts (#)")],
     )
     ceiling = published_mfu_ceiling(result.ranked[0]) if result.ranked else None
     if ceiling and any(above_published(p) for p in result.ranked):
