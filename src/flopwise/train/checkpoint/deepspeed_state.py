@@ -1,0 +1,91 @@
+"""Model and optimizer of a DeepSpeed engine, saved and loaded by the engine itself, read as data.
+
+DeepSpeed writes its own layout (`mp_rank_00_model_states.pt`, one
+`zero_pp_rank_R_mp_rank_00_optim_states.pt` per rank) with `engine.save_checkpoint` into a
+sub-folder of the checkpoint being written; the store then hashes, publishes and verifies
+it like any other. DeepSpeed 0.19.8 reads those files with `torch.load(weights_only=False)`
+(`runtime/checkpoint_engine/torch_checkpoint_engine.py`), i.e. a forged file would run code.
+`SafeCheckpointEngine` replaces the engine's reader: `torch.load(weights_only=True)` with
+exactly the DeepSpeed classes its checkpoints hold allow-listed (`ALLOWED_GLOBALS`), so a
+file can construct plain data only and never call anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import torch
+
+from flopwise.errors import UserError
+from flopwise.train.checkpoint.safe_read import REFUSED
+
+FORMAT = "deepspeed"
+TAG = "deepspeed"  # the engine's sub-folder inside checkpoints/step-N
+
+
+def allowed_globals() -> list:
+    """The non-torch classes DeepSpeed 0.19.8 pickles into its checkpoints (ZeRO 0-3, fp32/bf16/fp16).
+
+    Each is an enum or a plain-data holder, harmless to construct: torch's weights-only
+    unpickler rebuilds them from their fields and never calls their methods.
+    """
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+
+
+def make_safe_checkpoint_engine(config):
+    """A `TorchCheckpointEngine` whose `load` reads weights-only; built lazily (DeepSpeed is optional)."""
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    class SafeCheckpointEngine(TorchCheckpointEngine):
+        """DeepSpeed's torch engine, reading with `torch.load(weights_only=True)` and an allow-list."""
+
+        def load(self, path: str, map_location=None):
+            try:
+                with torch.serialization.safe_globals(allowed_globals()):
+                    return torch.load(path, map_location=map_location, weights_only=True)
+            except pickle.UnpicklingError as exc:
+                first = str(exc).strip().splitlines()
+                reason = next((line for line in first if "Unsupported global" in line or "not allowed" in line),
+                              first[0] if first else type(exc).__name__)
+                raise UserError(f"checkpoint file {path}: {REFUSED}: {reason.strip()[:200]}; "
+                                "a checkpoint is data and may not name code") from None
+
+    return SafeCheckpointEngine(config)
+
+
+def use_safe_reader(engine) -> None:
+    """Replace the engine's checkpoint reader by the weights-only one (call right after `deepspeed.initialize`)."""
+    engine.checkpoint_engine = make_safe_checkpoint_engine(engine._config)
+
+
+def save_engine(engine, folder: Path) -> None:
+    """Every rank writes its part through `engine.save_checkpoint` into `folder/deepspeed/` (collective), fsynced."""
+    engine.save_checkpoint(str(folder), tag=TAG, save_latest=False)
+    for file in (Path(folder) / TAG).glob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def load_engine(engine, folder: Path) -> None:
+    """Model, ZeRO partitions, optimizer and LR schedule from `folder/deepspeed/` (collective)."""
+    if not (Path(folder) / TAG).is_dir():
+        raise UserError(f"checkpoint {folder}: no {TAG}/ folder; it was not written by "
+                        "parallel.strategy=deepspeed (resume it with the strategy that wrote it)")
+    try:
+        load_path, _ = engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+    except UserError:
+        raise
+    except (RuntimeError, KeyError, ValueError, OSError) as exc:
+        first = str(exc).strip().splitlines()
+        raise UserError(f"checkpoint {folder} does not fit this model/optimizer: "
+                        f"{first[0][:200] if first else type(exc).__name__}") from None
+    if load_path is None:
+        raise UserError(f"checkpoint {folder}: DeepSpeed found no model states in {TAG}/")
