@@ -137,14 +137,15 @@ class PipelineStrategy:
     def save_state(self, state, folder: Path) -> None:
         """This stage's layers and their optimizer state through DCP.
 
-        The stage keeps the whole model's module names (absent layers are simply missing),
-        so the keys of all stages together are the whole model's, disjoint between stages.
+        The stage keeps the whole model's module names (absent layers are simply missing,
+        blocks keep their global index: `parallelize.StageBlocks`), and the optimizer's
+        hyper-parameters are stored per parameter, so the stages' keys are disjoint.
         """
-        save_dcp(self.module, state.optimizer, folder)
+        save_dcp(self.module, state.optimizer, folder, per_parameter=True)
 
     def load_state(self, state, folder: Path) -> None:
         """This stage's layers and optimizer state, read by name from whichever stage wrote them."""
-        load_dcp(self.module, state.optimizer, folder)
+        load_dcp(self.module, state.optimizer, folder, per_parameter=True)
 
     @torch.no_grad()
     def evaluate(self, loader, batches: int) -> float:
