@@ -51,13 +51,27 @@ def make_safe_checkpoint_engine(config):
                 with torch.serialization.safe_globals(allowed_globals()):
                     return torch.load(path, map_location=map_location, weights_only=True)
             except pickle.UnpicklingError as exc:
-                first = str(exc).strip().splitlines()
-                reason = next((line for line in first if "Unsupported global" in line or "not allowed" in line),
-                              first[0] if first else type(exc).__name__)
-                raise UserError(f"checkpoint file {path}: {REFUSED}: {reason.strip()[:200]}; "
+                raise UserError(f"checkpoint file {path}: {REFUSED}: {weights_only_reason(exc)}; "
                                 "a checkpoint is data and may not name code") from None
+            except Exception as exc:  # truncated, not a torch file at all, ...
+                lines = str(exc).strip().splitlines()
+                raise UserError(f"checkpoint file {path}: unreadable ({type(exc).__name__}: "
+                                f"{lines[0][:160] if lines else ''})") from None
 
     return SafeCheckpointEngine(config)
+
+
+def weights_only_reason(exc: Exception) -> str:
+    """The unpickler's own reason out of torch's long weights-only message (e.g. `Unsupported global: GLOBAL os.system`)."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text[text.index(marker) + len(marker):]
+    parts = [" ".join(part.split()) for part in text.split("\n\n")]
+    generic = ("Weights only load failed", "Check the documentation", "Please file an issue")
+    useful = [part for part in parts if part and not part.startswith(generic)]
+    reason = useful[0] if useful else type(exc).__name__
+    return reason.split(" was not an allowed global")[0][:160]
 
 
 def use_safe_reader(engine) -> None:
