@@ -93,12 +93,17 @@ def load_engine(engine, folder: Path) -> None:
     if not (Path(folder) / TAG).is_dir():
         raise UserError(f"checkpoint {folder}: no {TAG}/ folder; it was not written by "
                         "parallel.strategy=deepspeed (resume it with the strategy that wrote it)")
+    saved_ranks = len(list((Path(folder) / TAG).glob("*_optim_states.pt")))  # ZeRO 1-3: one file per rank
+    if saved_ranks and saved_ranks != engine.dp_world_size:
+        raise UserError(f"checkpoint {folder} was written by {saved_ranks} DeepSpeed ranks and this run has "
+                        f"{engine.dp_world_size}; DeepSpeed's own layout does not reshard (resume with "
+                        f"{saved_ranks} processes)")
     try:
         load_path, _ = engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
                                               load_lr_scheduler_states=True)
     except UserError:
         raise
-    except (RuntimeError, KeyError, ValueError, OSError) as exc:
+    except Exception as exc:  # DeepSpeed asserts and raises what it likes on a mismatch
         first = str(exc).strip().splitlines()
         raise UserError(f"checkpoint {folder} does not fit this model/optimizer: "
                         f"{first[0][:200] if first else type(exc).__name__}") from None
