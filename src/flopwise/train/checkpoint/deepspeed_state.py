@@ -33,10 +33,12 @@ def allowed_globals() -> list:
     """
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
 
-    # found with torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO-3 checkpoints;
-    # DynamicLossScaler is LossScaler's fp16 twin (the same plain fields)
-    return [ZeroStageEnum, LossScaler, DynamicLossScaler]
+    # found with torch.serialization.get_unsafe_globals_in_checkpoint on checkpoints of
+    # ZeRO-1 (bf16), ZeRO-2 (fp32) and ZeRO-3 (fp32, bf16): fragment_address is a
+    # (numel, start) dataclass of stages 1-2; DynamicLossScaler is LossScaler's fp16 twin
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
 
 
 def make_safe_checkpoint_engine(config):
