@@ -137,6 +137,8 @@ class PrecisionConfig(Section):
     fp32_norm: bool = True
     initial_scale: float = Field(2.0**16, gt=0, le=2.0**64)
     growth_interval: int = Field(2000, ge=1, le=10**9)
+    # fp16: this many optimizer steps in a row skipped by the loss scaler (inf/nan gradients) stop the run
+    max_skipped_steps: int = Field(20, ge=1, le=10**6)
 
 
 class PruningConfig(Section):

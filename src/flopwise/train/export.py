@@ -61,6 +61,10 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
                 "(train with checkpoint.at_end=true or checkpoint.every_steps=N)"
             )
     manifest = read_manifest(path)
+    if manifest.get("state_format", "dcp") != "dcp":  # DeepSpeed's own files: ZeRO-3 needs its consolidation
+        raise UserError(f"checkpoint {path} holds DeepSpeed's own files (parallel.strategy="
+                        f"{manifest.get('strategy')}); flopwise export reads DCP checkpoints only "
+                        "(single, ddp, fsdp, pipeline)")
     cfg = RunConfig.model_validate(manifest["config"])
     model = build_model(cfg.model, int(manifest["vocab_size"]))
     state = model.state_dict()

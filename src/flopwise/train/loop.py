@@ -201,7 +201,8 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
             result.step_seconds.append(step.step_seconds)
             result.memory = step.memory
             result.steps = state.step
-            boundary.after_step(state, step.loss)  # saves when due; stops on a signal or a NaN loss
+            # saves when due; stops on a signal, a NaN loss or endless fp16 overflows
+            boundary.after_step(state, step.loss, step.skipped, step.loss_scale)
         boundary.finish(state)
     finally:
         boundary.close()

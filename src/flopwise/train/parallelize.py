@@ -121,6 +121,24 @@ def stage_layer_ranges(n_layers: int, stages: int) -> list[tuple[int, int]]:
     return ranges
 
 
+class StageBlocks(nn.ModuleList):
+    """A stage's blocks, named by their index in the whole model (`blocks.3`, not `blocks.0`).
+
+    So every stage's parameter names are the whole model's (torchtitan keeps its layers in a
+    dict for the same reason): the stages' checkpoint keys are disjoint, and DCP, which
+    keeps one copy of a key that several ranks write, never mixes two stages' blocks.
+    Iteration and `len` are ModuleList's; indexing is by position within the stage.
+    """
+
+    def __init__(self, blocks, start: int):
+        super().__init__()
+        for offset, block in enumerate(blocks):
+            self.add_module(str(start + offset), block)
+
+    def __getitem__(self, index):
+        return list(self._modules.values())[index]
+
+
 def apply_pipeline_stage(model: nn.Module, env: DistEnv) -> nn.Module:
     """This rank's stage: the same decoder with the other stages' layers removed.
 
@@ -143,7 +161,7 @@ def apply_pipeline_stage(model: nn.Module, env: DistEnv) -> nn.Module:
     if env.rank > 0:
         model.tok_emb = None
         model.pos_emb = None
-    model.blocks = nn.ModuleList(model.blocks[start:stop])
+    model.blocks = StageBlocks(model.blocks[start:stop], start)
     if env.rank < env.world_size - 1:
         model.final_norm = None
         model.lm_head = None

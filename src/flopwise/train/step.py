@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, ContextManager, Iterator, Protocol
 
 import torch
@@ -89,9 +90,13 @@ class Strategy(Protocol):
 
     `memory_before_step` says where memory is read: after the optimizer step (gradients
     still present) for torch optimizers, before it for DeepSpeed (its step frees them).
+    `checkpoint_format` names how `save_state` lays out model and optimizer ("dcp", or
+    "deepspeed" for the engine's own files); the manifest records it, and a resume with a
+    strategy of another format is refused in one line.
     """
 
     memory_before_step: bool
+    checkpoint_format: str
 
     def begin_step(self, state) -> float:
         """Put the model in training mode; return the learning rate this step uses."""
@@ -108,11 +113,17 @@ class Strategy(Protocol):
     def memory(self, state, saved_activation_bytes: int) -> MemoryBytes:
         """This rank's memory by component."""
 
-    def end_step(self, state) -> None:
-        """Zero the gradients and advance the LR schedule (unless the engine does it)."""
+    def end_step(self, state, skipped: bool) -> None:
+        """Zero the gradients and advance the LR schedule unless the step was skipped (unless the engine does it)."""
 
     def evaluate(self, loader, batches: int) -> float:
         """Mean validation loss over `batches` held-out batches, the same on every rank."""
+
+    def save_state(self, state, folder: Path) -> None:
+        """Write this rank's part of model and optimizer into `folder` (collective; files fsynced)."""
+
+    def load_state(self, state, folder: Path) -> None:
+        """Fill model and optimizer from a checkpoint folder (collective); one UserError line when it does not fit."""
 
 
 def train_step(state, env: DistEnv, grad_accum: int, hooks: StepHooks | None = None) -> StepResult:
@@ -143,7 +154,7 @@ def train_step(state, env: DistEnv, grad_accum: int, hooks: StepHooks | None = N
     skipped, grad_norm, loss_scale = strategy.clip_and_step(state)
     if hooks.measure and not strategy.memory_before_step:
         memory = strategy.memory(state, hooks.saved_bytes)
-    strategy.end_step(state)
+    strategy.end_step(state, skipped)
     synchronize(env.device)
     t4 = time.perf_counter()
     state.step += 1

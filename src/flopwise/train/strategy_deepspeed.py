@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import torch
 
 from flopwise.errors import UserError
 from flopwise.plan.precision_mode import precision_of
+from flopwise.train.checkpoint import deepspeed_state
 from flopwise.train.config import RunConfig
 from flopwise.train.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, _unique_storage_bytes
@@ -77,6 +79,7 @@ class DeepSpeedStrategy:
     """Supplies a DeepSpeed engine's forward, backward and step to the trainer's one step."""
 
     memory_before_step = True  # DeepSpeed's step frees the gradient partitions it reduced
+    checkpoint_format = deepspeed_state.FORMAT
 
     def __init__(self, state, cfg: RunConfig, env: DistEnv, grad_accum: int):
         precision = precision_of(cfg.precision.mode)
@@ -98,6 +101,7 @@ class DeepSpeedStrategy:
             model=built.module, optimizer=state.optimizer, lr_scheduler=state.scheduler,
             config=self.config, dist_init_required=False,
         )
+        deepspeed_state.use_safe_reader(self.engine)  # its stock reader unpickles with weights_only=False
         built.model = self.engine
         built.notes.append(
             f"DeepSpeed ZeRO-{self.zero_stage}, offload {cfg.parallel.offload}, "
@@ -142,8 +146,16 @@ class DeepSpeedStrategy:
         return (self.engine.skipped_steps > self._skipped_before, grad_norm,
                 float(scale) if scale is not None else None)
 
-    def end_step(self, state) -> None:
-        """Nothing: the engine zeroes gradients and advances the schedule in its step."""
+    def end_step(self, state, skipped: bool) -> None:
+        """Nothing: the engine zeroes gradients and advances the schedule in its step (not on an overflow)."""
+
+    def save_state(self, state, folder: Path) -> None:
+        """The engine's own checkpoint (model, ZeRO partitions, optimizer, schedule) into `folder/deepspeed/`."""
+        deepspeed_state.save_engine(self.engine, folder)
+
+    def load_state(self, state, folder: Path) -> None:
+        """The engine's own load, reading every file weights-only."""
+        deepspeed_state.load_engine(self.engine, folder)
 
     @torch.no_grad()
     def evaluate(self, loader, batches: int) -> float:

@@ -19,10 +19,12 @@ itself is the decoder with the other stages' layers removed (`parallelize.apply_
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from flopwise.train.checkpoint.dcp_state import load_dcp, save_dcp
 from flopwise.train.config import ParallelConfig, PrecisionConfig
 from flopwise.train.distributed import DistEnv
 from flopwise.train.metrics import MemoryBytes, measure_memory
@@ -35,6 +37,7 @@ class PipelineStrategy:
     """Supplies this rank's stage, driven through a `torch.distributed.pipelining` schedule, to the one step."""
 
     memory_before_step = False
+    checkpoint_format = "dcp"
 
     def __init__(self, state, parallel: ParallelConfig, precision: PrecisionConfig, grad_clip: float | None,
                  env: DistEnv):
@@ -127,9 +130,22 @@ class PipelineStrategy:
         """This stage's parameters, gradients and optimizer state."""
         return measure_memory(self.module, state.optimizer, saved_activation_bytes, self.env.device)
 
-    def end_step(self, state) -> None:
-        """Drop the gradients, advance the LR schedule."""
-        end_torch_step(state)
+    def end_step(self, state, skipped: bool) -> None:
+        """Drop the gradients; advance the LR schedule unless the step was skipped."""
+        end_torch_step(state, skipped)
+
+    def save_state(self, state, folder: Path) -> None:
+        """This stage's layers and their optimizer state through DCP.
+
+        The stage keeps the whole model's module names (absent layers are simply missing,
+        blocks keep their global index: `parallelize.StageBlocks`), and the optimizer's
+        hyper-parameters are stored per parameter, so the stages' keys are disjoint.
+        """
+        save_dcp(self.module, state.optimizer, folder, per_parameter=True)
+
+    def load_state(self, state, folder: Path) -> None:
+        """This stage's layers and optimizer state, read by name from whichever stage wrote them."""
+        load_dcp(self.module, state.optimizer, folder, per_parameter=True)
 
     @torch.no_grad()
     def evaluate(self, loader, batches: int) -> float:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
+from pathlib import Path
 from typing import Iterator
 
 import torch
 from torch import nn
 
+from flopwise.train.checkpoint.dcp_state import load_dcp, save_dcp
 from flopwise.train.config import PrecisionConfig
 from flopwise.train.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, measure_memory
@@ -28,6 +29,7 @@ class TorchStrategy:
     """Drives a torch module (plain, DDP or FSDP2) with the trainer's own optimizer and loss scaler."""
 
     memory_before_step = False
+    checkpoint_format = "dcp"
 
     def __init__(self, state, precision: PrecisionConfig, grad_clip: float | None, env: DistEnv):
         self.built = state.built
@@ -79,9 +81,17 @@ class TorchStrategy:
         """Parameters, gradients (still present) and optimizer state of this rank."""
         return measure_memory(self.built.module, state.optimizer, saved_activation_bytes, self.env.device)
 
-    def end_step(self, state) -> None:
-        """Drop the gradients, advance the LR schedule."""
-        end_torch_step(state)
+    def end_step(self, state, skipped: bool) -> None:
+        """Drop the gradients; advance the LR schedule unless the loss scaler skipped the step."""
+        end_torch_step(state, skipped)
+
+    def save_state(self, state, folder: Path) -> None:
+        """Model and optimizer through DCP (plain module names whatever the wrapping)."""
+        save_dcp(self.built.model, state.optimizer, folder)
+
+    def load_state(self, state, folder: Path) -> None:
+        """Model and optimizer from DCP, resharded to this world size."""
+        load_dcp(self.built.model, state.optimizer, folder)
 
     @torch.no_grad()
     def evaluate(self, loader, batches: int) -> float:
@@ -97,12 +107,14 @@ class TorchStrategy:
         return all_reduce_mean([total / batches], self.env)[0]
 
 
-def end_torch_step(state) -> None:
-    """Zero the gradients and advance the LR schedule (shared with the pipeline strategy)."""
+def end_torch_step(state, skipped: bool) -> None:
+    """Zero the gradients; advance the LR schedule only after a real update (shared with the pipeline strategy).
+
+    A step the fp16 loss scaler skipped (inf/nan gradients) changed no weight, so the
+    schedule stays where it is, as DeepSpeed's engine does (`engine._take_model_step`).
+    """
     state.optimizer.zero_grad(set_to_none=True)
-    with warnings.catch_warnings():
-        # A skipped (inf/nan) step still advances the schedule; torch warns about that order.
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+    if not skipped:
         state.scheduler.step()
 
 

@@ -14,6 +14,11 @@ middle of a collective and deadlock the other ranks.
 Non-finite loss: under an fp16 loss scaler a NaN/Inf step is skipped by the scaler and
 tolerated `nan_patience` times in a row; without a scaler the first one stops the run,
 before any checkpoint of the diverged weights is written.
+
+Skipped steps: the fp16 loss scaler skips a step whose gradients overflow and halves the
+scale (Micikevicius et al. 2018, sec. 3.2); a few skips while the scale settles are normal,
+but `precision.max_skipped_steps` in a row mean the model overflows in fp16 whatever the
+scale, and the run stops with one line instead of finishing with untrained weights.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from flopwise.errors import PREEMPTED_EXIT_CODE, Preempted, UserError  # noqa: F
 from flopwise.train.checkpoint.checks import prune_keeping_valid
 from flopwise.train.checkpoint.resume import resume
 from flopwise.train.checkpoint.store import (
-    SaveContext, checkpoints_dir, published_steps, save_checkpoint,
+    SaveContext, checkpoints_dir, save_checkpoint,
 )
 from flopwise.train.distributed import agree_max
 from flopwise.plan.precision_mode import precision_of
@@ -105,15 +110,28 @@ class NonFiniteGuard:
         return self.consecutive == 0
 
 
+class SkippedStepGuard:
+    """Counts consecutive optimizer steps the loss scaler skipped and says when the run must stop."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.consecutive = 0
+
+    def observe(self, skipped: bool) -> bool:
+        """Record this step (skips are already agreed over ranks); True when the run must stop now."""
+        self.consecutive = self.consecutive + 1 if skipped else 0
+        return self.consecutive >= self.limit
+
+
 class StepBoundary:
     """Everything the loop does between two steps about checkpoints and faults, in one call.
 
-    `resume(state)` once at the start; `after_step(state, loss)` after every step (agrees
-    over ranks on signals, due saves and non-finite losses with one all-reduce, saves,
-    raises `Preempted` / `TrainingDiverged`); `finish(state)` at the end; `close()` always.
+    `resume(state)` once at the start; `after_step(state, loss, skipped, loss_scale)` after
+    every step (agrees over ranks on signals, due saves and non-finite losses with one
+    all-reduce, saves, raises `Preempted` / `TrainingDiverged`); `finish(state)` at the
+    end; `close()` always. Every strategy checkpoints: what differs is the strategy's
+    `save_state` / `load_state`, nothing here.
     """
-
-    SUPPORTED = ("single", "ddp", "fsdp")
 
     def __init__(self, cfg, env, vocab_size: int, global_batch: int, report=print):
         self.cfg = cfg.checkpoint
@@ -122,17 +140,12 @@ class StepBoundary:
         self.run_dir = Path(cfg.logging.run_dir)
         self.ctx = SaveContext(self.run_dir, cfg.model_dump(mode="json"), vocab_size, global_batch,
                                cfg.parallel.strategy)
-        self.strategy = cfg.parallel.strategy
         self.max_steps = cfg.training.max_steps
         self.guard = NonFiniteGuard(self.cfg.nan_patience, scaler_present=precision_of(cfg.precision.mode).loss_scaling)
+        self.skips = SkippedStepGuard(cfg.precision.max_skipped_steps)
         self.signals = StopSignals().install()
         self.last_save_time = time.monotonic()
         self.last_saved_step: int | None = None
-
-    @property
-    def enabled(self) -> bool:
-        """Checkpoints exist for the torch.distributed strategies only."""
-        return self.strategy in self.SUPPORTED
 
     def resume(self, state) -> list[str]:
         """Load the checkpoint to continue from (named, or the latest valid one); notes for the log."""
@@ -143,17 +156,14 @@ class StepBoundary:
             raise
 
     def _resume(self, state) -> list[str]:
-        if not self.enabled:
-            self._refuse_unsupported(bool(published_steps(self.run_dir)))
-            return []
         notes = resume(state, self.cfg, self.run_dir, self.env, self.max_steps, report=self.report)
         if notes:
             self.last_saved_step = state.step
         return notes
 
-    def after_step(self, state, loss: float) -> None:
-        """Agree over ranks, then stop on divergence, save when due, or save and stop on a signal."""
-        due = self.enabled and (
+    def after_step(self, state, loss: float, skipped: bool = False, loss_scale: float | None = None) -> None:
+        """Agree over ranks, then stop on divergence or endless skipped steps, save when due, or save and stop on a signal."""
+        due = (
             (self.cfg.every_steps is not None and state.step % self.cfg.every_steps == 0)
             or (self.cfg.every_minutes is not None
                 and time.monotonic() - self.last_save_time >= self.cfg.every_minutes * 60)
@@ -163,11 +173,13 @@ class StepBoundary:
                                                     self.env.rank if nonfinite else -1)
         if self.guard.observe(state.step, bad_rank >= 0):
             raise TrainingDiverged(self._divergence_message(state.step, bad_rank))
+        if self.skips.observe(skipped):
+            raise TrainingDiverged(self._overflow_message(state.step, loss_scale))
         if not self.guard.healthy:
             return  # never checkpoint weights that may already be damaged
         if signal_any:
             self.signals.note_agreed()
-            path = self._save(state) if self.enabled else None
+            path = self._save(state)
             message = self._preemption_message(state.step, path)
             if self.env.is_main:
                 self.report(message)
@@ -177,7 +189,7 @@ class StepBoundary:
 
     def finish(self, state) -> None:
         """The final checkpoint (`checkpoint.at_end`), unless this step is already saved."""
-        if self.enabled and self.cfg.at_end and self.guard.healthy and self.last_saved_step != state.step:
+        if self.cfg.at_end and self.guard.healthy and self.last_saved_step != state.step:
             self._save(state)
 
     def close(self) -> None:
@@ -193,7 +205,7 @@ class StepBoundary:
         path = save_checkpoint(state, self.ctx, self.env, verify=self.cfg.verify_on_save)
         if self.env.is_main:
             prune_keeping_valid(self.run_dir, self.cfg.keep_last, self.cfg.pin)  # corrupt ones hold no slot
-            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             self.report(f"checkpoint {path.name}: {size / 2**20:.1f} MiB in {time.monotonic() - started:.2f} s")
         self.last_save_time = time.monotonic()
         self.last_saved_step = state.step
@@ -202,16 +214,6 @@ class StepBoundary:
     def _agree(self, signal_seen: bool, due: bool, bad_rank: int) -> tuple[bool, bool, int]:
         flags = agree_max([int(signal_seen), int(due), bad_rank], self.env)
         return bool(flags[0]), bool(flags[1]), flags[2]
-
-    def _refuse_unsupported(self, has_checkpoints: bool) -> None:
-        asked = self.cfg.resume_from or self.cfg.every_steps or self.cfg.every_minutes or (
-            self.cfg.resume and has_checkpoints)
-        if asked:
-            raise UserError(
-                f"checkpoint: saving and resuming are not supported with parallel.strategy={self.strategy} "
-                f"(supported: {', '.join(self.SUPPORTED)}); unset checkpoint.every_steps/every_minutes/"
-                "resume_from and set checkpoint.resume=false, or use a fresh logging.run_dir"
-            )
 
     def _latest_name(self) -> str:
         try:
@@ -230,11 +232,19 @@ class StepBoundary:
             "lower training.lr, keep training.grad_clip on, or use precision.mode=bf16"
         )
 
+    def _overflow_message(self, step: int, loss_scale: float | None) -> str:
+        scale = f"the loss scale fell to {loss_scale:g}" if loss_scale is not None else "the loss scale kept falling"
+        return (
+            f"training stopped at step {step}: {self.skips.consecutive} optimizer steps in a row were skipped "
+            f"by the fp16 loss scaler (inf/nan gradients, precision.max_skipped_steps={self.skips.limit}) and "
+            f"{scale}: the model overflows in fp16; use precision.mode=bf16 or lower training.lr "
+            f"(last good checkpoint: {self._latest_name()})"
+        )
+
     def _preemption_message(self, step: int, path) -> str:
         took = self.signals.seconds_since()
         late = (f"; it took {took:.1f} s, more than checkpoint.grace_seconds={self.cfg.grace_seconds:g}"
                 if took > self.cfg.grace_seconds else "")
-        saved = (f"checkpoint {path} written {took:.1f} s after the signal (as seen by this rank){late}" if path
-                 else f"no checkpoint (not supported with parallel.strategy={self.strategy})")
+        saved = f"checkpoint {path} written {took:.1f} s after the signal (as seen by this rank){late}"
         return (f"preempted by {self.signals.received or 'a signal on another rank'} at step {step}: {saved}; "
                 f"run the same command again to continue (exit code {PREEMPTED_EXIT_CODE})")

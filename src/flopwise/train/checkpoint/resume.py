@@ -20,10 +20,9 @@ import torch
 
 from flopwise.errors import UserError
 from flopwise.train.checkpoint.checks import check_checkpoint_schema, latest_valid_or_stop
-from flopwise.train.checkpoint.safe_read import LOAD_ERRORS, safe_dcp_load
 from flopwise.train.checkpoint.store import (
-    FORMAT_VERSION, LATEST, checkpoints_dir, first_line, from_b64, latest_valid, published_steps,
-    quiet_single_process_notice, read_manifest, remove_stale_temporaries, resolve_checkpoint, trainer_file,
+    FORMAT_VERSION, LATEST, checkpoints_dir, from_b64, latest_valid, published_steps,
+    read_manifest, remove_stale_temporaries, resolve_checkpoint, trainer_file,
     write_text_atomic,
 )
 from flopwise.train.config import CheckpointConfig
@@ -132,24 +131,17 @@ def supersede_newer(run_dir: Path, chosen: Path, report=print) -> None:
 def load_checkpoint(state, path: Path, env: DistEnv) -> list[str]:
     """Restore `state` (model, optimizer, schedule, scaler, loader, RNGs) from `path`; returns notes for the log.
 
-    Collective: every rank calls it. Model and optimizer are resharded by DCP when the
-    world size or strategy differs from the saving run.
+    Collective: every rank calls it. The strategy loads model and optimizer
+    (`Strategy.load_state`); DCP reshards them when the world size or the torch strategy
+    differs from the saving run. A checkpoint of another layout (DeepSpeed's files vs DCP)
+    is refused in one line.
     """
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     path = Path(path)
     manifest = read_manifest(path)
     if manifest.get("format") != FORMAT_VERSION:
         raise UserError(f"checkpoint {path}: format {manifest.get('format')} is not supported (allowed: {FORMAT_VERSION})")
-    model_sd, optim_sd = get_state_dict(state.built.model, state.optimizer)
-    try:
-        with quiet_single_process_notice():
-            safe_dcp_load({"model": model_sd, "optim": optim_sd}, path)
-    except UserError:
-        raise
-    except LOAD_ERRORS as exc:  # a shape or key mismatch: a different model than the one saved
-        raise UserError(f"checkpoint {path} does not fit this model/optimizer: {first_line(exc)}") from None
-    set_state_dict(state.built.model, state.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    check_state_format(path, manifest, state.strategy)
+    state.strategy.load_state(state, path)
 
     notes = []
     saved_world = int(manifest["world_size"])
@@ -174,6 +166,16 @@ def load_checkpoint(state, path: Path, env: DistEnv) -> list[str]:
         )
     return notes
 
+
+
+def check_state_format(path: Path, manifest: dict, strategy) -> None:
+    """One line when the checkpoint's model/optimizer layout is not the one this strategy reads."""
+    saved = manifest.get("state_format", "dcp")  # checkpoints from before DeepSpeed could save were DCP
+    if saved != strategy.checkpoint_format:
+        raise UserError(
+            f"checkpoint {path} holds {saved} files (written with parallel.strategy={manifest.get('strategy')}), "
+            f"which this run's strategy cannot read ({strategy.checkpoint_format}); resume with "
+            f"parallel.strategy={manifest.get('strategy')} or start a fresh logging.run_dir")
 
 
 def restore_rng(rng: dict) -> None:

@@ -4,6 +4,7 @@ Layout of `run_dir/checkpoints/`:
 
     step-120/                 one published checkpoint
       .metadata, __0_0.distcp, __1_0.distcp, ...   model + optimizer, torch.distributed.checkpoint (DCP)
+      (DeepSpeed: deepspeed/*.pt, the engine's own files, instead)
       trainer.rank00000.json  step, tokens, loader position, RNGs, scheduler, scaler (per rank; JSON)
       manifest.json           config, world size, vocab, and bytes + sha256 of every file above
     .tmp-step-140/            being written; never read
@@ -16,14 +17,18 @@ parent, re-verifies, and only then moves `latest` and prunes old checkpoints (th
 temporary folder is removed, and the run stops with one line; published checkpoints are
 never touched by a failed save.
 
-Model and optimizer go through `torch.distributed.checkpoint.state_dict.get_state_dict /
-set_state_dict`, so keys are the plain module names whatever the wrapping (single, DDP,
-FSDP2) and DCP reshards on load: a checkpoint written by N processes loads into M. The data
+Model and optimizer are written by the strategy (`Strategy.save_state`): through DCP with
+the plain module names for single, DDP, FSDP2 and pipeline stages (`dcp_state.py`; DCP
+reshards on load, a checkpoint written by N processes loads into M), through the engine's
+own `save_checkpoint` for DeepSpeed (`deepspeed_state.py`). Everything else here (the
+temporary folder, manifest, publish, verification, retention) is the same for all. The data
 position is the loader's global sample count, so it maps to any world size too.
 
 Loading never lets a file name code: tensors and non-tensor entries come through
 `torch.load(weights_only=True)`, the DCP `.metadata` through an unpickler that resolves only
-an exact list of DCP's metadata classes (`safe_read.py`); everything else is JSON.
+an exact list of DCP's metadata classes (`safe_read.py`), DeepSpeed's files through
+`torch.load(weights_only=True)` with its few data classes allow-listed
+(`deepspeed_state.py`); everything else is JSON.
 """
 
 from __future__ import annotations
@@ -44,8 +49,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 
 from flopwise.errors import UserError
 from flopwise.runrecord import checkpoints_dir
@@ -154,10 +157,9 @@ class SaveContext:
 def save_checkpoint(state, ctx: SaveContext, env: DistEnv, verify: bool = True) -> Path:
     """Write, verify and publish `checkpoints/step-N` for `state`; a UserError (all ranks) if it cannot.
 
-    Collective: every rank calls it at the same step.
+    Collective: every rank calls it at the same step. The strategy writes model and
+    optimizer (`Strategy.save_state`); this function owns the rest.
     """
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     root = checkpoints_dir(ctx.run_dir)
     step = state.step
     tmp = root / f"{TMP_PREFIX}{step}"
@@ -169,10 +171,7 @@ def save_checkpoint(state, ctx: SaveContext, env: DistEnv, verify: bool = True) 
                                     tmp.mkdir()))
     failure = _agree_failure(failure, env)
     if not failure:
-        model_sd, optim_sd = get_state_dict(state.built.model, state.optimizer)
-        with quiet_single_process_notice():
-            failure = _attempt(lambda: dcp.save({"model": model_sd, "optim": optim_sd},
-                                                storage_writer=FileSystemWriter(tmp, sync_files=True)))
+        failure = _attempt(lambda: state.strategy.save_state(state, tmp))
         if not failure:
             failure = _attempt(lambda: _write_json(tmp / trainer_file(env.rank), trainer_state(state, env)))
         failure = _agree_failure(failure, env)
@@ -198,6 +197,7 @@ def _publish(tmp: Path, final: Path, step: int, state, ctx: SaveContext, env: Di
         "tokens_seen": state.tokens_seen,
         "world_size": env.world_size,
         "strategy": ctx.strategy,
+        "state_format": state.strategy.checkpoint_format,
         "global_batch": ctx.global_batch,
         "vocab_size": ctx.vocab_size,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
