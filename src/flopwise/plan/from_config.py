@@ -38,10 +38,14 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
     strategy = cfg.parallel.strategy
     pipeline = strategy == "pipeline"
     micro_per_pass = cfg.parallel.pipeline_microbatches if pipeline else 1
-    _, grad_accum = batch_layout(cfg.training, 1 if pipeline else world, micro_per_pass)
+    tp = 1 if pipeline else cfg.parallel.tp
+    dp = 1 if pipeline else world // tp  # tensor-parallel peers read the same batch
+    _, grad_accum = batch_layout(cfg.training, dp, micro_per_pass)
     every = cfg.training.checkpoint_every
     layout = Layout(
-        dp=1 if pipeline else world,
+        dp=dp,
+        tp=tp,
+        sequence_parallel=cfg.parallel.sequence_parallel and tp > 1,
         pp=world if pipeline else 1,
         micro_batch_size=cfg.training.micro_batch_size,
         # a pipeline pass is `pipeline_microbatches` micro-batches: the planner's accumulation count
@@ -49,7 +53,7 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
         # FSDP2's full sharding shards parameters, gradients and optimizer states: ZeRO stage 3
         zero_stage=3 if strategy == "fsdp" else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
         framework="deepspeed" if strategy == "deepspeed" else "fsdp",
-        offload=cfg.parallel.offload if strategy == "deepspeed" else "none",
+        offload=_offload_of(cfg.parallel),
         pipeline_schedule=cfg.parallel.pipeline_schedule,
         # training.gradient_checkpointing: every block (full), every k-th block, or none
         recompute="none" if every == 0 else ("full" if every == 1 else f"every:{every}"),
@@ -75,6 +79,14 @@ def notes_for(cfg) -> list[str]:
     if cfg.training.activation_compression != "none":
         notes.append("prediction: int8 activation compression is not modelled by the planner")
     return notes
+
+
+def _offload_of(parallel) -> str:
+    """What the run offloads: DeepSpeed as asked; FSDP2's CPUOffloadPolicy moves parameter shards,
+    gradients and optimizer state together, which is the planner's "params"."""
+    if parallel.offload == "none" or parallel.strategy not in ("deepspeed", "fsdp"):
+        return "none"
+    return parallel.offload if parallel.strategy == "deepspeed" else "params"
 
 
 def processes_of(parallel) -> int:

@@ -79,3 +79,37 @@ def data_parallel_rank(mesh) -> tuple[int, int]:
     """
     rep, shard = mesh["dp_replicate"], mesh["dp_shard"]
     return rep.get_local_rank() * shard.size() + shard.get_local_rank(), rep.size() * shard.size()
+
+
+def mesh_shape_of(parallel, world_size: int) -> MeshShape:
+    """The shape `parallel.{pp, dp_replicate, dp_shard, tp}` asks for on `world_size` processes, checked.
+
+    A pipeline without `parallel.pp` puts one stage on every process. Tensor parallelism and
+    HSDP replicas compose with FSDP2 (`strategy: fsdp`) only; DDP, DeepSpeed and a single
+    process keep every process a whole-model data-parallel replica.
+    """
+    pipeline = parallel.strategy == "pipeline"
+    pp = parallel.pp if parallel.pp is not None else (world_size if pipeline else 1)
+    if pp > 1 and not pipeline:
+        raise UserError(f"parallel.pp={pp} needs parallel.strategy=pipeline (got {parallel.strategy})")
+    if pipeline and pp != world_size:
+        raise UserError(
+            f"parallel.pp={pp}: a pipeline currently puts one stage on every process; set parallel.pp to "
+            f"{world_size} (nnodes x nproc_per_node) or leave it unset"
+        )
+    if parallel.strategy != "fsdp":
+        for key in ("tp", "dp_replicate"):
+            if getattr(parallel, key) > 1:
+                raise UserError(
+                    f"parallel.{key}={getattr(parallel, key)} composes with FSDP2 only; set parallel.strategy=fsdp "
+                    f"(got {parallel.strategy}) or parallel.{key}=1"
+                )
+    if parallel.sequence_parallel and parallel.tp == 1:
+        raise UserError("parallel.sequence_parallel=true needs parallel.tp > 1")
+    return mesh_shape(world_size, pp=pp, dp_replicate=parallel.dp_replicate, dp_shard=parallel.dp_shard,
+                      tp=parallel.tp)
+
+
+def dp_mesh_of(mesh, shape: MeshShape):
+    """The sub-mesh FSDP2 shards over: ("dp_replicate", "dp_shard") for HSDP, else "dp_shard"."""
+    return mesh["dp_replicate", "dp_shard"] if shape.dp_replicate > 1 else mesh["dp_shard"]

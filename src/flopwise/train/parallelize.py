@@ -12,9 +12,10 @@ from __future__ import annotations
 from torch import nn
 
 from flopwise.errors import UserError
-from flopwise.plan.from_config import batch_layout
+from flopwise.plan.from_config import batch_layout, processes_of
 from flopwise.train.config import ParallelConfig, RunConfig
 from flopwise.train.distributed import DistEnv
+from flopwise.train.mesh import MeshShape, dp_mesh_of, mesh_shape_of
 from flopwise.train.step import Strategy
 from flopwise.train.strategy_deepspeed import DeepSpeedStrategy
 from flopwise.train.strategy_pipeline import PipelineStrategy
@@ -32,6 +33,10 @@ def check_strategy(cfg: ParallelConfig) -> None:
         )
     if cfg.strategy == "deepspeed":
         check_deepspeed_config(cfg)
+    mesh_shape_of(cfg, processes_of(cfg))
+    if cfg.offload != "none" and cfg.strategy not in ("fsdp", "deepspeed"):
+        raise UserError(f"parallel.offload: {cfg.offload} needs parallel.strategy fsdp or deepspeed "
+                        f"(got {cfg.strategy}; allowed here: none)")
 
 
 def check_deepspeed_config(cfg: ParallelConfig) -> None:
@@ -46,19 +51,44 @@ def check_deepspeed_config(cfg: ParallelConfig) -> None:
         raise UserError("parallel.offload: optimizer offload needs parallel.zero_stage >= 1 (allowed at stage 0: none)")
 
 
+def build_device_mesh(cfg: ParallelConfig, env: DistEnv):
+    """The run's one DeviceMesh and its shape, for FSDP2 over a process group; (None, shape) otherwise."""
+    from flopwise.train.mesh import build_mesh
+
+    shape = mesh_shape_of(cfg, env.world_size)
+    if cfg.strategy != "fsdp" or not env.distributed:
+        return None, shape
+    return build_mesh(shape, env.device.type), shape
+
+
+def apply_tensor_parallel(model: nn.Module, cfg: ParallelConfig, env: DistEnv, mesh) -> nn.Module:
+    """Shard the linear layers over the mesh's `tp` dimension (`tensor_parallel.apply_tp`), before anything wraps them."""
+    from flopwise.train.tensor_parallel import apply_tp
+
+    import warnings
+
+    if not any(p.is_meta for p in model.parameters()):
+        model.to(env.device)  # DTensors are placed on the mesh's device
+    # The replicated LM-head output is a view of the gathered logits; the loss reads it out of
+    # place, so FSDP2's warning about in-place ops on a view (once per step) does not apply.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    return apply_tp(model, mesh["tp"], sequence_parallel=cfg.sequence_parallel)
+
+
 def parallelize_model(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env: DistEnv,
-                      mp_policy=None) -> nn.Module:
+                      mp_policy=None, mesh=None, shape: MeshShape | None = None) -> nn.Module:
     """Apply the strategy's wrapping; returns the module the step calls.
 
-    `mp_policy` is FSDP2's `MixedPrecisionPolicy` for the `*-params` modes. DeepSpeed's
-    engine needs the optimizer, so `attach_strategy` builds it later.
+    `mp_policy` is FSDP2's `MixedPrecisionPolicy` for the `*-params` modes; `mesh` the run's
+    DeviceMesh (`build_device_mesh`). DeepSpeed's engine needs the optimizer, so
+    `attach_strategy` builds it later.
     """
     if not any(p.is_meta for p in model.parameters()):  # a meta model (pretrained, FSDP2) is filled after sharding
         model.to(env.device)
     if cfg.strategy == "ddp":
         return apply_ddp(model, cfg, env)
     if cfg.strategy == "fsdp":
-        return apply_fsdp(model, blocks, cfg, env, mp_policy)
+        return apply_fsdp(model, blocks, cfg, env, mp_policy, mesh, shape)
     if cfg.strategy == "pipeline":
         return apply_pipeline_stage(model, env)
     return model  # single, deepspeed
@@ -75,8 +105,16 @@ def apply_ddp(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
                                    broadcast_buffers=_has_persistent_buffers(model))
 
 
-def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env: DistEnv, mp_policy) -> nn.Module:
+def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env: DistEnv, mp_policy,
+               mesh=None, shape: MeshShape | None = None) -> nn.Module:
     """FSDP2 `fully_shard`: each transformer block, then large other children, then the root.
+
+    Shards over the mesh's data-parallel part: "dp_shard", or ("dp_replicate", "dp_shard")
+    for HSDP (replicas of a sharded group; gradients reduce-scattered within a group, then
+    all-reduced across groups). Tensor-parallel DTensors become 2-D (dp, tp) shards.
+    `parallel.offload` (params or optimizer) is FSDP2's `CPUOffloadPolicy`: parameter
+    shards, their gradients and so the optimizer step live in host memory (FSDP2 offloads
+    the three together; there is no optimizer-only mode).
 
     Other direct children holding at least `fsdp_min_params` parameters get their own
     unit (a size-based policy; modules sharing a parameter, such as tied embeddings,
@@ -84,10 +122,11 @@ def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env
     needs it at once (as in torchtitan).
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
-    options = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
+    dp_mesh = dp_mesh_of(mesh, shape) if mesh is not None else init_device_mesh(env.device.type, (env.world_size,))
+    offload = CPUOffloadPolicy(pin_memory=env.device.type == "cuda") if cfg.offload != "none" else OffloadPolicy()
+    options = {"mesh": dp_mesh, "mp_policy": mp_policy or MixedPrecisionPolicy(), "offload_policy": offload}
     for block in blocks:
         fully_shard(block, reshard_after_forward=cfg.fsdp_reshard_after_forward, **options)
     shared = _shared_parameter_ids(model)
