@@ -8,6 +8,8 @@ arithmetic on the same samples; only the micro-batch split changes the summation
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from flopwise.errors import UserError
@@ -53,6 +55,9 @@ def test_1f1b_on_two_stages_matches_one_process(corpus, tmp_path, single_process
     full = single_process_reference[-1]["memory_parameters_bytes"]
     per_stage = [metrics(run_dir, rank)[-1]["memory_parameters_bytes"] for rank in (0, 1)]
     assert sum(per_stage) == full and all(0.3 * full < b < 0.7 * full for b in per_stage)
+    # the peak of saved activations in flight under 1F1B, not the sum over the pass's micro-batches
+    ratio = json.loads((run_dir / "predicted_vs_measured.json").read_text())["measured_over_predicted"]
+    assert ratio["memory_activations"] == pytest.approx(1.0, abs=0.10)
 
 
 @pytest.mark.slow

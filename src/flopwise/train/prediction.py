@@ -106,8 +106,8 @@ class Forecast:
                 "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
                 "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
                 "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
-                "measured activations are the tensors saved for backward at the end of forward (logits "
-                "included); with recompute the planner also counts one layer's recomputed activations, "
+                "measured activations are the peak bytes of tensors saved for backward alive at once (logits "
+                "included; a pipeline's in-flight micro-batches, not all of a pass's); with recompute the planner also counts one layer's recomputed activations, "
                 "which exist only during its backward",
             ],
         )
