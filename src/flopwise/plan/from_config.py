@@ -54,7 +54,8 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
         zero_stage=3 if strategy == "fsdp" else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
         framework="deepspeed" if strategy == "deepspeed" else "fsdp",
         offload=_offload_of(cfg.parallel),
-        pipeline_schedule=cfg.parallel.pipeline_schedule,
+        pipeline_schedule=_planned_schedule(cfg.parallel.pipeline_schedule),
+        virtual_stages=cfg.parallel.pipeline_virtual_stages if pipeline else 1,
         # training.gradient_checkpointing: every block (full), every k-th block, or none
         recompute="none" if every == 0 else ("full" if every == 1 else f"every:{every}"),
         flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA
@@ -79,6 +80,13 @@ def notes_for(cfg) -> list[str]:
     if cfg.training.activation_compression != "none":
         notes.append("prediction: int8 activation compression is not modelled by the planner")
     return notes
+
+
+def _planned_schedule(schedule: str) -> str:
+    """The planner's word for a trainer schedule. Looped BFS (Lamy-Poirier 2023, arXiv:2211.05953)
+    and interleaved zero-bubble (Qi et al. 2024, arXiv:2401.10241) are planned as interleaved
+    1F1B: the same (p-1)/(m*v) bubble, an upper bound for zero-bubble, which fills part of it."""
+    return "interleaved" if schedule in ("interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble") else schedule
 
 
 def _offload_of(parallel) -> str:

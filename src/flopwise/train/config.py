@@ -115,7 +115,9 @@ class ParallelConfig(Section):
     zero_stage: int = Field(3, ge=0, le=3)
     offload: Literal["none", "optimizer", "params"] = "none"
     pipeline_microbatches: int = Field(4, ge=1, le=4096)
-    pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    # torch.distributed.pipelining's schedules; the last three run `pipeline_virtual_stages` stages per process
+    pipeline_schedule: Literal["1f1b", "gpipe", "interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble"] = "1f1b"
+    pipeline_virtual_stages: int = Field(1, ge=1, le=1024)
     zero3_persistence_threshold: int = Field(100_000, ge=0, le=2**62)  # DeepSpeed: smaller parameters stay whole on every rank
     timeout_minutes: float = Field(10.0, gt=0, le=7 * 24 * 60)  # a week
     max_restarts: int = Field(0, ge=0, le=1000)

@@ -9,10 +9,13 @@ sharding scheme or a schedule.
 
 from __future__ import annotations
 
+import copy
+
 from torch import nn
 
 from flopwise.errors import UserError
 from flopwise.plan.from_config import batch_layout, processes_of
+from flopwise.plan.timing import split_layers
 from flopwise.train.config import ParallelConfig, RunConfig
 from flopwise.train.distributed import DistEnv
 from flopwise.train.mesh import MeshShape, dp_mesh_of, mesh_shape_of
@@ -34,6 +37,11 @@ def check_strategy(cfg: ParallelConfig) -> None:
     if cfg.strategy == "deepspeed":
         check_deepspeed_config(cfg)
     mesh_shape_of(cfg, processes_of(cfg))
+    if cfg.pipeline_virtual_stages > 1 and cfg.pipeline_schedule not in MULTI_STAGE_SCHEDULES:
+        raise UserError(
+            f"parallel.pipeline_virtual_stages={cfg.pipeline_virtual_stages} needs a schedule with several "
+            f"stages per process (parallel.pipeline_schedule: {', '.join(MULTI_STAGE_SCHEDULES)}; got {cfg.pipeline_schedule})"
+        )
     if cfg.offload != "none" and cfg.strategy not in ("fsdp", "deepspeed"):
         raise UserError(f"parallel.offload: {cfg.offload} needs parallel.strategy fsdp or deepspeed "
                         f"(got {cfg.strategy}; allowed here: none)")
@@ -90,7 +98,7 @@ def parallelize_model(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConf
     if cfg.strategy == "fsdp":
         return apply_fsdp(model, blocks, cfg, env, mp_policy, mesh, shape)
     if cfg.strategy == "pipeline":
-        return apply_pipeline_stage(model, env)
+        return apply_pipeline_stage(model, cfg, env)
     return model  # single, deepspeed
 
 
@@ -143,29 +151,49 @@ def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env
     return model
 
 
-def stage_layer_ranges(n_layers: int, stages: int) -> list[tuple[int, int]]:
-    """Consecutive [start, stop) block ranges, as even as possible, earlier stages taking the remainder."""
-    if stages > n_layers:
+MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble")
+
+
+def stage_layer_ranges(n_layers: int, stages: int, virtual: int = 1) -> list[tuple[int, int]]:
+    """[start, stop) block ranges of the `stages x virtual` pipeline stages, in stage order.
+
+    The counts are the planner's one split rule (`plan.timing.split_layers`: even, the
+    remainder to the middle stages first), so the trained split is the planned one.
+    Stage s runs on process s mod `stages`.
+    """
+    chunks = stages * virtual
+    if chunks > n_layers:
         raise UserError(
             f"parallel.strategy: pipeline needs at least one transformer block per stage, but "
-            f"model.n_layers={n_layers} is fewer than the {stages} stages (one per process); "
-            f"raise model.n_layers or lower parallel.nproc_per_node x parallel.nnodes to <= {n_layers}"
+            f"model.n_layers={n_layers} is fewer than the {chunks} stages (processes x "
+            f"parallel.pipeline_virtual_stages); raise model.n_layers or use fewer stages"
         )
-    base, extra = divmod(n_layers, stages)
+    per_device = split_layers(n_layers, stages, virtual)
+    counts = [per_device[c % stages][c // stages] for c in range(chunks)]
     ranges, start = [], 0
-    for stage in range(stages):
-        stop = start + base + (1 if stage < extra else 0)
-        ranges.append((start, stop))
-        start = stop
+    for count in counts:
+        ranges.append((start, start + count))
+        start += count
     return ranges
 
 
-def apply_pipeline_stage(model: nn.Module, env: DistEnv) -> nn.Module:
-    """This rank's stage: the same decoder with the other stages' layers removed.
+class PipelineChunks(nn.Module):
+    """The stages one process runs (several under an interleaved schedule), as one module for the optimizer."""
+
+    def __init__(self, chunks: list[nn.Module], stage_indices: list[int], total_parameters: int):
+        super().__init__()
+        self.chunks = nn.ModuleList(chunks)
+        self.stage_indices = stage_indices
+        self.total_parameters = total_parameters  # the whole model, for the run header
+
+
+def apply_pipeline_stage(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
+    """This rank's stage(s): the same decoder with the other stages' layers removed.
 
     The embedding stays on the first stage, the final norm and LM head on the last; the
     decoder's own forward skips what is absent (torchtitan's pipeline pattern), so no
-    second forward exists to drift from the first.
+    second forward exists to drift from the first. With `pipeline_virtual_stages` v > 1
+    the process runs v such chunks, stages rank, rank + p, ... (Narayanan et al. 2021, §2.2).
     """
     if not hasattr(model, "tok_emb") or not hasattr(model, "blocks"):
         raise UserError(
@@ -177,18 +205,25 @@ def apply_pipeline_stage(model: nn.Module, env: DistEnv) -> nn.Module:
             "model.tie_embeddings: a pipeline puts the embedding and the LM head on different stages, "
             "so they cannot share a weight (set model.tie_embeddings=false, or use ddp, fsdp or deepspeed)"
         )
+    virtual = cfg.pipeline_virtual_stages
     total = sum(p.numel() for p in model.parameters())
-    start, stop = stage_layer_ranges(len(model.blocks), env.world_size)[env.rank]
-    if env.rank > 0:
+    ranges = stage_layer_ranges(len(model.blocks), env.world_size, virtual)
+    indices = [env.rank + c * env.world_size for c in range(virtual)]
+    chunks = [_keep_stage(copy.deepcopy(model) if virtual > 1 else model, ranges, index) for index in indices]
+    return PipelineChunks(chunks, indices, total).to(env.device)
+
+
+def _keep_stage(model: nn.Module, ranges: list[tuple[int, int]], index: int) -> nn.Module:
+    start, stop = ranges[index]
+    if index > 0:
         model.tok_emb = None
         model.pos_emb = None
     model.blocks = nn.ModuleList(model.blocks[start:stop])
-    if env.rank < env.world_size - 1:
+    if index < len(ranges) - 1:
         model.final_norm = None
         model.lm_head = None
-    model.total_parameters = total  # the whole model, for the run header
     model.stage_blocks = (start, stop)
-    return model.to(env.device)
+    return model
 
 
 def attach_strategy(state, cfg: RunConfig, env: DistEnv) -> Strategy:

@@ -31,6 +31,19 @@ from flopwise.train.step import StepHooks, apply_update, loss_fn
 from flopwise.train.strategy_torch import end_torch_step
 
 
+_MULTI_STAGE = ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS", "ScheduleInterleavedZeroBubble")
+
+
+def _schedule_class(name: str):
+    """The `torch.distributed.pipelining` schedule a `parallel.pipeline_schedule` names."""
+    from torch.distributed import pipelining
+
+    return getattr(pipelining, {
+        "1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+        "looped-bfs": "ScheduleLoopedBFS", "interleaved-zero-bubble": "ScheduleInterleavedZeroBubble",
+    }[name])
+
+
 class PipelineStrategy:
     """Supplies this rank's stage, driven through a `torch.distributed.pipelining` schedule, to the one step."""
 
@@ -38,26 +51,31 @@ class PipelineStrategy:
 
     def __init__(self, state, parallel: ParallelConfig, precision: PrecisionConfig, grad_clip: float | None,
                  env: DistEnv):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import PipelineStage
 
         self.env = env
-        self.module = state.built.module
+        self.module = state.built.module  # `parallelize.PipelineChunks`: this rank's stage(s)
         self.scaler = state.scaler
         self.precision_mode = precision.mode
         self.grad_clip = grad_clip
         self.microbatches = parallel.pipeline_microbatches
-        self.first, self.last = env.rank == 0, env.rank == env.world_size - 1
-        self.stage = PipelineStage(self.module, stage_index=env.rank, num_stages=env.world_size, device=env.device)
+        chunks, indices = list(self.module.chunks), self.module.stage_indices
+        num_stages = env.world_size * len(chunks)
+        self.first, self.last = 0 in indices, num_stages - 1 in indices
+        self.stages = [PipelineStage(chunk, stage_index=index, num_stages=num_stages, device=env.device)
+                       for chunk, index in zip(chunks, indices)]
         self.loss_multiplier = 1.0  # 1 / (micro-batches x passes) x loss scale, set per step
-        schedule = Schedule1F1B if parallel.pipeline_schedule == "1f1b" else ScheduleGPipe
+        schedule = _schedule_class(parallel.pipeline_schedule)
         # Gradients are scaled in the loss (scale_grads=False): the schedule's own scaling
         # would also divide gradients accumulated over earlier passes.
-        self.schedule = schedule(self.stage, n_microbatches=self.microbatches, loss_fn=self._loss,
-                                 scale_grads=False)
-        lo, hi = self.module.stage_blocks
+        self.schedule = schedule(self.stages if schedule.__name__ in _MULTI_STAGE else self.stages[0],
+                                 n_microbatches=self.microbatches, loss_fn=self._loss, scale_grads=False)
+        held = "; ".join(
+            f"stage {index} holds blocks {chunk.stage_blocks[0]}..{chunk.stage_blocks[1] - 1}"
+            f"{' + embedding' if index == 0 else ''}{' + norm/head/loss' if index == num_stages - 1 else ''}"
+            for chunk, index in zip(chunks, indices))
         state.built.notes.append(
-            f"pipeline {parallel.pipeline_schedule}: stage {env.rank} of {env.world_size} holds blocks {lo}..{hi - 1}"
-            f"{' + embedding' if self.first else ''}{' + norm/head/loss' if self.last else ''}, "
+            f"pipeline {parallel.pipeline_schedule}: rank {env.rank} of {env.world_size}: {held}; "
             f"{self.microbatches} micro-batches per pass"
         )
 
@@ -134,7 +152,7 @@ class PipelineStrategy:
     @torch.no_grad()
     def evaluate(self, loader, batches: int) -> float:
         """Mean validation loss over `batches` passes of `pipeline_microbatches` held-out micro-batches."""
-        module = self.stage.submod
+        module = self.module
         module.eval()
         self.loss_multiplier = 1.0 / self.microbatches
         total = 0.0
