@@ -46,6 +46,7 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
         dp=dp,
         tp=tp,
         sequence_parallel=cfg.parallel.sequence_parallel and tp > 1,
+        dp_replicate=1 if pipeline else cfg.parallel.dp_replicate,
         pp=world if pipeline else 1,
         micro_batch_size=cfg.training.micro_batch_size,
         # a pipeline pass is `pipeline_microbatches` micro-batches: the planner's accumulation count
