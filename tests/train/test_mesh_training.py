@@ -123,3 +123,18 @@ def test_hsdp_2x2_matches_one_process_and_resumes_exactly(corpus, tmp_path, refe
 def test_a_mesh_that_does_not_fit_is_one_line_naming_the_keys(overrides, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_strategy(load_config(None, overrides).parallel)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout, micro_batch", [({"pp": 2}, 1), ({"tp": 2}, 2)], ids=["pp2-fsdp2", "pp2-tp2"])
+def test_pipeline_composed_with_fsdp2_or_tp_matches_one_process(corpus, tmp_path, reference, layout, micro_batch):
+    """2 stages x (2 FSDP2 shards or 2 tensor-parallel ranks), 4 micro-batches per pass, 8 sequences per step."""
+    config = mesh_config(corpus, tmp_path / "pp", micro_batch, strategy="pipeline", nproc_per_node=4,
+                         pipeline_microbatches=4, **layout)
+    config["checkpoint"] = {"at_end": False}  # pipelines do not checkpoint yet
+    result = run_cli(config, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shape = "pp 2 x dp_shard 2" if "pp" in layout else "pp 2 x tp 2"
+    assert f"(mesh {shape})" in result.stdout
+    assert_matches(reference, mean_losses(tmp_path / "pp"), range(1, STEPS + 1))

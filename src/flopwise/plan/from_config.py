@@ -38,25 +38,28 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
     strategy = cfg.parallel.strategy
     pipeline = strategy == "pipeline"
     micro_per_pass = cfg.parallel.pipeline_microbatches if pipeline else 1
-    tp = 1 if pipeline else cfg.parallel.tp
-    dp = 1 if pipeline else world // tp  # tensor-parallel peers read the same batch
+    par = cfg.parallel
+    tp = par.tp
+    # a pipeline takes what tp and the replicas leave unless parallel.pp says otherwise (train/mesh.py)
+    pp = (par.pp or world // (tp * par.dp_replicate)) if pipeline else 1
+    dp = max(1, world // (tp * pp))  # tensor-parallel peers and pipeline stages read the same batch
     _, grad_accum = batch_layout(cfg.training, dp, micro_per_pass)
     every = cfg.training.checkpoint_every
     layout = Layout(
         dp=dp,
         tp=tp,
         sequence_parallel=cfg.parallel.sequence_parallel and tp > 1,
-        dp_replicate=1 if pipeline else cfg.parallel.dp_replicate,
-        pp=world if pipeline else 1,
+        dp_replicate=par.dp_replicate,
+        pp=pp,
         micro_batch_size=cfg.training.micro_batch_size,
         # a pipeline pass is `pipeline_microbatches` micro-batches: the planner's accumulation count
         grad_accum=grad_accum * micro_per_pass,
         # FSDP2's full sharding shards parameters, gradients and optimizer states: ZeRO stage 3
-        zero_stage=3 if strategy == "fsdp" else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
+        zero_stage=3 if strategy == "fsdp" or (pipeline and dp > 1) else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
         framework="deepspeed" if strategy == "deepspeed" else "fsdp",
         offload=_offload_of(cfg.parallel),
         pipeline_schedule=_planned_schedule(cfg.parallel.pipeline_schedule),
-        virtual_stages=cfg.parallel.pipeline_virtual_stages if pipeline else 1,
+        virtual_stages=par.pipeline_virtual_stages if pipeline else 1,
         # training.gradient_checkpointing: every block (full), every k-th block, or none
         recompute="none" if every == 0 else ("full" if every == 1 else f"every:{every}"),
         flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA

@@ -60,6 +60,7 @@ class BuiltModel:
     forward_context: Callable[[], ContextManager] = contextlib.nullcontext
     saved_tensor_hooks: tuple[Callable, Callable] | None = None
     notes: list[str] = field(default_factory=list)
+    pp_group: object | None = None  # the pipeline stages' process group when the mesh has other dimensions
 
 
 def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> BuiltModel:
@@ -117,6 +118,7 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         forward_context=forward_context,
         saved_tensor_hooks=hooks,
         notes=notes,
+        pp_group=mesh["pp"].get_group() if mesh is not None and cfg.parallel.strategy == "pipeline" else None,
     )
 
 

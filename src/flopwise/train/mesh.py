@@ -84,26 +84,28 @@ def data_parallel_rank(mesh) -> tuple[int, int]:
 def mesh_shape_of(parallel, world_size: int) -> MeshShape:
     """The shape `parallel.{pp, dp_replicate, dp_shard, tp}` asks for on `world_size` processes, checked.
 
-    A pipeline without `parallel.pp` puts one stage on every process. Tensor parallelism and
-    HSDP replicas compose with FSDP2 (`strategy: fsdp`) only; DDP, DeepSpeed and a single
-    process keep every process a whole-model data-parallel replica.
+    A pipeline without `parallel.pp` takes every process the other dimensions leave; with
+    `dp_shard` > 1 its stages are FSDP2-sharded (PP x FSDP2), with `tp` > 1 tensor-parallel.
+    Tensor parallelism and HSDP replicas compose with FSDP2 and pipelines only; DDP,
+    DeepSpeed and a single process keep every process a whole-model data-parallel replica.
     """
     pipeline = parallel.strategy == "pipeline"
-    pp = parallel.pp if parallel.pp is not None else (world_size if pipeline else 1)
+    if pipeline:
+        pp = parallel.pp if parallel.pp is not None else world_size // (parallel.tp * parallel.dp_replicate)
+    else:
+        pp = 1 if parallel.pp is None else parallel.pp
     if pp > 1 and not pipeline:
         raise UserError(f"parallel.pp={pp} needs parallel.strategy=pipeline (got {parallel.strategy})")
-    if pipeline and pp != world_size:
-        raise UserError(
-            f"parallel.pp={pp}: a pipeline currently puts one stage on every process; set parallel.pp to "
-            f"{world_size} (nnodes x nproc_per_node) or leave it unset"
-        )
-    if parallel.strategy != "fsdp":
+    if parallel.strategy not in ("fsdp", "pipeline"):
         for key in ("tp", "dp_replicate"):
             if getattr(parallel, key) > 1:
                 raise UserError(
                     f"parallel.{key}={getattr(parallel, key)} composes with FSDP2 only; set parallel.strategy=fsdp "
                     f"(got {parallel.strategy}) or parallel.{key}=1"
                 )
+    if pipeline and parallel.sequence_parallel:
+        raise UserError("parallel.sequence_parallel=true is not supported with a pipeline (stages pass whole "
+                        "sequences); set it to false")
     if parallel.sequence_parallel and parallel.tp == 1:
         raise UserError("parallel.sequence_parallel=true needs parallel.tp > 1")
     return mesh_shape(world_size, pp=pp, dp_replicate=parallel.dp_replicate, dp_shard=parallel.dp_shard,

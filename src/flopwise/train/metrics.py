@@ -112,8 +112,11 @@ class SavedActivationMeter:
         base = tensor._base if tensor._base is not None else tensor
         if base.is_leaf and base.requires_grad:  # an (unsharded FSDP2) parameter
             return None
-        storage = local_tensor(tensor).untyped_storage()
-        key = storage.data_ptr()
+        try:
+            storage = local_tensor(tensor).untyped_storage()
+            key = storage.data_ptr()
+        except RuntimeError:  # no real storage (a meta or fake tensor, e.g. a pipeline stage's shape probe)
+            return None
         if key in self._excluded or storage.nbytes() == 0:
             return None
         return key, storage.nbytes()

@@ -64,7 +64,8 @@ def build_device_mesh(cfg: ParallelConfig, env: DistEnv):
     from flopwise.train.mesh import build_mesh
 
     shape = mesh_shape_of(cfg, env.world_size)
-    if cfg.strategy != "fsdp" or not env.distributed:
+    composed_pipeline = cfg.strategy == "pipeline" and shape.pp < env.world_size
+    if not env.distributed or not (cfg.strategy == "fsdp" or composed_pipeline):
         return None, shape
     return build_mesh(shape, env.device.type), shape
 
@@ -98,7 +99,11 @@ def parallelize_model(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConf
     if cfg.strategy == "fsdp":
         return apply_fsdp(model, blocks, cfg, env, mp_policy, mesh, shape)
     if cfg.strategy == "pipeline":
-        return apply_pipeline_stage(model, cfg, env)
+        stages = apply_pipeline_stage(model, cfg, env, mesh)
+        if shape is not None and shape.dp > 1:  # PP x FSDP2: each stage sharded over its data-parallel peers
+            for chunk in stages.chunks:
+                apply_fsdp(chunk, chunk.blocks, cfg, env, mp_policy, mesh, shape)
+        return stages
     return model  # single, deepspeed
 
 
@@ -187,7 +192,7 @@ class PipelineChunks(nn.Module):
         self.total_parameters = total_parameters  # the whole model, for the run header
 
 
-def apply_pipeline_stage(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
+def apply_pipeline_stage(model: nn.Module, cfg: ParallelConfig, env: DistEnv, mesh=None) -> nn.Module:
     """This rank's stage(s): the same decoder with the other stages' layers removed.
 
     The embedding stays on the first stage, the final norm and LM head on the last; the
@@ -200,15 +205,16 @@ def apply_pipeline_stage(model: nn.Module, cfg: ParallelConfig, env: DistEnv) ->
             "parallel.strategy: pipeline splits the built-in decoder (model.kind llama or gpt2); "
             "for model.kind=hf use ddp, fsdp or deepspeed"
         )
-    if model.cfg.tie_embeddings and env.world_size > 1:
+    pp_rank, pp = (mesh["pp"].get_local_rank(), mesh["pp"].size()) if mesh is not None else (env.rank, env.world_size)
+    if model.cfg.tie_embeddings and pp > 1:
         raise UserError(
             "model.tie_embeddings: a pipeline puts the embedding and the LM head on different stages, "
             "so they cannot share a weight (set model.tie_embeddings=false, or use ddp, fsdp or deepspeed)"
         )
     virtual = cfg.pipeline_virtual_stages
     total = sum(p.numel() for p in model.parameters())
-    ranges = stage_layer_ranges(len(model.blocks), env.world_size, virtual)
-    indices = [env.rank + c * env.world_size for c in range(virtual)]
+    ranges = stage_layer_ranges(len(model.blocks), pp, virtual)
+    indices = [pp_rank + c * pp for c in range(virtual)]
     chunks = [_keep_stage(copy.deepcopy(model) if virtual > 1 else model, ranges, index) for index in indices]
     return PipelineChunks(chunks, indices, total).to(env.device)
 
@@ -236,7 +242,8 @@ def attach_strategy(state, cfg: RunConfig, env: DistEnv) -> Strategy:
         _, grad_accum = batch_layout(cfg.training, env.world_size)
         return DeepSpeedStrategy(state, cfg, env, grad_accum)
     if cfg.parallel.strategy == "pipeline":
-        return PipelineStrategy(state, cfg.parallel, cfg.precision, cfg.training.grad_clip, env)
+        return PipelineStrategy(state, cfg.parallel, cfg.precision, cfg.training.grad_clip, env,
+                                state.built.pp_group)
     return TorchStrategy(state, cfg.precision, cfg.training.grad_clip, env)
 
 

@@ -24,11 +24,11 @@ import torch
 import torch.distributed as dist
 
 from flopwise.train.config import ParallelConfig, PrecisionConfig
-from flopwise.train.distributed import DistEnv
+from flopwise.train.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, measure_memory
 from flopwise.train.precision import autocast_context
 from flopwise.train.step import StepHooks, apply_update, loss_fn
-from flopwise.train.strategy_torch import end_torch_step
+from flopwise.train.strategy_torch import clip_to_norm, end_torch_step, global_grad_norm
 
 
 _MULTI_STAGE = ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS", "ScheduleInterleavedZeroBubble")
@@ -50,19 +50,23 @@ class PipelineStrategy:
     memory_before_step = False
 
     def __init__(self, state, parallel: ParallelConfig, precision: PrecisionConfig, grad_clip: float | None,
-                 env: DistEnv):
+                 env: DistEnv, pp_group=None):
         from torch.distributed.pipelining import PipelineStage
 
         self.env = env
+        self.pp_group = pp_group  # None: every process is one stage of the same pipeline
+        pp = dist.get_world_size(pp_group) if env.distributed else 1
         self.module = state.built.module  # `parallelize.PipelineChunks`: this rank's stage(s)
         self.scaler = state.scaler
         self.precision_mode = precision.mode
         self.grad_clip = grad_clip
         self.microbatches = parallel.pipeline_microbatches
         chunks, indices = list(self.module.chunks), self.module.stage_indices
-        num_stages = env.world_size * len(chunks)
+        num_stages = pp * len(chunks)
+        self.last_rank = dist.get_global_rank(pp_group, pp - 1) if pp_group is not None else env.world_size - 1
         self.first, self.last = 0 in indices, num_stages - 1 in indices
-        self.stages = [PipelineStage(chunk, stage_index=index, num_stages=num_stages, device=env.device)
+        self.stages = [PipelineStage(chunk, stage_index=index, num_stages=num_stages, device=env.device,
+                                     group=pp_group)
                        for chunk, index in zip(chunks, indices)]
         self.loss_multiplier = 1.0  # 1 / (micro-batches x passes) x loss scale, set per step
         schedule = _schedule_class(parallel.pipeline_schedule)
@@ -95,7 +99,7 @@ class PipelineStrategy:
         if self.env.world_size == 1:
             return value
         tensor = torch.tensor([value], dtype=torch.float64, device=self.env.device)
-        dist.broadcast(tensor, src=self.env.world_size - 1)
+        dist.broadcast(tensor, src=self.last_rank, group=self.pp_group)
         return float(tensor.item())
 
     def fetch(self, loader) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,15 +133,14 @@ class PipelineStrategy:
         if scaler is not None:
             scaler.unscale_(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        local = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True) if params else torch.zeros(())
+        local = global_grad_norm([p.grad for p in params])  # this stage's, whole over its dp/tp peers
         squared = torch.tensor([float(local) ** 2], dtype=torch.float64, device=self.env.device)
         if self.env.world_size > 1:
-            dist.all_reduce(squared)
+            dist.all_reduce(squared, group=self.pp_group)  # summed over the stages
         grad_norm = math.sqrt(squared.item()) if math.isfinite(squared.item()) else float("inf")
         finite = math.isfinite(grad_norm)
         if finite and self.grad_clip is not None and params:
-            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip,
-                                                 torch.tensor(grad_norm, device=self.env.device), foreach=True)
+            clip_to_norm([p.grad for p in params], self.grad_clip, grad_norm)
         skipped, scale = apply_update(optimizer, scaler, finite)
         return skipped, grad_norm, scale
 
@@ -162,4 +165,4 @@ class PipelineStrategy:
             with autocast_context(self.precision_mode, self.env.device.type):
                 total += self._run(inputs, targets, evaluate=True)
         module.train()
-        return total / batches
+        return all_reduce_mean([total / batches], self.env)[0]  # the mean over data-parallel replicas

@@ -65,9 +65,9 @@ class TorchStrategy:
             scaler.unscale_(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         norm = global_grad_norm([p.grad for p in params if p.grad is not None])
-        if self.grad_clip is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm, foreach=True)
         grad_norm = float(norm)
+        if self.grad_clip is not None:
+            clip_to_norm([p.grad for p in params if p.grad is not None], self.grad_clip, grad_norm)
         skipped, scale = apply_update(optimizer, scaler, math.isfinite(grad_norm))
         return skipped, grad_norm, scale
 
@@ -110,6 +110,18 @@ def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     if not norms:
         return torch.zeros(())
     return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
+def clip_to_norm(grads: list[torch.Tensor], max_norm: float, total_norm: float) -> None:
+    """Scale gradients so their total norm is at most `max_norm` (as `clip_grads_with_norm_`).
+
+    The coefficient is a Python number, so DTensor gradients on any mesh take it as they
+    are (torch's foreach version would need it as a DTensor on each mesh).
+    """
+    coef = max_norm / (total_norm + 1e-6)
+    if coef < 1.0 and math.isfinite(total_norm):
+        for grad in grads:
+            grad.mul_(coef)
 
 
 def end_torch_step(state) -> None:
