@@ -27,6 +27,8 @@ LAYOUTS = {
     "hsdp 2 x 2": {"strategy": "fsdp", "nproc_per_node": 4, "dp_replicate": 2},
     "fsdp 2 + cpu offload": {"strategy": "fsdp", "nproc_per_node": 2, "offload": "params"},
     "pipeline 1f1b, 2 stages": {"strategy": "pipeline", "nproc_per_node": 2},
+    "pp 2 x fsdp 2 (1f1b)": {"strategy": "pipeline", "nproc_per_node": 4, "pp": 2},
+    "pp 2 x tp 2 (1f1b)": {"strategy": "pipeline", "nproc_per_node": 4, "tp": 2},
     "pipeline gpipe, 2 stages": {"strategy": "pipeline", "nproc_per_node": 2, "pipeline_schedule": "gpipe"},
     "pipeline interleaved-1f1b, 2 x 2 stages": {"strategy": "pipeline", "nproc_per_node": 2,
                                                "pipeline_schedule": "interleaved-1f1b", "pipeline_virtual_stages": 2},
@@ -39,7 +41,8 @@ LAYOUTS = {
 
 
 def config(root: Path, name: str, parallel: dict) -> dict:
-    micro = 8 // (parallel["nproc_per_node"] // parallel.get("tp", 1)) if parallel["strategy"] != "pipeline" else 2
+    dp = parallel["nproc_per_node"] // parallel.get("tp", 1) // parallel.get("pp", 1)
+    micro = 8 // dp if parallel["strategy"] != "pipeline" else 2 // (dp if "pp" in parallel else 1)
     return {
         "model": {"n_layers": 4, "hidden": 32, "n_heads": 2, "max_seq_len": 64},
         "data": {"paths": [str(root / "text")], "cache_dir": str(root / "cache"), "vocab_size": 320,
@@ -57,6 +60,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None)
     args = parser.parse_args()
     results = {}
+    if args.only and args.out.exists():  # refresh some layouts, keep the others' figures
+        results = json.loads(args.out.read_text())["layouts"]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "text").mkdir()

@@ -1,19 +1,22 @@
 """Pipeline parallelism as a trainer strategy (`parallel.strategy: pipeline`).
 
-The built-in decoder's blocks are split into `world_size` consecutive stages, one per
-rank: the token (and position) embedding goes with the first stage, the final norm, the
-LM head and the loss with the last. Micro-batches flow through the stages on
-`torch.distributed.pipelining`'s schedules: 1F1B (PipeDream-Flush, Narayanan et al. 2021,
-arXiv:2104.04473, sec. 2.2), which keeps at most `world_size` micro-batches of
-activations alive per stage, or GPipe (Huang et al. 2019, arXiv:1811.06965), which runs
-all forwards before all backwards. The bubble is (p - 1) / (m + p - 1) of a step for p
-stages and m micro-batches in either schedule; more micro-batches shrink it.
+The built-in decoder's blocks are split into `pp x pipeline_virtual_stages` consecutive
+stages by the planner's split rule (`parallelize.stage_layer_ranges`); process r of the
+stage group runs stages r, r + pp, ... The token (and position) embedding goes with the
+first stage, the final norm, the LM head and the loss with the last. Micro-batches flow
+through the stages on `torch.distributed.pipelining`'s schedules: 1F1B (PipeDream-Flush,
+Narayanan et al. 2021, arXiv:2104.04473, sec. 2.2), which keeps at most `pp` micro-batches
+of activations alive per stage; GPipe (Huang et al. 2019, arXiv:1811.06965), which runs
+all forwards before all backwards; and the multi-stage interleaved 1F1B, looped BFS and
+interleaved zero-bubble schedules. The bubble is (p - 1) / (m + p - 1) of a step for p
+stages and m micro-batches with one stage per process; interleaving v stages divides it by v.
 
-Every rank sees the same batch (the data-parallel degree is 1); a pass feeds
-`parallel.pipeline_microbatches` micro-batches of `training.micro_batch_size`. The loss
-exists on the last stage and is broadcast for logging; the gradient-norm for clipping is
-summed over stages, so every stage clips and skips (fp16 inf/nan) together. The stage
-itself is the decoder with the other stages' layers removed (`parallelize.apply_pipeline_stage`).
+On a mesh with other dimensions (PP x FSDP2, PP x TP) the stages talk over the mesh's
+"pp" group and every data-parallel replica feeds its own batch; otherwise every rank sees
+the same batch. A pass feeds `parallel.pipeline_microbatches` micro-batches of
+`training.micro_batch_size`. The loss exists on the last stage and is broadcast within the
+stage group for logging; the gradient norm for clipping is summed over stages, so every
+stage clips and skips (fp16 inf/nan) together.
 """
 
 from __future__ import annotations
