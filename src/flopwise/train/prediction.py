@@ -91,6 +91,10 @@ class Forecast:
             ratio[f"memory_{key}"] = _ratio(measured_memory.get(key), predicted_memory.get(key))
         ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
         ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
+        if measured.get("bubble_fraction") is not None:  # pipelines: idle share of a pass, mean over ranks
+            predicted["bubble_fraction"] = plan_time.get("bubble_fraction")
+            measured_out["bubble_fraction"] = measured["bubble_fraction"]
+            ratio["bubble_fraction"] = _ratio(measured["bubble_fraction"], predicted["bubble_fraction"])
         return Comparison(
             hardware={
                 "key": self.hardware_key,

@@ -21,7 +21,10 @@ stage clips and skips (fp16 inf/nan) together.
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -72,6 +75,10 @@ class PipelineStrategy:
                                      group=pp_group)
                        for chunk, index in zip(chunks, indices)]
         self.loss_multiplier = 1.0  # 1 / (micro-batches x passes) x loss scale, set per step
+        self.busy_seconds = 0.0  # this rank's time inside its stages' forward/backward, this pass
+        self.idle_fractions: list[float] = []  # per training pass: 1 - busy / pass wall time
+        for stage in self.stages:
+            _time_stage_compute(stage, self)
         schedule = _schedule_class(parallel.pipeline_schedule)
         # Gradients are scaled in the loss (scale_grads=False): the schedule's own scaling
         # would also divide gradients accumulated over earlier passes.
@@ -128,7 +135,17 @@ class PipelineStrategy:
         self.loss_multiplier = scale / (self.microbatches * grad_accum)
         with hooks.around_forward(self.module, micro, micro == grad_accum - 1):
             with autocast_context(self.precision_mode, self.env.device.type):
-                return self._run(inputs, targets) / scale
+                self.busy_seconds, start = 0.0, time.perf_counter()
+                loss = self._run(inputs, targets) / scale
+                elapsed = time.perf_counter() - start
+                self.idle_fractions.append(max(0.0, 1.0 - self.busy_seconds / elapsed) if elapsed > 0 else 0.0)
+                return loss
+
+    def measured_bubble(self) -> float | None:
+        """This rank's idle share of a pass (median over passes after the first): the bubble
+        plus point-to-point waits, what the planner's bubble fraction predicts."""
+        steady = self.idle_fractions[1:] or self.idle_fractions
+        return statistics.median(steady) if steady else None
 
     def clip_and_step(self, state) -> tuple[bool, float, float | None]:
         """Unscale, clip by the norm over all stages, step unless it is inf/nan, update the scale."""
@@ -169,3 +186,22 @@ class PipelineStrategy:
                 total += self._run(inputs, targets, evaluate=True)
         module.train()
         return all_reduce_mean([total / batches], self.env)[0]  # the mean over data-parallel replicas
+
+
+def _time_stage_compute(stage, strategy: PipelineStrategy) -> None:
+    """Add the time `stage` spends computing (forward, backward, deferred weight gradients) to
+    `strategy.busy_seconds`; everything else in a pass is waiting."""
+    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        method = getattr(stage, name, None)
+        if method is None:
+            continue
+
+        @functools.wraps(method)
+        def timed(*args, _method=method, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                strategy.busy_seconds += time.perf_counter() - start
+
+        setattr(stage, name, timed)
