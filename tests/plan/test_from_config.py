@@ -136,3 +136,14 @@ def test_plan_config_predicts_what_train_writes_to_plan_json(tmp_path):
     # The run's device is this CPU, with a measured peak; the plan's is the catalog default.
     # Everything that does not depend on the device is the same prediction.
     assert _hardware_free(json.loads(planned.stdout)) == _hardware_free(written)
+
+
+def test_mesh_keys_become_the_planned_layout():
+    tp = _spec("parallel.nproc_per_node=4", "parallel.tp=2", "parallel.sequence_parallel=true").layout
+    assert (tp.dp, tp.tp, tp.sequence_parallel, tp.devices) == (2, 2, True, 4)
+    hsdp = _spec("parallel.nproc_per_node=4", "parallel.dp_replicate=2").layout
+    assert (hsdp.dp, hsdp.dp_replicate, hsdp.shard_group) == (4, 2, 2)
+    assert _spec("parallel.offload=optimizer").layout.offload == "params"  # FSDP2 offloads all three together
+    pipe = _spec("parallel.strategy=pipeline", "parallel.pipeline_schedule=looped-bfs",
+                 "parallel.pipeline_virtual_stages=2").layout
+    assert (pipe.pp, pipe.pipeline_schedule, pipe.virtual_stages) == (2, "interleaved", 2)

@@ -8,6 +8,8 @@ arithmetic on the same samples; only the micro-batch split changes the summation
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from flopwise.errors import UserError
@@ -25,7 +27,8 @@ from tests.train.test_distributed import (  # noqa: F401  (fixtures)
 
 def test_blocks_split_into_consecutive_even_stages():
     assert stage_layer_ranges(4, 2) == [(0, 2), (2, 4)]
-    assert stage_layer_ranges(5, 3) == [(0, 2), (2, 4), (4, 5)]
+    assert stage_layer_ranges(5, 3) == [(0, 1), (1, 3), (3, 5)]  # the planner's rule: middle stages first
+    assert stage_layer_ranges(6, 2, virtual=2) == [(0, 1), (1, 3), (3, 5), (5, 6)]
     assert stage_layer_ranges(3, 1) == [(0, 3)]
     with pytest.raises(UserError, match="model.n_layers=2 is fewer than the 3 stages"):
         stage_layer_ranges(2, 3)
@@ -47,12 +50,18 @@ def test_1f1b_on_two_stages_matches_one_process(corpus, tmp_path, single_process
     config = base_config(corpus, run_dir, 2, strategy="pipeline", nproc_per_node=2, pipeline_microbatches=4)
     result = run_cli(config, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "pipeline 1f1b: stage 0 of 2 holds blocks 0..0 + embedding" in result.stdout
+    assert "pipeline 1f1b: rank 0 of 2: stage 0 holds blocks 0..0 + embedding" in result.stdout
     assert_matches_reference(single_process_reference, run_dir)
     # each stage holds its own part of the model: together exactly the whole
     full = single_process_reference[-1]["memory_parameters_bytes"]
     per_stage = [metrics(run_dir, rank)[-1]["memory_parameters_bytes"] for rank in (0, 1)]
     assert sum(per_stage) == full and all(0.3 * full < b < 0.7 * full for b in per_stage)
+    # the peak of saved activations in flight under 1F1B, not the sum over the pass's micro-batches
+    comparison = json.loads((run_dir / "predicted_vs_measured.json").read_text())
+    assert comparison["measured_over_predicted"]["memory_activations"] == pytest.approx(1.0, abs=0.10)
+    # the idle share of a pass, measured per rank, beside the planner's bubble (2 stages, 4 micro-batches)
+    assert 0.0 < comparison["measured"]["bubble_fraction"] < 1.0
+    assert 0.0 < comparison["predicted"]["bubble_fraction"] <= 0.2
 
 
 @pytest.mark.slow
@@ -102,3 +111,46 @@ def test_fp16_loss_scaling_is_the_same_on_every_stage(corpus, tmp_path):
     assert [r["loss_scale"] for r in first] == [r["loss_scale"] for r in last] == [2.0**16] * STEPS
     assert [r["grad_norm"] for r in first] == [r["grad_norm"] for r in last]
     assert first[-1]["loss"] < first[0]["loss"]
+
+
+@pytest.fixture(scope="module")
+def four_layer_reference(corpus, tmp_path_factory):
+    """One process, 4 blocks, one batch of 8: the reference for 2 processes x 2 stages each."""
+    import yaml
+
+    from flopwise.train.config_loading import load_config
+    from flopwise.train.distributed import init_distributed
+    from flopwise.train.loop import run_training
+
+    run_dir = tmp_path_factory.mktemp("single4") / "run"
+    config = base_config(corpus, run_dir, 8, strategy="single", nproc_per_node=1)
+    config["model"]["n_layers"] = 4
+    path = run_dir.parent / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cfg = load_config(path)
+    run_training(cfg, init_distributed(cfg.parallel))
+    return metrics(run_dir, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble"])
+def test_two_stages_per_process_match_one_process(corpus, tmp_path, four_layer_reference, schedule):
+    run_dir = tmp_path / schedule
+    config = base_config(corpus, run_dir, 2, strategy="pipeline", nproc_per_node=2, pipeline_microbatches=4,
+                         pipeline_schedule=schedule, pipeline_virtual_stages=2)
+    config["model"]["n_layers"] = 4
+    result = run_cli(config, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"pipeline {schedule}: rank 0 of 2: stage 0 holds blocks 0..0 + embedding; stage 2 holds blocks 2..2" \
+        in result.stdout
+    assert_matches_reference(four_layer_reference, run_dir)
+
+
+def test_virtual_stages_need_a_multi_stage_schedule():
+    from flopwise.train.config_loading import load_config
+    from flopwise.train.parallelize import check_strategy
+
+    cfg = load_config(None, ["parallel.strategy=pipeline", "parallel.pipeline_virtual_stages=2"])
+    with pytest.raises(UserError, match="parallel.pipeline_virtual_stages=2 needs a schedule with several"):
+        check_strategy(cfg.parallel)

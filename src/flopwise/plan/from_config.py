@@ -38,19 +38,28 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
     strategy = cfg.parallel.strategy
     pipeline = strategy == "pipeline"
     micro_per_pass = cfg.parallel.pipeline_microbatches if pipeline else 1
-    _, grad_accum = batch_layout(cfg.training, 1 if pipeline else world, micro_per_pass)
+    par = cfg.parallel
+    tp = par.tp
+    # a pipeline takes what tp and the replicas leave unless parallel.pp says otherwise (train/mesh.py)
+    pp = (par.pp or world // (tp * par.dp_replicate)) if pipeline else 1
+    dp = max(1, world // (tp * pp))  # tensor-parallel peers and pipeline stages read the same batch
+    _, grad_accum = batch_layout(cfg.training, dp, micro_per_pass)
     every = cfg.training.checkpoint_every
     layout = Layout(
-        dp=1 if pipeline else world,
-        pp=world if pipeline else 1,
+        dp=dp,
+        tp=tp,
+        sequence_parallel=cfg.parallel.sequence_parallel and tp > 1,
+        dp_replicate=par.dp_replicate,
+        pp=pp,
         micro_batch_size=cfg.training.micro_batch_size,
         # a pipeline pass is `pipeline_microbatches` micro-batches: the planner's accumulation count
         grad_accum=grad_accum * micro_per_pass,
         # FSDP2's full sharding shards parameters, gradients and optimizer states: ZeRO stage 3
-        zero_stage=3 if strategy == "fsdp" else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
+        zero_stage=3 if strategy == "fsdp" or (pipeline and dp > 1) else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
         framework="deepspeed" if strategy == "deepspeed" else "fsdp",
-        offload=cfg.parallel.offload if strategy == "deepspeed" else "none",
-        pipeline_schedule=cfg.parallel.pipeline_schedule,
+        offload=_offload_of(cfg.parallel),
+        pipeline_schedule=_planned_schedule(cfg.parallel.pipeline_schedule),
+        virtual_stages=par.pipeline_virtual_stages if pipeline else 1,
         # training.gradient_checkpointing: every block (full), every k-th block, or none
         recompute="none" if every == 0 else ("full" if every == 1 else f"every:{every}"),
         flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA
@@ -75,6 +84,21 @@ def notes_for(cfg) -> list[str]:
     if cfg.training.activation_compression != "none":
         notes.append("prediction: int8 activation compression is not modelled by the planner")
     return notes
+
+
+def _planned_schedule(schedule: str) -> str:
+    """The planner's word for a trainer schedule. Looped BFS (Lamy-Poirier 2023, arXiv:2211.05953)
+    and interleaved zero-bubble (Qi et al. 2024, arXiv:2401.10241) are planned as interleaved
+    1F1B: the same (p-1)/(m*v) bubble, an upper bound for zero-bubble, which fills part of it."""
+    return "interleaved" if schedule in ("interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble") else schedule
+
+
+def _offload_of(parallel) -> str:
+    """What the run offloads: DeepSpeed as asked; FSDP2's CPUOffloadPolicy moves parameter shards,
+    gradients and optimizer state together, which is the planner's "params"."""
+    if parallel.offload == "none" or parallel.strategy not in ("deepspeed", "fsdp"):
+        return "none"
+    return parallel.offload if parallel.strategy == "deepspeed" else "params"
 
 
 def processes_of(parallel) -> int:

@@ -43,6 +43,12 @@ class Layout:
     flash_attention: bool = True
     tp_comm_overlap: bool = False  # TP collectives chunked behind the GEMMs (Transformer Engine userbuffers)
     framework: str = "fsdp"
+    dp_replicate: int = 1  # HSDP (Zhao et al. 2023, PyTorch FSDP §3.2.1): ZeRO shards within dp / dp_replicate
+
+    @property
+    def shard_group(self) -> int:
+        """Devices one ZeRO/FSDP shard set spans: dp, or dp / dp_replicate under HSDP."""
+        return max(1, self.dp // self.dp_replicate)
 
     @property
     def devices(self) -> int:

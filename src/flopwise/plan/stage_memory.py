@@ -99,7 +99,7 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     if framework == "deepspeed" and lay.pp > 1 and lay.zero_stage >= 2:
         warnings.append("deepspeed: pipeline parallelism runs with ZeRO-0/1 only; planned as asked")
     largest = mem.largest_unit_params(pc, lay.tp)
-    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.dp, lay.tp, lay.offload, framework)
+    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.shard_group, lay.tp, lay.offload, framework)
     layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
     terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
                                                lay.flash_attention)
@@ -109,7 +109,7 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         # the layer being back-propagated is rebuilt whole for a moment
         rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
     # model states are linear in a stage's parameters: bytes per parameter, once
-    unit = _states_per_param(sb, lay.zero_stage, lay.dp, lay.offload)
+    unit = _states_per_param(sb, lay.zero_stage, lay.shard_group, lay.offload)
     weight_per_param = unit.weights
     if framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params":
         # torchtitan keeps a stage's weights gathered across its micro-batches

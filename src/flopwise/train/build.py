@@ -6,17 +6,20 @@ switch is on (turning one off leaves no trace):
 1. build the fp32 model            `model.build_model`; with `model.pretrained`, on the meta
                                    device (`hf_pretrained`), filled here, or after step 6 for FSDP2
 2. fp32 norms                      `precision.apply_fp32_norm`            (precision.fp32_norm)
+   tensor parallelism              `parallelize.apply_tensor_parallel` over  (parallel.tp,
+                                   the run's one DeviceMesh                  parallel.sequence_parallel)
 3. activation checkpointing        `activation_checkpointing.apply_activation_checkpointing`
                                                                          (training.gradient_checkpointing)
 4. activation compression (int8)   `activation_compression.int8_saved_activations`
                                    entered around each forward          (training.activation_compression)
 5. torch.compile, per block        `nn.Module.compile`                    (training.compile)
-6. parallelism                     `parallelize.parallelize_model`: DDP,  (parallel.strategy)
-                                   FSDP2, or this rank's pipeline stage
+6. parallelism                     `parallelize.parallelize_model`: DDP,  (parallel.strategy,
+                                   FSDP2 / HSDP over the mesh's dp part,  parallel.dp_replicate,
+                                   or this rank's pipeline stage          parallel.offload)
 7. the step's strategy             `parallelize.attach_strategy`, once the optimizer exists:
                                    plain torch, DeepSpeed's engine or the pipeline schedule
 
-Why this order: norms must be patched before anything wraps the blocks; checkpointing
+Why this order (torchtitan's: TP, then checkpointing, compile, FSDP2): norms must be patched before anything wraps the blocks; checkpointing
 wraps whole blocks, and compression only affects what checkpointing still saves;
 compile sees the final block code; FSDP2 shards last so that each checkpointed,
 compiled block is one FSDP unit (as in torchtitan's `parallelize_llama`).
@@ -35,7 +38,9 @@ from flopwise.train.activation_checkpointing import apply_activation_checkpointi
 from flopwise.train.config import RunConfig
 from flopwise.train.distributed import DistEnv
 from flopwise.train.model import build_model, transformer_blocks
-from flopwise.train.parallelize import attach_strategy, parallelize_model, unwrap
+from flopwise.train.parallelize import (
+    apply_tensor_parallel, attach_strategy, build_device_mesh, parallelize_model, unwrap,
+)
 from flopwise.train.precision import apply_fp32_norm, fsdp_mixed_precision_policy
 
 
@@ -55,6 +60,7 @@ class BuiltModel:
     forward_context: Callable[[], ContextManager] = contextlib.nullcontext
     saved_tensor_hooks: tuple[Callable, Callable] | None = None
     notes: list[str] = field(default_factory=list)
+    pp_group: object | None = None  # the pipeline stages' process group when the mesh has other dimensions
 
 
 def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> BuiltModel:
@@ -75,6 +81,12 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         changed = apply_fp32_norm(model)
         notes.append(f"fp32 norms: {changed} norm layers compute in fp32")
 
+    mesh, shape = build_device_mesh(cfg.parallel, env)  # the run's one DeviceMesh
+    if shape.tp > 1:
+        apply_tensor_parallel(model, cfg.parallel, env, mesh)
+        notes.append(f"tensor parallel: tp {shape.tp}"
+                     f"{' with sequence parallelism' if cfg.parallel.sequence_parallel else ''}")
+
     every = cfg.training.checkpoint_every
     if every:
         apply_activation_checkpointing(model, every)
@@ -93,10 +105,12 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         notes.append("torch.compile: each transformer block")
 
     mp_policy = fsdp_mixed_precision_policy(cfg.precision.mode) if cfg.parallel.strategy == "fsdp" else None
-    wrapped = parallelize_model(model, blocks, cfg.parallel, env, mp_policy=mp_policy)
+    wrapped = parallelize_model(model, blocks, cfg.parallel, env, mp_policy=mp_policy, mesh=mesh, shape=shape)
     if pretrained is not None and cfg.parallel.strategy == "fsdp":
         materialize_pretrained(wrapped, pretrained, env.device)
-    notes.append(f"strategy: {cfg.parallel.strategy} on {env.world_size} process(es), {env.device.type}")
+    notes.append(f"strategy: {cfg.parallel.strategy} on {env.world_size} process(es), {env.device.type}"
+                 f"{f' (mesh {shape.describe()})' if mesh is not None and env.world_size > 1 else ''}"
+                 f"{f', CPU offload ({cfg.parallel.offload})' if cfg.parallel.offload != 'none' and cfg.parallel.strategy == 'fsdp' else ''}")
     return BuiltModel(
         model=wrapped,
         module=unwrap(wrapped),
@@ -104,6 +118,7 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         forward_context=forward_context,
         saved_tensor_hooks=hooks,
         notes=notes,
+        pp_group=mesh["pp"].get_group() if mesh is not None and cfg.parallel.strategy == "pipeline" else None,
     )
 
 

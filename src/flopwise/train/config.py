@@ -115,10 +115,18 @@ class ParallelConfig(Section):
     zero_stage: int = Field(3, ge=0, le=3)
     offload: Literal["none", "optimizer", "params"] = "none"
     pipeline_microbatches: int = Field(4, ge=1, le=4096)
-    pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    # torch.distributed.pipelining's schedules; the last three run `pipeline_virtual_stages` stages per process
+    pipeline_schedule: Literal["1f1b", "gpipe", "interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble"] = "1f1b"
+    pipeline_virtual_stages: int = Field(1, ge=1, le=1024)
     zero3_persistence_threshold: int = Field(100_000, ge=0, le=2**62)  # DeepSpeed: smaller parameters stay whole on every rank
     timeout_minutes: float = Field(10.0, gt=0, le=7 * 24 * 60)  # a week
     max_restarts: int = Field(0, ge=0, le=1000)
+    # The mesh (train/mesh.py): pp x dp_replicate x dp_shard x tp = processes; dp_shard -1 = what is left.
+    tp: int = Field(1, ge=1, le=MAX_COUNT)
+    sequence_parallel: bool = False
+    dp_replicate: int = Field(1, ge=1, le=MAX_COUNT)
+    dp_shard: int = Field(-1, ge=-1, le=MAX_COUNT)
+    pp: int | None = Field(None, ge=1, le=MAX_COUNT)  # pipeline stages; None = every process (pipeline) or 1
 
     @model_validator(mode="after")
     def _check_layout(self) -> "ParallelConfig":
@@ -127,6 +135,8 @@ class ParallelConfig(Section):
         host, sep, port = self.rdzv_endpoint.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"rdzv_endpoint: {self.rdzv_endpoint!r} is not HOST:PORT with a port in 1-65535")
+        if self.dp_shard == 0:
+            raise ValueError("dp_shard: must be >= 1, or -1 for the processes the other dimensions leave")
         return self
 
 

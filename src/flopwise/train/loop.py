@@ -213,6 +213,9 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     if not result.train_losses:  # resumed at or past max_steps: nothing was trained
         return result
     summary = _measured_summary(result, env)
+    bubble = getattr(state.strategy, "measured_bubble", lambda: None)()
+    if bubble is not None:  # the pipeline's idle share, averaged over ranks
+        summary["bubble_fraction"] = all_reduce_mean([bubble], env)[0]
     comparison = forecast.compare(summary)
     if env.is_main:
         write_comparison(run_dir, comparison)

@@ -79,3 +79,39 @@ def data_parallel_rank(mesh) -> tuple[int, int]:
     """
     rep, shard = mesh["dp_replicate"], mesh["dp_shard"]
     return rep.get_local_rank() * shard.size() + shard.get_local_rank(), rep.size() * shard.size()
+
+
+def mesh_shape_of(parallel, world_size: int) -> MeshShape:
+    """The shape `parallel.{pp, dp_replicate, dp_shard, tp}` asks for on `world_size` processes, checked.
+
+    A pipeline without `parallel.pp` takes every process the other dimensions leave; with
+    `dp_shard` > 1 its stages are FSDP2-sharded (PP x FSDP2), with `tp` > 1 tensor-parallel.
+    Tensor parallelism and HSDP replicas compose with FSDP2 and pipelines only; DDP,
+    DeepSpeed and a single process keep every process a whole-model data-parallel replica.
+    """
+    pipeline = parallel.strategy == "pipeline"
+    if pipeline:
+        pp = parallel.pp if parallel.pp is not None else world_size // (parallel.tp * parallel.dp_replicate)
+    else:
+        pp = 1 if parallel.pp is None else parallel.pp
+    if pp > 1 and not pipeline:
+        raise UserError(f"parallel.pp={pp} needs parallel.strategy=pipeline (got {parallel.strategy})")
+    if parallel.strategy not in ("fsdp", "pipeline"):
+        for key in ("tp", "dp_replicate"):
+            if getattr(parallel, key) > 1:
+                raise UserError(
+                    f"parallel.{key}={getattr(parallel, key)} composes with FSDP2 only; set parallel.strategy=fsdp "
+                    f"(got {parallel.strategy}) or parallel.{key}=1"
+                )
+    if pipeline and parallel.sequence_parallel:
+        raise UserError("parallel.sequence_parallel=true is not supported with a pipeline (stages pass whole "
+                        "sequences); set it to false")
+    if parallel.sequence_parallel and parallel.tp == 1:
+        raise UserError("parallel.sequence_parallel=true needs parallel.tp > 1")
+    return mesh_shape(world_size, pp=pp, dp_replicate=parallel.dp_replicate, dp_shard=parallel.dp_shard,
+                      tp=parallel.tp)
+
+
+def dp_mesh_of(mesh, shape: MeshShape):
+    """The sub-mesh FSDP2 shards over: ("dp_replicate", "dp_shard") for HSDP, else "dp_shard"."""
+    return mesh["dp_replicate", "dp_shard"] if shape.dp_replicate > 1 else mesh["dp_shard"]

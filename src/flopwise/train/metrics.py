@@ -5,7 +5,7 @@ per optimizer step. Per-rank files need no lock, never interleave, and work unch
 across nodes on a shared file system; readers glob `metrics.rank*.jsonl`.
 
 Memory on CPU is counted exactly, per rank: bytes of this rank's parameters, gradients
-and optimizer state (the local shards under FSDP2), and the bytes of tensors saved for
+and optimizer state (the local shards under FSDP2), and the peak bytes of tensors saved for
 backward, measured with `torch.autograd.graph.saved_tensors_hooks` over unique storages
 (parameters and buffers excluded). On CUDA the allocator's peak is recorded as well.
 """
@@ -13,6 +13,7 @@ backward, measured with `torch.autograd.graph.saved_tensors_hooks` over unique s
 from __future__ import annotations
 
 import os
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -58,55 +59,94 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-class SavedActivationMeter:
-    """Counts the bytes autograd keeps for backward during a forward pass.
+class _Saved:
+    """What the meter hands autograd for one saved tensor; its release marks the tensor's release."""
 
-    Each saved tensor's storage is counted once; storages of parameters and buffers (and
-    views of them, such as a transposed weight) are not activations and are skipped.
-    Activation checkpointing's own hooks run inside checkpointed regions, so what it
-    drops is not seen here, which is exactly what makes the saving measurable. `inner`
-    is an optional (pack, unpack) pair to compose with, such as int8 activation
-    compression; then the packed form is what is counted.
+    __slots__ = ("value", "__weakref__")
+
+    def __init__(self, value):
+        self.value = value
+
+
+class SavedActivationMeter:
+    """The PEAK bytes autograd keeps alive for backward while the hooks are installed.
+
+    A saved tensor is counted when it is packed and subtracted when autograd releases it
+    (after the backward that used it): each pack returns a small holder whose finaliser
+    subtracts, and storages are reference-counted so a storage saved twice counts once.
+    A plain forward then reads its whole saved set; a pipeline schedule, which runs
+    forwards and backwards of several micro-batches inside the hooks, reads the most it
+    keeps in flight at once (1F1B: at most the stages ahead), not the sum over the pass.
+    Storages of parameters and buffers (and views of them, such as a transposed weight)
+    are not activations and are skipped. Activation checkpointing's own hooks run inside
+    checkpointed regions, so what it drops is not seen here, which is exactly what makes
+    the saving measurable. `inner` is an optional (pack, unpack) pair to compose with,
+    such as int8 activation compression; then the packed form is what is counted.
     """
 
     def __init__(self, model: nn.Module, inner: tuple[Callable, Callable] | None = None):
         self._excluded = {t.untyped_storage().data_ptr() for t in _params_and_buffers(model)}
         self._inner = inner
-        self._seen: set[int] = set()
-        self.bytes = 0
+        self._alive: dict[int, list[int]] = {}  # storage key -> [holders alive, bytes]
+        self.alive_bytes = 0
+        self.bytes = 0  # the peak of `alive_bytes`
 
-    def _count(self, obj) -> None:
-        tensors = obj if isinstance(obj, (tuple, list)) else (obj,)
-        for tensor in tensors:
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            base = tensor._base if tensor._base is not None else tensor
-            if base.is_leaf and base.requires_grad:  # an (unsharded FSDP2) parameter
-                continue
+    def _hold(self, packed, counted) -> _Saved:
+        """Wrap `packed`; count the activation storages in `counted` until the holder is released."""
+        holder = _Saved(packed)
+        tensors = counted if isinstance(counted, (tuple, list)) else (counted,)
+        keys = [key for key in (self._storage_key(t) for t in tensors) if key is not None]
+        for key, nbytes in keys:
+            entry = self._alive.setdefault(key, [0, nbytes])
+            if entry[0] == 0:
+                self.alive_bytes += nbytes
+            entry[0] += 1
+        if keys:
+            weakref.finalize(holder, self._release, [key for key, _ in keys])
+            self.bytes = max(self.bytes, self.alive_bytes)
+        return holder
+
+    def _storage_key(self, tensor) -> tuple[int, int] | None:
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        base = tensor._base if tensor._base is not None else tensor
+        if base.is_leaf and base.requires_grad:  # an (unsharded FSDP2) parameter
+            return None
+        try:
             storage = local_tensor(tensor).untyped_storage()
             key = storage.data_ptr()
-            if key in self._excluded or key in self._seen:
+        except RuntimeError:  # no real storage (a meta or fake tensor, e.g. a pipeline stage's shape probe)
+            return None
+        if key in self._excluded or storage.nbytes() == 0:
+            return None
+        return key, storage.nbytes()
+
+    def _release(self, keys: list[int]) -> None:
+        for key in keys:
+            entry = self._alive.get(key)
+            if entry is None:
                 continue
-            self._seen.add(key)
-            self.bytes += storage.nbytes()
+            entry[0] -= 1
+            if entry[0] == 0:
+                self.alive_bytes -= entry[1]
+                del self._alive[key]
 
     def _pack(self, tensor: torch.Tensor):
         if self._inner is None:
-            self._count(tensor)
-            return tensor
+            return self._hold(tensor, tensor)
         if tensor._base is not None and tensor._base.is_leaf and tensor._base.requires_grad:
-            return self._inner[0](tensor)
+            return _Saved(self._inner[0](tensor))
         packed = self._inner[0](tensor)
-        self._count(packed)
-        return packed
+        return self._hold(packed, packed)
 
-    def _unpack(self, packed):
-        return packed if self._inner is None else self._inner[1](packed)
+    def _unpack(self, holder: _Saved):
+        return holder.value if self._inner is None else self._inner[1](holder.value)
 
     @contextmanager
     def measuring(self) -> Iterator["SavedActivationMeter"]:
-        """Install the hooks for the forward pass run inside this block."""
-        self._seen.clear()
+        """Install the hooks for the passes run inside this block."""
+        self._alive.clear()
+        self.alive_bytes = 0
         self.bytes = 0
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield self

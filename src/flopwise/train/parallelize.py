@@ -9,12 +9,16 @@ sharding scheme or a schedule.
 
 from __future__ import annotations
 
+import copy
+
 from torch import nn
 
 from flopwise.errors import UserError
-from flopwise.plan.from_config import batch_layout
+from flopwise.plan.from_config import batch_layout, processes_of
+from flopwise.plan.timing import split_layers
 from flopwise.train.config import ParallelConfig, RunConfig
 from flopwise.train.distributed import DistEnv
+from flopwise.train.mesh import MeshShape, dp_mesh_of, mesh_shape_of
 from flopwise.train.step import Strategy
 from flopwise.train.strategy_deepspeed import DeepSpeedStrategy
 from flopwise.train.strategy_pipeline import PipelineStrategy
@@ -32,6 +36,15 @@ def check_strategy(cfg: ParallelConfig) -> None:
         )
     if cfg.strategy == "deepspeed":
         check_deepspeed_config(cfg)
+    mesh_shape_of(cfg, processes_of(cfg))
+    if cfg.pipeline_virtual_stages > 1 and cfg.pipeline_schedule not in MULTI_STAGE_SCHEDULES:
+        raise UserError(
+            f"parallel.pipeline_virtual_stages={cfg.pipeline_virtual_stages} needs a schedule with several "
+            f"stages per process (parallel.pipeline_schedule: {', '.join(MULTI_STAGE_SCHEDULES)}; got {cfg.pipeline_schedule})"
+        )
+    if cfg.offload != "none" and cfg.strategy not in ("fsdp", "deepspeed"):
+        raise UserError(f"parallel.offload: {cfg.offload} needs parallel.strategy fsdp or deepspeed "
+                        f"(got {cfg.strategy}; allowed here: none)")
 
 
 def check_deepspeed_config(cfg: ParallelConfig) -> None:
@@ -46,21 +59,51 @@ def check_deepspeed_config(cfg: ParallelConfig) -> None:
         raise UserError("parallel.offload: optimizer offload needs parallel.zero_stage >= 1 (allowed at stage 0: none)")
 
 
+def build_device_mesh(cfg: ParallelConfig, env: DistEnv):
+    """The run's one DeviceMesh and its shape, for FSDP2 over a process group; (None, shape) otherwise."""
+    from flopwise.train.mesh import build_mesh
+
+    shape = mesh_shape_of(cfg, env.world_size)
+    composed_pipeline = cfg.strategy == "pipeline" and shape.pp < env.world_size
+    if not env.distributed or not (cfg.strategy == "fsdp" or composed_pipeline):
+        return None, shape
+    return build_mesh(shape, env.device.type), shape
+
+
+def apply_tensor_parallel(model: nn.Module, cfg: ParallelConfig, env: DistEnv, mesh) -> nn.Module:
+    """Shard the linear layers over the mesh's `tp` dimension (`tensor_parallel.apply_tp`), before anything wraps them."""
+    from flopwise.train.tensor_parallel import apply_tp
+
+    import warnings
+
+    if not any(p.is_meta for p in model.parameters()):
+        model.to(env.device)  # DTensors are placed on the mesh's device
+    # The replicated LM-head output is a view of the gathered logits; the loss reads it out of
+    # place, so FSDP2's warning about in-place ops on a view (once per step) does not apply.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    return apply_tp(model, mesh["tp"], sequence_parallel=cfg.sequence_parallel)
+
+
 def parallelize_model(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env: DistEnv,
-                      mp_policy=None) -> nn.Module:
+                      mp_policy=None, mesh=None, shape: MeshShape | None = None) -> nn.Module:
     """Apply the strategy's wrapping; returns the module the step calls.
 
-    `mp_policy` is FSDP2's `MixedPrecisionPolicy` for the `*-params` modes. DeepSpeed's
-    engine needs the optimizer, so `attach_strategy` builds it later.
+    `mp_policy` is FSDP2's `MixedPrecisionPolicy` for the `*-params` modes; `mesh` the run's
+    DeviceMesh (`build_device_mesh`). DeepSpeed's engine needs the optimizer, so
+    `attach_strategy` builds it later.
     """
     if not any(p.is_meta for p in model.parameters()):  # a meta model (pretrained, FSDP2) is filled after sharding
         model.to(env.device)
     if cfg.strategy == "ddp":
         return apply_ddp(model, cfg, env)
     if cfg.strategy == "fsdp":
-        return apply_fsdp(model, blocks, cfg, env, mp_policy)
+        return apply_fsdp(model, blocks, cfg, env, mp_policy, mesh, shape)
     if cfg.strategy == "pipeline":
-        return apply_pipeline_stage(model, env)
+        stages = apply_pipeline_stage(model, cfg, env, mesh)
+        if shape is not None and shape.dp > 1:  # PP x FSDP2: each stage sharded over its data-parallel peers
+            for chunk in stages.chunks:
+                apply_fsdp(chunk, chunk.blocks, cfg, env, mp_policy, mesh, shape)
+        return stages
     return model  # single, deepspeed
 
 
@@ -75,8 +118,16 @@ def apply_ddp(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
                                    broadcast_buffers=_has_persistent_buffers(model))
 
 
-def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env: DistEnv, mp_policy) -> nn.Module:
+def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env: DistEnv, mp_policy,
+               mesh=None, shape: MeshShape | None = None) -> nn.Module:
     """FSDP2 `fully_shard`: each transformer block, then large other children, then the root.
+
+    Shards over the mesh's data-parallel part: "dp_shard", or ("dp_replicate", "dp_shard")
+    for HSDP (replicas of a sharded group; gradients reduce-scattered within a group, then
+    all-reduced across groups). Tensor-parallel DTensors become 2-D (dp, tp) shards.
+    `parallel.offload` (params or optimizer) is FSDP2's `CPUOffloadPolicy`: parameter
+    shards, their gradients and so the optimizer step live in host memory (FSDP2 offloads
+    the three together; there is no optimizer-only mode).
 
     Other direct children holding at least `fsdp_min_params` parameters get their own
     unit (a size-based policy; modules sharing a parameter, such as tied embeddings,
@@ -84,10 +135,11 @@ def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env
     needs it at once (as in torchtitan).
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
-    options = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
+    dp_mesh = dp_mesh_of(mesh, shape) if mesh is not None else init_device_mesh(env.device.type, (env.world_size,))
+    offload = CPUOffloadPolicy(pin_memory=env.device.type == "cuda") if cfg.offload != "none" else OffloadPolicy()
+    options = {"mesh": dp_mesh, "mp_policy": mp_policy or MixedPrecisionPolicy(), "offload_policy": offload}
     for block in blocks:
         fully_shard(block, reshard_after_forward=cfg.fsdp_reshard_after_forward, **options)
     shared = _shared_parameter_ids(model)
@@ -104,20 +156,29 @@ def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env
     return model
 
 
-def stage_layer_ranges(n_layers: int, stages: int) -> list[tuple[int, int]]:
-    """Consecutive [start, stop) block ranges, as even as possible, earlier stages taking the remainder."""
-    if stages > n_layers:
+MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble")
+
+
+def stage_layer_ranges(n_layers: int, stages: int, virtual: int = 1) -> list[tuple[int, int]]:
+    """[start, stop) block ranges of the `stages x virtual` pipeline stages, in stage order.
+
+    The counts are the planner's one split rule (`plan.timing.split_layers`: even, the
+    remainder to the middle stages first), so the trained split is the planned one.
+    Stage s runs on process s mod `stages`.
+    """
+    chunks = stages * virtual
+    if chunks > n_layers:
         raise UserError(
             f"parallel.strategy: pipeline needs at least one transformer block per stage, but "
-            f"model.n_layers={n_layers} is fewer than the {stages} stages (one per process); "
-            f"raise model.n_layers or lower parallel.nproc_per_node x parallel.nnodes to <= {n_layers}"
+            f"model.n_layers={n_layers} is fewer than the {chunks} stages (processes x "
+            f"parallel.pipeline_virtual_stages); raise model.n_layers or use fewer stages"
         )
-    base, extra = divmod(n_layers, stages)
+    per_device = split_layers(n_layers, stages, virtual)
+    counts = [per_device[c % stages][c // stages] for c in range(chunks)]
     ranges, start = [], 0
-    for stage in range(stages):
-        stop = start + base + (1 if stage < extra else 0)
-        ranges.append((start, stop))
-        start = stop
+    for count in counts:
+        ranges.append((start, start + count))
+        start += count
     return ranges
 
 
@@ -139,35 +200,54 @@ class StageBlocks(nn.ModuleList):
         return list(self._modules.values())[index]
 
 
-def apply_pipeline_stage(model: nn.Module, env: DistEnv) -> nn.Module:
-    """This rank's stage: the same decoder with the other stages' layers removed.
+class PipelineChunks(nn.Module):
+    """The stages one process runs (several under an interleaved schedule), as one module for the optimizer."""
+
+    def __init__(self, chunks: list[nn.Module], stage_indices: list[int], total_parameters: int):
+        super().__init__()
+        self.chunks = nn.ModuleList(chunks)
+        self.stage_indices = stage_indices
+        self.total_parameters = total_parameters  # the whole model, for the run header
+
+
+def apply_pipeline_stage(model: nn.Module, cfg: ParallelConfig, env: DistEnv, mesh=None) -> nn.Module:
+    """This rank's stage(s): the same decoder with the other stages' layers removed.
 
     The embedding stays on the first stage, the final norm and LM head on the last; the
     decoder's own forward skips what is absent (torchtitan's pipeline pattern), so no
-    second forward exists to drift from the first.
+    second forward exists to drift from the first. With `pipeline_virtual_stages` v > 1
+    the process runs v such chunks, stages rank, rank + p, ... (Narayanan et al. 2021, §2.2).
     """
     if not hasattr(model, "tok_emb") or not hasattr(model, "blocks"):
         raise UserError(
             "parallel.strategy: pipeline splits the built-in decoder (model.kind llama or gpt2); "
             "for model.kind=hf use ddp, fsdp or deepspeed"
         )
-    if model.cfg.tie_embeddings and env.world_size > 1:
+    pp_rank, pp = (mesh["pp"].get_local_rank(), mesh["pp"].size()) if mesh is not None else (env.rank, env.world_size)
+    if model.cfg.tie_embeddings and pp > 1:
         raise UserError(
             "model.tie_embeddings: a pipeline puts the embedding and the LM head on different stages, "
             "so they cannot share a weight (set model.tie_embeddings=false, or use ddp, fsdp or deepspeed)"
         )
+    virtual = cfg.pipeline_virtual_stages
     total = sum(p.numel() for p in model.parameters())
-    start, stop = stage_layer_ranges(len(model.blocks), env.world_size)[env.rank]
-    if env.rank > 0:
+    ranges = stage_layer_ranges(len(model.blocks), pp, virtual)
+    indices = [pp_rank + c * pp for c in range(virtual)]
+    chunks = [_keep_stage(copy.deepcopy(model) if virtual > 1 else model, ranges, index) for index in indices]
+    return PipelineChunks(chunks, indices, total).to(env.device)
+
+
+def _keep_stage(model: nn.Module, ranges: list[tuple[int, int]], index: int) -> nn.Module:
+    start, stop = ranges[index]
+    if index > 0:
         model.tok_emb = None
         model.pos_emb = None
     model.blocks = StageBlocks(model.blocks[start:stop], start)
-    if env.rank < env.world_size - 1:
+    if index < len(ranges) - 1:
         model.final_norm = None
         model.lm_head = None
-    model.total_parameters = total  # the whole model, for the run header
     model.stage_blocks = (start, stop)
-    return model.to(env.device)
+    return model
 
 
 def attach_strategy(state, cfg: RunConfig, env: DistEnv) -> Strategy:
@@ -180,7 +260,8 @@ def attach_strategy(state, cfg: RunConfig, env: DistEnv) -> Strategy:
         _, grad_accum = batch_layout(cfg.training, env.world_size)
         return DeepSpeedStrategy(state, cfg, env, grad_accum)
     if cfg.parallel.strategy == "pipeline":
-        return PipelineStrategy(state, cfg.parallel, cfg.precision, cfg.training.grad_clip, env)
+        return PipelineStrategy(state, cfg.parallel, cfg.precision, cfg.training.grad_clip, env,
+                                state.built.pp_group)
     return TorchStrategy(state, cfg.precision, cfg.training.grad_clip, env)
 
 

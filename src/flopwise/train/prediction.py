@@ -97,6 +97,10 @@ class Forecast:
             ratio[f"memory_{key}"] = _ratio(measured_memory.get(key), predicted_memory.get(key))
         ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
         ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
+        if measured.get("bubble_fraction") is not None:  # pipelines: idle share of a pass, mean over ranks
+            predicted["bubble_fraction"] = plan_time.get("bubble_fraction")
+            measured_out["bubble_fraction"] = measured["bubble_fraction"]
+            ratio["bubble_fraction"] = _ratio(measured["bubble_fraction"], predicted["bubble_fraction"])
         return Comparison(
             hardware={
                 "key": self.hardware_key,
@@ -113,8 +117,8 @@ class Forecast:
                 "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
                 "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
                 "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
-                "measured activations are the tensors saved for backward at the end of forward (logits "
-                "included); with recompute the planner also counts one layer's recomputed activations, "
+                "measured activations are the peak bytes of tensors saved for backward alive at once (logits "
+                "included; a pipeline's in-flight micro-batches, not all of a pass's); with recompute the planner also counts one layer's recomputed activations, "
                 "which exist only during its backward",
             ],
         )

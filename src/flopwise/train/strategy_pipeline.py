@@ -1,24 +1,30 @@
 """Pipeline parallelism as a trainer strategy (`parallel.strategy: pipeline`).
 
-The built-in decoder's blocks are split into `world_size` consecutive stages, one per
-rank: the token (and position) embedding goes with the first stage, the final norm, the
-LM head and the loss with the last. Micro-batches flow through the stages on
-`torch.distributed.pipelining`'s schedules: 1F1B (PipeDream-Flush, Narayanan et al. 2021,
-arXiv:2104.04473, sec. 2.2), which keeps at most `world_size` micro-batches of
-activations alive per stage, or GPipe (Huang et al. 2019, arXiv:1811.06965), which runs
-all forwards before all backwards. The bubble is (p - 1) / (m + p - 1) of a step for p
-stages and m micro-batches in either schedule; more micro-batches shrink it.
+The built-in decoder's blocks are split into `pp x pipeline_virtual_stages` consecutive
+stages by the planner's split rule (`parallelize.stage_layer_ranges`); process r of the
+stage group runs stages r, r + pp, ... The token (and position) embedding goes with the
+first stage, the final norm, the LM head and the loss with the last. Micro-batches flow
+through the stages on `torch.distributed.pipelining`'s schedules: 1F1B (PipeDream-Flush,
+Narayanan et al. 2021, arXiv:2104.04473, sec. 2.2), which keeps at most `pp` micro-batches
+of activations alive per stage; GPipe (Huang et al. 2019, arXiv:1811.06965), which runs
+all forwards before all backwards; and the multi-stage interleaved 1F1B, looped BFS and
+interleaved zero-bubble schedules. The bubble is (p - 1) / (m + p - 1) of a step for p
+stages and m micro-batches with one stage per process; interleaving v stages divides it by v.
 
-Every rank sees the same batch (the data-parallel degree is 1); a pass feeds
-`parallel.pipeline_microbatches` micro-batches of `training.micro_batch_size`. The loss
-exists on the last stage and is broadcast for logging; the gradient-norm for clipping is
-summed over stages, so every stage clips and skips (fp16 inf/nan) together. The stage
-itself is the decoder with the other stages' layers removed (`parallelize.apply_pipeline_stage`).
+On a mesh with other dimensions (PP x FSDP2, PP x TP) the stages talk over the mesh's
+"pp" group and every data-parallel replica feeds its own batch; otherwise every rank sees
+the same batch. A pass feeds `parallel.pipeline_microbatches` micro-batches of
+`training.micro_batch_size`. The loss exists on the last stage and is broadcast within the
+stage group for logging; the gradient norm for clipping is summed over stages, so every
+stage clips and skips (fp16 inf/nan) together.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -26,11 +32,24 @@ import torch.distributed as dist
 
 from flopwise.train.checkpoint.dcp_state import load_dcp, save_dcp
 from flopwise.train.config import ParallelConfig, PrecisionConfig
-from flopwise.train.distributed import DistEnv
+from flopwise.train.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, measure_memory
 from flopwise.train.precision import autocast_context
 from flopwise.train.step import StepHooks, apply_update, loss_fn
-from flopwise.train.strategy_torch import end_torch_step
+from flopwise.train.strategy_torch import clip_to_norm, end_torch_step, global_grad_norm
+
+
+_MULTI_STAGE = ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS", "ScheduleInterleavedZeroBubble")
+
+
+def _schedule_class(name: str):
+    """The `torch.distributed.pipelining` schedule a `parallel.pipeline_schedule` names."""
+    from torch.distributed import pipelining
+
+    return getattr(pipelining, {
+        "1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+        "looped-bfs": "ScheduleLoopedBFS", "interleaved-zero-bubble": "ScheduleInterleavedZeroBubble",
+    }[name])
 
 
 class PipelineStrategy:
@@ -40,27 +59,40 @@ class PipelineStrategy:
     checkpoint_format = "dcp"
 
     def __init__(self, state, parallel: ParallelConfig, precision: PrecisionConfig, grad_clip: float | None,
-                 env: DistEnv):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+                 env: DistEnv, pp_group=None):
+        from torch.distributed.pipelining import PipelineStage
 
         self.env = env
-        self.module = state.built.module
+        self.pp_group = pp_group  # None: every process is one stage of the same pipeline
+        pp = dist.get_world_size(pp_group) if env.distributed else 1
+        self.module = state.built.module  # `parallelize.PipelineChunks`: this rank's stage(s)
         self.scaler = state.scaler
         self.precision_mode = precision.mode
         self.grad_clip = grad_clip
         self.microbatches = parallel.pipeline_microbatches
-        self.first, self.last = env.rank == 0, env.rank == env.world_size - 1
-        self.stage = PipelineStage(self.module, stage_index=env.rank, num_stages=env.world_size, device=env.device)
+        chunks, indices = list(self.module.chunks), self.module.stage_indices
+        num_stages = pp * len(chunks)
+        self.last_rank = dist.get_global_rank(pp_group, pp - 1) if pp_group is not None else env.world_size - 1
+        self.first, self.last = 0 in indices, num_stages - 1 in indices
+        self.stages = [PipelineStage(chunk, stage_index=index, num_stages=num_stages, device=env.device,
+                                     group=pp_group)
+                       for chunk, index in zip(chunks, indices)]
         self.loss_multiplier = 1.0  # 1 / (micro-batches x passes) x loss scale, set per step
-        schedule = Schedule1F1B if parallel.pipeline_schedule == "1f1b" else ScheduleGPipe
+        self.busy_seconds = 0.0  # this rank's time inside its stages' forward/backward, this pass
+        self.idle_fractions: list[float] = []  # per training pass: 1 - busy / pass wall time
+        for stage in self.stages:
+            _time_stage_compute(stage, self)
+        schedule = _schedule_class(parallel.pipeline_schedule)
         # Gradients are scaled in the loss (scale_grads=False): the schedule's own scaling
         # would also divide gradients accumulated over earlier passes.
-        self.schedule = schedule(self.stage, n_microbatches=self.microbatches, loss_fn=self._loss,
-                                 scale_grads=False)
-        lo, hi = self.module.stage_blocks
+        self.schedule = schedule(self.stages if schedule.__name__ in _MULTI_STAGE else self.stages[0],
+                                 n_microbatches=self.microbatches, loss_fn=self._loss, scale_grads=False)
+        held = "; ".join(
+            f"stage {index} holds blocks {chunk.stage_blocks[0]}..{chunk.stage_blocks[1] - 1}"
+            f"{' + embedding' if index == 0 else ''}{' + norm/head/loss' if index == num_stages - 1 else ''}"
+            for chunk, index in zip(chunks, indices))
         state.built.notes.append(
-            f"pipeline {parallel.pipeline_schedule}: stage {env.rank} of {env.world_size} holds blocks {lo}..{hi - 1}"
-            f"{' + embedding' if self.first else ''}{' + norm/head/loss' if self.last else ''}, "
+            f"pipeline {parallel.pipeline_schedule}: rank {env.rank} of {env.world_size}: {held}; "
             f"{self.microbatches} micro-batches per pass"
         )
 
@@ -80,7 +112,7 @@ class PipelineStrategy:
         if self.env.world_size == 1:
             return value
         tensor = torch.tensor([value], dtype=torch.float64, device=self.env.device)
-        dist.broadcast(tensor, src=self.env.world_size - 1)
+        dist.broadcast(tensor, src=self.last_rank, group=self.pp_group)
         return float(tensor.item())
 
     def fetch(self, loader) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +138,17 @@ class PipelineStrategy:
         self.loss_multiplier = scale / (self.microbatches * grad_accum)
         with hooks.around_forward(self.module, micro, micro == grad_accum - 1):
             with autocast_context(self.precision_mode, self.env.device.type):
-                return self._run(inputs, targets) / scale
+                self.busy_seconds, start = 0.0, time.perf_counter()
+                loss = self._run(inputs, targets) / scale
+                elapsed = time.perf_counter() - start
+                self.idle_fractions.append(max(0.0, 1.0 - self.busy_seconds / elapsed) if elapsed > 0 else 0.0)
+                return loss
+
+    def measured_bubble(self) -> float | None:
+        """This rank's idle share of a pass (median over passes after the first): the bubble
+        plus point-to-point waits, what the planner's bubble fraction predicts."""
+        steady = self.idle_fractions[1:] or self.idle_fractions
+        return statistics.median(steady) if steady else None
 
     def clip_and_step(self, state) -> tuple[bool, float, float | None]:
         """Unscale, clip by the norm over all stages, step unless it is inf/nan, update the scale."""
@@ -114,15 +156,14 @@ class PipelineStrategy:
         if scaler is not None:
             scaler.unscale_(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        local = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True) if params else torch.zeros(())
+        local = global_grad_norm([p.grad for p in params])  # this stage's, whole over its dp/tp peers
         squared = torch.tensor([float(local) ** 2], dtype=torch.float64, device=self.env.device)
         if self.env.world_size > 1:
-            dist.all_reduce(squared)
+            dist.all_reduce(squared, group=self.pp_group)  # summed over the stages
         grad_norm = math.sqrt(squared.item()) if math.isfinite(squared.item()) else float("inf")
         finite = math.isfinite(grad_norm)
         if finite and self.grad_clip is not None and params:
-            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip,
-                                                 torch.tensor(grad_norm, device=self.env.device), foreach=True)
+            clip_to_norm([p.grad for p in params], self.grad_clip, grad_norm)
         skipped, scale = apply_update(optimizer, scaler, finite)
         return skipped, grad_norm, scale
 
@@ -150,7 +191,7 @@ class PipelineStrategy:
     @torch.no_grad()
     def evaluate(self, loader, batches: int) -> float:
         """Mean validation loss over `batches` passes of `pipeline_microbatches` held-out micro-batches."""
-        module = self.stage.submod
+        module = self.module
         module.eval()
         self.loss_multiplier = 1.0 / self.microbatches
         total = 0.0
@@ -160,4 +201,23 @@ class PipelineStrategy:
             with autocast_context(self.precision_mode, self.env.device.type):
                 total += self._run(inputs, targets, evaluate=True)
         module.train()
-        return total / batches
+        return all_reduce_mean([total / batches], self.env)[0]  # the mean over data-parallel replicas
+
+
+def _time_stage_compute(stage, strategy: PipelineStrategy) -> None:
+    """Add the time `stage` spends computing (forward, backward, deferred weight gradients) to
+    `strategy.busy_seconds`; everything else in a pass is waiting."""
+    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        method = getattr(stage, name, None)
+        if method is None:
+            continue
+
+        @functools.wraps(method)
+        def timed(*args, _method=method, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                strategy.busy_seconds += time.perf_counter() - start
+
+        setattr(stage, name, timed)

@@ -66,14 +66,10 @@ class TorchStrategy:
         if scaler is not None:
             scaler.unscale_(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
-        if self.grad_clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip, foreach=True)
-        else:
-            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+        norm = global_grad_norm([p.grad for p in params if p.grad is not None])
         grad_norm = float(norm)
+        if self.grad_clip is not None:
+            clip_to_norm([p.grad for p in params if p.grad is not None], self.grad_clip, grad_norm)
         skipped, scale = apply_update(optimizer, scaler, math.isfinite(grad_norm))
         return skipped, grad_norm, scale
 
@@ -105,6 +101,37 @@ class TorchStrategy:
                 total += loss_fn(model(inputs), targets).item()
         model.train()
         return all_reduce_mean([total / batches], self.env)[0]
+
+
+def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all gradients together, the same plain tensor on every rank.
+
+    Under TP x FSDP2 gradients are DTensors on different meshes (2-D (dp, tp) for sharded
+    layers, 1-D dp for the rest), which one `get_total_norm` cannot stack; so each mesh's
+    group is reduced by DTensor on its own, then the group norms combine locally.
+    """
+    groups: dict[object, list[torch.Tensor]] = {}
+    for grad in grads:
+        groups.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, foreach=True)
+        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if not norms:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
+def clip_to_norm(grads: list[torch.Tensor], max_norm: float, total_norm: float) -> None:
+    """Scale gradients so their total norm is at most `max_norm` (as `clip_grads_with_norm_`).
+
+    The coefficient is a Python number, so DTensor gradients on any mesh take it as they
+    are (torch's foreach version would need it as a DTensor on each mesh).
+    """
+    coef = max_norm / (total_norm + 1e-6)
+    if coef < 1.0 and math.isfinite(total_norm):
+        for grad in grads:
+            grad.mul_(coef)
 
 
 def end_torch_step(state, skipped: bool) -> None:

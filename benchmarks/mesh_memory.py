@@ -1,0 +1,96 @@
+"""Benchmark: the planner's per-rank memory against what `flopwise train` measures, per layout.
+
+Each layout trains a tiny llama (4 blocks, hidden 32, seq 32, vocabulary 320, AdamW, fp32)
+for 3 steps on gloo CPU processes, where memory is counted exactly (tensor bytes of this
+rank's parameters, gradients, optimizer state, and the peak of tensors saved for backward;
+largest rank). The run's own `predicted_vs_measured.json` is collected, so both columns
+come from the same run. Writes JSON (default benchmarks/results/mesh_memory.json).
+
+Usage: OMP_NUM_THREADS=1 python benchmarks/mesh_memory.py [--out PATH] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+LAYOUTS = {
+    "fsdp 4": {"strategy": "fsdp", "nproc_per_node": 4},
+    "tp 2 x fsdp 2 (sp)": {"strategy": "fsdp", "nproc_per_node": 4, "tp": 2, "sequence_parallel": True},
+    "hsdp 2 x 2": {"strategy": "fsdp", "nproc_per_node": 4, "dp_replicate": 2},
+    "fsdp 2 + cpu offload": {"strategy": "fsdp", "nproc_per_node": 2, "offload": "params"},
+    "pipeline 1f1b, 2 stages": {"strategy": "pipeline", "nproc_per_node": 2},
+    "pp 2 x fsdp 2 (1f1b)": {"strategy": "pipeline", "nproc_per_node": 4, "pp": 2},
+    "pp 2 x tp 2 (1f1b)": {"strategy": "pipeline", "nproc_per_node": 4, "tp": 2},
+    "pipeline gpipe, 2 stages": {"strategy": "pipeline", "nproc_per_node": 2, "pipeline_schedule": "gpipe"},
+    "pipeline interleaved-1f1b, 2 x 2 stages": {"strategy": "pipeline", "nproc_per_node": 2,
+                                               "pipeline_schedule": "interleaved-1f1b", "pipeline_virtual_stages": 2},
+    "pipeline looped-bfs, 2 x 2 stages": {"strategy": "pipeline", "nproc_per_node": 2,
+                                         "pipeline_schedule": "looped-bfs", "pipeline_virtual_stages": 2},
+    "pipeline interleaved-zero-bubble, 2 x 2 stages": {"strategy": "pipeline", "nproc_per_node": 2,
+                                                      "pipeline_schedule": "interleaved-zero-bubble",
+                                                      "pipeline_virtual_stages": 2},
+}
+
+
+def config(root: Path, name: str, parallel: dict) -> dict:
+    dp = parallel["nproc_per_node"] // parallel.get("tp", 1) // parallel.get("pp", 1)
+    micro = 8 // dp if parallel["strategy"] != "pipeline" else 2 // (dp if "pp" in parallel else 1)
+    return {
+        "model": {"n_layers": 4, "hidden": 32, "n_heads": 2, "max_seq_len": 64},
+        "data": {"paths": [str(root / "text")], "cache_dir": str(root / "cache"), "vocab_size": 320,
+                 "seq_len": 32, "prefetch": 2, "tokenizer_train_bytes": 200000},
+        "parallel": {**parallel, "pipeline_microbatches": 4},
+        "training": {"max_steps": 3, "micro_batch_size": micro, "warmup_steps": 1, "eval_every": 3, "eval_batches": 1},
+        "checkpoint": {"at_end": False},
+        "logging": {"run_dir": str(root / name.replace(" ", "_").replace(",", "")), "progress": False},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mesh_memory.json")
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args()
+    results = {}
+    if args.only and args.out.exists():  # refresh some layouts, keep the others' figures
+        results = json.loads(args.out.read_text())["layouts"]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "text").mkdir()
+        (root / "text" / "items.py").write_text(
+            "".join(f"class Item{i % 31}:\n    size = {i % 17}\n    name = 'item {i}'\n" for i in range(3000)))
+        for name, parallel in LAYOUTS.items():
+            if args.only and name not in args.only:
+                continue
+            cfg = config(root, name, parallel)
+            path = root / "config.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            proc = subprocess.run([sys.executable, "-m", "flopwise", "train", str(path)], cwd=root, env=env,
+                                  capture_output=True, text=True, timeout=900)
+            if proc.returncode != 0:
+                results[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
+                continue
+            comparison = json.loads((Path(cfg["logging"]["run_dir"]) / "predicted_vs_measured.json").read_text())
+            results[name] = {
+                "parallel": parallel,
+                "predicted_bytes": comparison["predicted"]["memory_bytes"],
+                "measured_bytes": comparison["measured"]["memory_bytes"],
+                "measured_over_predicted": {k: None if v is None else round(v, 3) for k, v in comparison["measured_over_predicted"].items()
+                                            if k.startswith("memory")},
+            }
+            print(name, results[name]["measured_over_predicted"], flush=True)
+    args.out.write_text(json.dumps({"model": "llama 4 x 32, seq 32, vocab 320, AdamW fp32, 8 sequences per step",
+                                    "device": "CPU (gloo), exact tensor bytes", "layouts": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
