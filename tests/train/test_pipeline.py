@@ -61,7 +61,9 @@ def test_1f1b_on_two_stages_matches_one_process(corpus, tmp_path, single_process
     assert comparison["measured_over_predicted"]["memory_activations"] == pytest.approx(1.0, abs=0.10)
     # the idle share of a pass, measured per rank, beside the planner's bubble (2 stages, 4 micro-batches)
     assert 0.0 < comparison["measured"]["bubble_fraction"] < 1.0
-    assert 0.0 < comparison["predicted"]["bubble_fraction"] <= 0.2
+    # (p-1)/m = 0.25 of the compute for balanced stages; the planner's stages carry the
+    # embedding and the head, so its figure sits a little off 0.2 = (p-1)/(m+p-1) of the step
+    assert 0.0 < comparison["predicted"]["bubble_fraction"] <= 0.25
 
 
 @pytest.mark.slow
