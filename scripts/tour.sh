@@ -87,6 +87,7 @@ step "flopwise compare --model llama2-7b --tokens 10B --hardware rtx4090 --gpus 
 step "flopwise hardware" fw hardware
 step "flopwise hardware h100-sxm" fw hardware h100-sxm
 step "flopwise models" fw models
+step "flopwise plan --config configs/default.yaml --hardware h100-sxm" fw plan --config configs/default.yaml --hardware h100-sxm
 
 # Train
 step "flopwise train ($TRAIN)" fw train "$TRAIN"
@@ -101,6 +102,12 @@ step "flopwise train configs/deepspeed_zero3.yaml ($TRAIN)" fw train configs/dee
 step "flopwise train configs/pipeline_1f1b.yaml ($TRAIN)" fw train configs/pipeline_1f1b.yaml "$TRAIN"
 step "flopwise export runs/default" fw export runs/default
 expect_file runs/default/export/model.safetensors
+step "flopwise generate runs/default --prompt \"def add(\" --max-new-tokens 24" \
+  fw generate runs/default --prompt "def add(" --max-new-tokens 24
+step "flopwise launch slurm configs/multi_node.yaml --out job.sbatch" \
+  fw launch slurm configs/multi_node.yaml --out job.sbatch
+expect_file job.sbatch
+step "flopwise launch k8s configs/multi_node.yaml --image IMAGE" fw launch k8s configs/multi_node.yaml --image IMAGE
 
 # Compress
 step "flopwise compress --task digits-cnn --method int8-static" fw compress --task digits-cnn --method int8-static
@@ -110,6 +117,7 @@ step "flopwise compress configs/compress_prune.yaml" fw compress configs/compres
 # Diagnose
 step "flopwise doctor" fw doctor
 step "flopwise bench --op all_reduce" fw bench --op all_reduce
+step "flopwise calibrate --nproc 2" fw calibrate --nproc 2
 step "flopwise diagnose runs/default" fw diagnose runs/default
 step "flopwise report runs/default" fw report runs/default
 expect_file runs/default/report.md

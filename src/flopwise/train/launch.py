@@ -255,14 +255,28 @@ def _run_torchrun(cfg: RunConfig) -> None:
                 raise Preempted(message) from None  # exit code 75: the scheduler may requeue
             if message:
                 raise UserError(message) from None
-            print(f"error: rank {rank} failed with exit code {failure.exitcode}; see its output above",
-                  file=sys.stderr)
+            # A rank killed by a signal is the cause; the others then fail on the broken group,
+            # sometimes before torchrun has noticed the dead one: name the killed rank.
+            killed = sorted(r for r, f in failed.failures.items() if f.exitcode < 0)
+            if killed:
+                rank, failure = killed[0], failed.failures[killed[0]]
+                how = f": killed by signal {_signal_name(-failure.exitcode)}"
+            else:
+                how = f" with exit code {failure.exitcode}"
+            print(f"error: rank {rank} failed{how}; see its output above", file=sys.stderr)
             raise SystemExit(1) from None
         finally:
             os.environ.pop(ERROR_FILE_ENV, None)
             os.environ.pop(LAUNCHER_PID_ENV, None)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def _signals(names: str) -> list[signal.Signals]:
