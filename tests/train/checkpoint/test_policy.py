@@ -123,9 +123,18 @@ def test_kill_9_at_a_random_step_then_rerun_gives_the_same_losses(corpus, tmp_pa
     assert losses(run_dir) == single_reference  # bit for bit
 
 
-def test_sigterm_on_one_process_saves_and_its_own_retry_loop_continues_exactly(corpus, tmp_path, single_reference):
+LONG_STEPS = 400  # a one-process step of this tiny model takes milliseconds: give the signal a run to land in
+
+
+def test_sigterm_on_one_process_saves_and_its_own_retry_loop_continues_exactly(corpus, tmp_path):
+    long = {"max_steps": LONG_STEPS, "eval_every": LONG_STEPS}
+    reference_dir = tmp_path / "reference"
+    reference_cfg = load_config(write(config(corpus, reference_dir, training=long), tmp_path / "reference.yaml"))
+    run_training(reference_cfg, init_distributed(reference_cfg.parallel))
+    single_reference = losses(reference_dir)
     run_dir = tmp_path / "run"
-    cfg = config(corpus, run_dir, checkpoint={"every_steps": 100, "grace_seconds": 60}, parallel={"max_restarts": 1})
+    cfg = config(corpus, run_dir, checkpoint={"every_steps": 1000, "grace_seconds": 60}, parallel={"max_restarts": 1},
+                 training=long)
     proc = train_cli(write(cfg, tmp_path / "config.yaml"))
     try:
         wait_for_step(proc, run_dir / "metrics.rank0.jsonl", 3)
