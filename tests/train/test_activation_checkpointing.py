@@ -136,7 +136,7 @@ def test_huggingface_layers_are_checkpointed(tmp_path):
 
 FSDP_SCRIPT = textwrap.dedent(
     """
-    import torch, torch.distributed as dist
+    import os, sys, torch, torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from flopwise.train.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
     from flopwise.train.config import ModelConfig
@@ -170,6 +170,8 @@ FSDP_SCRIPT = textwrap.dedent(
         torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
     print(f"rank {dist.get_rank()} ok")
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown, as train/worker.py: gloo threads can abort there
     """
 )
 

@@ -163,7 +163,7 @@ def test_fp32_norm_wraps_huggingface_norms():
 
 FSDP_SCALER_SCRIPT = textwrap.dedent(
     """
-    import torch, torch.distributed as dist
+    import os, sys, torch, torch.distributed as dist
     from torch import nn
     from torch.distributed.fsdp import fully_shard
     from flopwise.train.config import PrecisionConfig
@@ -193,6 +193,8 @@ FSDP_SCALER_SCRIPT = textwrap.dedent(
     assert scaler.get_scale() == 128.0, scaler.get_scale()
     print(f"rank {rank} ok")
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown, as train/worker.py: gloo threads can abort there
     """
 )
 
