@@ -88,16 +88,24 @@ def layer_times(
     dropout: bool, recompute: str, precision: str, rates: DeviceRates,
 ) -> LayerTimes:
     """Compute seconds of one layer per micro-batch on one rank (cached by every argument)."""
-    # keyed by the model's identity (hashing a ModelSpec is slow); the entry keeps the model
-    # alive, so its id cannot be reused while the entry exists
-    key = (id(model), seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates)
-    hit = _LAYER_CACHE.get(key)
+    return _cached(_LAYER_CACHE, _layer_times, model,
+                   seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates)
+
+
+def _cached(cache: dict, compute, model: ModelSpec, *args):
+    """`compute(model, *args)`, memoised in `cache`.
+
+    Keyed by the model's identity (hashing a ModelSpec is slow); the entry keeps the model
+    alive, so its id cannot be reused while the entry exists.
+    """
+    key = (id(model), *args)
+    hit = cache.get(key)
     if hit is not None and hit[0] is model:
         return hit[1]
-    if len(_LAYER_CACHE) > CACHE_LIMIT:
-        _LAYER_CACHE.clear()
-    value = _layer_times(model, *key[1:])
-    _LAYER_CACHE[key] = (model, value)
+    if len(cache) > CACHE_LIMIT:
+        cache.clear()
+    value = compute(model, *args)
+    cache[key] = (model, value)
     return value
 
 
@@ -200,15 +208,7 @@ def full_recompute_share(recompute: str) -> float:
 def end_times(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
               precision: str, rates: DeviceRates) -> EndTimes:
     """Embedding and head + loss seconds per micro-batch (forward + backward), cached."""
-    key = (id(model), seq_len, micro_batch, tp, sequence_parallel, precision, rates)
-    hit = _END_CACHE.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
-    if len(_END_CACHE) > CACHE_LIMIT:
-        _END_CACHE.clear()
-    value = _end_times(model, *key[1:])
-    _END_CACHE[key] = (model, value)
-    return value
+    return _cached(_END_CACHE, _end_times, model, seq_len, micro_batch, tp, sequence_parallel, precision, rates)
 
 
 def _end_times(model, s, b, tp, sp, precision, rates: DeviceRates) -> EndTimes:
