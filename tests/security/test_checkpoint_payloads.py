@@ -6,8 +6,6 @@ safe reader ever lets one through."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pickle
 import shutil
@@ -22,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 
 from flopwise.errors import UserError
 from flopwise.train.checkpoint.safe_read import MetadataUnpickler, safe_dcp_load
+from tests.security.forged_runs import rehash, tiny_train_command
 
 
 def _unicode(text: str) -> bytes:
@@ -153,33 +152,18 @@ def test_a_forged_non_tensor_entry_in_a_shard_is_refused(tmp_path):
     assert not marker.exists()
 
 
-def _rehash(folder):
-    manifest = json.loads((folder / "manifest.json").read_text())
-    for name in manifest["files"]:
-        data = (folder / name).read_bytes()
-        manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-
-
 @pytest.mark.distributed
 def test_flopwise_export_of_a_forged_run_refuses_with_one_line(tmp_path):
     """The attack as reported: a forged .metadata with matching manifest hashes, then `flopwise export RUN`."""
-    corpus = tmp_path / "text"
-    corpus.mkdir()
-    (corpus / "a.py").write_text("".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(800)))
     run_dir = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    train = [sys.executable, "-m", "flopwise", "train", "model.n_layers=1", "model.hidden=32", "model.n_heads=2",
-             "model.max_seq_len=32", "data.vocab_size=300", "data.seq_len=16", "data.tokenizer_train_bytes=50000",
-             f"data.paths=[{corpus}]", f"data.cache_dir={tmp_path / 'cache'}", f"logging.run_dir={run_dir}",
-             "parallel.strategy=single", "parallel.nproc_per_node=1", "training.micro_batch_size=2",
-             "training.max_steps=2", "training.warmup_steps=1", "training.eval_every=2", "training.eval_batches=1", "logging.progress=false"]
+    train, env = tiny_train_command(tmp_path, run_dir, "parallel.strategy=single", "parallel.nproc_per_node=1",
+                                    "training.max_steps=2")
     done = subprocess.run(train, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     step = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
     marker = tmp_path / "owned"
     (step / ".metadata").write_bytes(payloads(marker)["dotted name through an allowed module"])
-    _rehash(step)
+    rehash(step)
     out = subprocess.run([sys.executable, "-m", "flopwise", "export", str(run_dir)],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode != 0

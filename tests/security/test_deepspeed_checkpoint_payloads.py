@@ -11,17 +11,16 @@ object with a malicious `__reduce__`.
 from __future__ import annotations
 
 import io
-import os
 import struct
 import subprocess
-import sys
 import zipfile
 
 import pytest
 import torch
 
 from flopwise.errors import UserError
-from tests.security.test_checkpoint_payloads import _Evil, _rehash, payloads
+from tests.security.forged_runs import rehash, tiny_train_command
+from tests.security.test_checkpoint_payloads import _Evil, payloads
 
 deepspeed_state = pytest.importorskip("flopwise.train.checkpoint.deepspeed_state")
 pytest.importorskip("deepspeed")
@@ -158,24 +157,16 @@ def test_a_truncated_file_is_one_line(engine, genuine):
 @pytest.mark.distributed
 def test_resuming_a_forged_deepspeed_run_refuses_with_one_line(tmp_path):
     """The attack end to end: a forged optimizer file with matching manifest hashes, then `flopwise train` resumes."""
-    corpus = tmp_path / "text"
-    corpus.mkdir()
-    (corpus / "a.py").write_text("".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(800)))
     run_dir = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    train = [sys.executable, "-m", "flopwise", "train", "model.n_layers=1", "model.hidden=32", "model.n_heads=2",
-             "model.max_seq_len=32", "data.vocab_size=300", "data.seq_len=16", "data.tokenizer_train_bytes=50000",
-             f"data.paths=[{corpus}]", f"data.cache_dir={tmp_path / 'cache'}", f"logging.run_dir={run_dir}",
-             "parallel.strategy=deepspeed", "parallel.zero_stage=3", "parallel.nproc_per_node=1",
-             "training.micro_batch_size=2", "training.warmup_steps=1", "training.eval_every=2",
-             "training.eval_batches=1", "logging.progress=false"]
+    train, env = tiny_train_command(tmp_path, run_dir, "parallel.strategy=deepspeed", "parallel.zero_stage=3",
+                                    "parallel.nproc_per_node=1")
     done = subprocess.run([*train, "training.max_steps=2"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     step = run_dir / "checkpoints" / "step-2"
     marker = tmp_path / "owned"
     for file in (step / "deepspeed").glob("*.pt"):
         file.write_bytes(with_pickle(file.read_bytes(), ds_payloads(marker)["GLOBAL os.system"]))
-    _rehash(step)
+    rehash(step)
     out = subprocess.run([*train, "training.max_steps=4"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 2, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
