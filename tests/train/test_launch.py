@@ -220,3 +220,13 @@ def test_slurms_warning_signal_to_a_nodes_launcher_saves_and_exits_75(corpus, tm
     assert code == 0, err[-3000:]
     for rank in (0, 1):
         assert losses(run_dir, rank) == one_node_reference[rank]
+
+
+def test_the_rank_killed_from_outside_is_blamed_not_the_one_torchrun_stopped():
+    """Rank 1 SIGKILLed, rank 0 then SIGTERMed by torchrun: the message must name rank 1."""
+    from flopwise.train.launch import culprit_rank
+
+    assert culprit_rank({0: -signal.SIGTERM, 1: -signal.SIGKILL}, first=0) == 1
+    assert culprit_rank({0: 1, 1: -signal.SIGTERM}, first=0) == 0
+    assert culprit_rank({0: -signal.SIGSEGV, 1: 1}, first=1) == 0
+    assert culprit_rank({0: 1, 1: 1}, first=1) == 1

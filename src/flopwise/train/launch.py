@@ -255,11 +255,9 @@ def _run_torchrun(cfg: RunConfig) -> None:
                 raise Preempted(message) from None  # exit code 75: the scheduler may requeue
             if message:
                 raise UserError(message) from None
-            # A rank killed by a signal is the cause; the others then fail on the broken group,
-            # sometimes before torchrun has noticed the dead one: name the killed rank.
-            killed = sorted(r for r, f in failed.failures.items() if f.exitcode < 0)
-            if killed:
-                rank, failure = killed[0], failed.failures[killed[0]]
+            rank = culprit_rank({r: f.exitcode for r, f in failed.failures.items()}, rank)
+            failure = failed.failures[rank]
+            if failure.exitcode < 0:
                 how = f": killed by signal {_signal_name(-failure.exitcode)}"
             else:
                 how = f" with exit code {failure.exitcode}"
@@ -270,6 +268,18 @@ def _run_torchrun(cfg: RunConfig) -> None:
             os.environ.pop(LAUNCHER_PID_ENV, None)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+
+
+def culprit_rank(exitcodes: dict[int, int], first: int) -> int:
+    """The rank that brought the job down, from each failed rank's exit code.
+
+    A rank killed by a signal from outside (SIGKILL by the OOM killer, SIGSEGV) is the cause; the
+    others then fail on the broken group, sometimes before torchrun notices the dead one, and
+    torchrun stops the survivors with SIGTERM — so a SIGTERM death is an effect, not a cause.
+    """
+    killed = sorted(r for r, code in exitcodes.items() if code < 0)
+    outside = [r for r in killed if -exitcodes[r] != signal.SIGTERM]
+    return outside[0] if outside else first
 
 
 def _signal_name(number: int) -> str:
