@@ -9,6 +9,7 @@ in fp32, and the gradient norm within 1e-3 (the reduce-scatter sums in another o
 from __future__ import annotations
 
 import pytest
+import torch
 
 from flopwise.errors import UserError
 from flopwise.train.config_loading import load_config
@@ -74,6 +75,8 @@ def test_zero3_on_two_processes_matches_one_process_and_partitions_parameters(co
     assert "DeepSpeed ZeRO-3" in result.stdout and "predicted vs measured" in result.stdout
     assert_mean_loss_matches(single_process_reference, run_dir)
 
+    assert_export_matches_single_process(run_dir, tmp_path)
+
     full = single_process_reference[-1]
     for rank in (0, 1):
         last = metrics(run_dir, rank)[-1]
@@ -113,3 +116,22 @@ def test_zero3_in_bf16_trains(corpus, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [r["loss"] for r in metrics(run_dir, 0)]
     assert losses[-1] < losses[0]
+
+
+def assert_export_matches_single_process(run_dir, tmp_path) -> None:
+    """`flopwise export` merges the ZeRO-3 partitions into the weights a 1-process run reaches.
+
+    Same seed, same global batch: after 6 AdamW steps the merged fp32 weights equal the
+    single-process run's within the summation-order tolerance stated above.
+    """
+    from safetensors.torch import load_file
+
+    from flopwise.train.export import export_checkpoint
+
+    single_run = next(tmp_path.parent.glob("single*/run"))  # the module fixture's run directory
+    merged = load_file(export_checkpoint(run_dir, out=tmp_path / "export-zero3").out / "model.safetensors")
+    plain = load_file(export_checkpoint(single_run, out=tmp_path / "export-single").out / "model.safetensors")
+    assert merged.keys() == plain.keys()
+    for name, tensor in plain.items():
+        assert torch.allclose(merged[name], tensor, rtol=1e-3, atol=1e-4), name
+    assert (tmp_path / "export-zero3" / "hf" / "config.json").is_file()

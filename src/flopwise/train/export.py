@@ -10,7 +10,9 @@
 
 The checkpoint is verified first (sha256), and only the model part of the DCP checkpoint is
 read (the optimizer state is never loaded). DCP reassembles the shards of any world size
-into the plain tensors of a freshly built model on the CPU, in this process alone.
+into the plain tensors of a freshly built model on the CPU, in this process alone. A DeepSpeed
+checkpoint (any ZeRO stage) is merged by DeepSpeed's own `zero_to_fp32`, reading weights-only
+(`checkpoint/deepspeed_state.py`); the export holds its fp32 master weights.
 """
 
 from __future__ import annotations
@@ -61,21 +63,23 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
                 "(train with checkpoint.at_end=true or checkpoint.every_steps=N)"
             )
     manifest = read_manifest(path)
-    if manifest.get("state_format", "dcp") != "dcp":  # DeepSpeed's own files: ZeRO-3 needs its consolidation
-        raise UserError(f"checkpoint {path} holds DeepSpeed's own files (parallel.strategy="
-                        f"{manifest.get('strategy')}); flopwise export reads DCP checkpoints only "
-                        "(single, ddp, fsdp, pipeline)")
     cfg = RunConfig.model_validate(manifest["config"])
     model = build_model(cfg.model, int(manifest["vocab_size"]))
-    state = model.state_dict()
-    try:
-        with quiet_single_process_notice():
-            safe_dcp_load({"model": state}, path)
-    except UserError:
-        raise
-    except LOAD_ERRORS as exc:
-        raise UserError(f"checkpoint {path} does not fit the model in its manifest: {str(exc).splitlines()[0][:160]}") from None
-    model.load_state_dict(state)
+    if manifest.get("state_format", "dcp") == "deepspeed":  # the engine's own files, ZeRO partitions merged
+        from flopwise.train.checkpoint.deepspeed_state import consolidated_fp32_state
+
+        load_deepspeed_state(model, consolidated_fp32_state(path), path)
+    else:
+        state = model.state_dict()
+        try:
+            with quiet_single_process_notice():
+                safe_dcp_load({"model": state}, path)
+        except UserError:
+            raise
+        except LOAD_ERRORS as exc:
+            raise UserError(f"checkpoint {path} does not fit the model in its manifest: "
+                            f"{str(exc).splitlines()[0][:160]}") from None
+        model.load_state_dict(state)
 
     out = Path(out) if out is not None else run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
@@ -96,6 +100,23 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
         checkpoint=path, out=out, step=int(manifest["step"]), tensors=len(tensors),
         parameters=sum(p.numel() for p in model.parameters()), hf_folder=hf_folder,
     )
+
+
+def load_deepspeed_state(model, state: dict, path: Path) -> None:
+    """Load DeepSpeed's merged fp32 state; every parameter must be there (buffers the model rebuilds may not)."""
+    expected = dict(model.named_parameters(remove_duplicate=False))
+    missing = sorted(name for name in expected if name not in state and not _tied_to_present(model, name, state))
+    unknown = sorted(name for name in state if name not in model.state_dict())
+    if missing or unknown:
+        raise UserError(f"checkpoint {path} does not fit the model in its manifest: "
+                        f"missing {missing[:3]}, unexpected {unknown[:3]}")
+    model.load_state_dict(state, strict=False)
+
+
+def _tied_to_present(model, name: str, state: dict) -> bool:
+    """A tied weight (e.g. the head sharing the embedding) is stored once by DeepSpeed under one of its names."""
+    tensor = dict(model.named_parameters(remove_duplicate=False))[name]
+    return any(other in state for other, p in model.named_parameters(remove_duplicate=False) if p is tensor)
 
 
 def _unshared(state: dict) -> dict:

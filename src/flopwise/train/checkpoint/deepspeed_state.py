@@ -49,18 +49,23 @@ def make_safe_checkpoint_engine(config):
         """DeepSpeed's torch engine, reading with `torch.load(weights_only=True)` and an allow-list."""
 
         def load(self, path: str, map_location=None):
-            try:
-                with torch.serialization.safe_globals(allowed_globals()):
-                    return torch.load(path, map_location=map_location, weights_only=True)
-            except pickle.UnpicklingError as exc:
-                raise UserError(f"checkpoint file {path}: {REFUSED}: {weights_only_reason(exc)}; "
-                                "a checkpoint is data and may not name code") from None
-            except Exception as exc:  # truncated, not a torch file at all, ...
-                lines = str(exc).strip().splitlines()
-                raise UserError(f"checkpoint file {path}: unreadable ({type(exc).__name__}: "
-                                f"{lines[0][:160] if lines else ''})") from None
+            return safe_weights_only_load(path, map_location)
 
     return SafeCheckpointEngine(config)
+
+
+def safe_weights_only_load(path: str, map_location=None, *, _load=torch.load):
+    """`torch.load(weights_only=True)` with DeepSpeed's data classes allowed; one line on a refused or bad file."""
+    try:
+        with torch.serialization.safe_globals(allowed_globals()):
+            return _load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UserError(f"checkpoint file {path}: {REFUSED}: {weights_only_reason(exc)}; "
+                        "a checkpoint is data and may not name code") from None
+    except Exception as exc:  # truncated, not a torch file at all, ...
+        lines = str(exc).strip().splitlines()
+        raise UserError(f"checkpoint file {path}: unreadable ({type(exc).__name__}: "
+                        f"{lines[0][:160] if lines else ''})") from None
 
 
 def weights_only_reason(exc: Exception) -> str:
@@ -111,3 +116,29 @@ def load_engine(engine, folder: Path) -> None:
                         f"{first[0][:200] if first else type(exc).__name__}") from None
     if load_path is None:
         raise UserError(f"checkpoint {folder}: DeepSpeed found no model states in {TAG}/")
+
+
+def consolidated_fp32_state(folder: Path) -> dict:
+    """The full fp32 model state of a DeepSpeed checkpoint (any ZeRO stage), on the CPU, in this process.
+
+    DeepSpeed's own `zero_to_fp32` merges the per-rank ZeRO partitions; its reader calls
+    `torch.load(weights_only=False)`, so it runs here with every load made weights-only with
+    the same allow-list as resuming (`safe_weights_only_load`): the checkpoint stays data.
+    """
+    from deepspeed.utils import zero_to_fp32
+
+    if not (Path(folder) / TAG).is_dir():
+        raise UserError(f"checkpoint {folder}: no {TAG}/ folder; it was not written by parallel.strategy=deepspeed")
+    original = zero_to_fp32.torch.load  # the torch module's own: restored below
+    zero_to_fp32.torch.load = lambda path, map_location=None, **_: safe_weights_only_load(path, map_location)
+    try:
+        state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=TAG)
+    except UserError:
+        raise
+    except Exception as exc:  # DeepSpeed raises what it likes on a partial or foreign layout
+        first = str(exc).strip().splitlines()
+        raise UserError(f"checkpoint {folder}: DeepSpeed could not merge its ZeRO partitions: "
+                        f"{first[0][:200] if first else type(exc).__name__}") from None
+    finally:
+        zero_to_fp32.torch.load = original
+    return {name: tensor.float() for name, tensor in state.items()}
