@@ -173,3 +173,10 @@ def test_resuming_a_forged_deepspeed_run_refuses_with_one_line(tmp_path):
     assert len(errors) == 1 and "refused" in errors[0], out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     assert not marker.exists()
+    exported = subprocess.run([train[0], "-m", "flopwise", "export", str(run_dir)], capture_output=True, text=True,
+                              env=env, timeout=300)
+    assert exported.returncode == 2, exported.stderr[-3000:]
+    errors = [line for line in exported.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "refused" in errors[0], exported.stderr[-3000:]
+    assert "Traceback" not in exported.stderr
+    assert not marker.exists()
