@@ -12,6 +12,7 @@ the run is hidden.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -55,6 +56,7 @@ def route_library_noise(folder: Path | str, verbose: bool | None = None) -> Path
     handler = logging.FileHandler(path, mode="a", encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
     _installed["handler"] = handler
+    _installed["verbose"] = verbose
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
     for name in LIBRARY_LOGGERS:
@@ -87,6 +89,21 @@ def route_library_noise(folder: Path | str, verbose: bool | None = None) -> Path
     warnings.showwarning = showwarning
     warnings.simplefilter("default")  # each distinct warning once per place, into the log
     return path
+
+
+@contextlib.contextmanager
+def library_prints_to_log():
+    """Route what a library `print`s (DeepSpeed's "... built successfully" per rank) to the library log.
+
+    Only around calls into the library (e.g. `deepspeed.initialize`); shown as well when verbose,
+    and left alone before `route_library_noise` has chosen the log file.
+    """
+    handler = _installed.get("handler")
+    if _installed.get("verbose", True) or not isinstance(handler, logging.FileHandler):
+        yield
+        return
+    with open(handler.baseFilename, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+        yield
 
 
 class _ToLogFile(logging.Filter):

@@ -28,6 +28,7 @@ from flopwise.plan.precision_mode import precision_of
 from flopwise.train.checkpoint import deepspeed_state
 from flopwise.train.config import RunConfig
 from flopwise.train.distributed import DistEnv, all_reduce_mean
+from flopwise.train.library_noise import library_prints_to_log
 from flopwise.train.metrics import MemoryBytes, _unique_storage_bytes
 from flopwise.train.step import StepHooks, loss_fn
 
@@ -97,10 +98,11 @@ class DeepSpeedStrategy:
         self.loss_scaling = precision.loss_scaling
         self.config = deepspeed_config(cfg, grad_accum, env.device.type)
         self.built = built = state.built
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=built.module, optimizer=state.optimizer, lr_scheduler=state.scheduler,
-            config=self.config, dist_init_required=False,
-        )
+        with library_prints_to_log():  # DeepSpeed prints its op builds on every rank
+            self.engine, self.optimizer, _, _ = deepspeed.initialize(
+                model=built.module, optimizer=state.optimizer, lr_scheduler=state.scheduler,
+                config=self.config, dist_init_required=False,
+            )
         deepspeed_state.use_safe_reader(self.engine)  # its stock reader unpickles with weights_only=False
         built.model = self.engine
         built.notes.append(
