@@ -290,3 +290,11 @@ def test_zero3_gather_conventions():
     assert mem.zero3_gathers_per_step("fsdp", 1, 8) == 16 == mem.zero3_gathers_per_step("deepspeed", 1, 8)
     assert mem.zero3_gathers_per_step("fsdp", 4, 8) == 1  # a pipeline stage stays gathered
     assert mem.zero3_gathers_per_step("megatron", 1, 8) == 1
+
+
+def test_deepspeed_zero_keeps_an_fp32_partition_copy_even_in_fp32():
+    """Measured on a 2-rank CPU ZeRO-3 fp32 run: optimizer + master = 12 bytes/param/d, not 8."""
+    zero3 = mem.framework_state_bytes("fp32", "adamw", "deepspeed", 3)
+    assert (zero3.weight, zero3.grad, zero3.master, zero3.optimizer) == (4.0, 4.0, 4.0, 8.0)
+    assert mem.framework_state_bytes("fp32", "adamw", "deepspeed", 0).master == 0.0  # plain torch optimizer
+    assert mem.framework_state_bytes("fp32", "adamw", "fsdp", 3).master == 0.0

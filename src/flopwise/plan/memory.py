@@ -80,9 +80,13 @@ def framework_state_bytes(precision: str, optimizer: str, framework: str, zero_s
       and Adam sharded by ZeRO; at stage 3 the 16-bit gradients exist only for the gathered
       layer. ZeRO-2: 2 + 18/d, ZeRO-3: 18/d — deepspeed 0.19.8
       `estimate_zero2/3_model_states_mem_needs`.
-    fp32/tf32 training: 4 + 4 + 0 + optimizer everywhere.
+    fp32/tf32 training: 4 + 4 + 0 + optimizer, except that DeepSpeed's ZeRO optimizers (stage
+    ≥ 1) keep their own fp32 copy of the partition even then (`single_partition_of_fp32_groups`,
+    `fp32_partitioned_groups_flat`): 4 + 4 + 4 + optimizer, measured on its CPU runs.
     """
     base = state_bytes(precision, optimizer)
+    if precision in ("fp32", "tf32") and framework == "deepspeed" and zero_stage >= 1:
+        return StateBytes(base.weight, base.grad, 4.0, base.optimizer)
     if precision in ("fp32", "tf32") or framework == "fsdp":
         return base
     if framework == "megatron":
