@@ -62,6 +62,13 @@ def plan_command(**options) -> None:
     if o["search"]:  # the search picks the layout; one device keeps the global batch exactly as asked
         o.update(gpus=1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
     spec = build_runspec(**runspec_kwargs(o))
+    measured = None
+    if o["profile"] is not None:
+        spec, measured = _with_profile(spec, o["profile"], o["hardware"] is None)
+        if o["zero"] is None and not o["search"] and spec.layout.dp > 1 and spec.layout.offload != "params":
+            from flopwise.plan.planner import with_chosen_zero
+
+            spec = with_chosen_zero(spec, measured)  # the default stage, chosen on the measured rates
     if o["search"] or o["spot"]:
         # the search loads only for --search / --spot
         from flopwise.plan.search_cli import run_search_and_spot
@@ -69,10 +76,7 @@ def plan_command(**options) -> None:
         return run_search_and_spot(spec, devices, o["search"], o["objective"], o["top"], o["spot"],
                                    o["preemptions_per_day"], o["checkpoint_seconds"], o["restart_seconds"],
                                    o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"],
-                                   show_plan=print_plan)
-    measured = None
-    if o["profile"] is not None:
-        spec, measured = _with_profile(spec, o["profile"], o["hardware"] is None)
+                                   show_plan=print_plan, profile=measured)
     result = plan(spec, profile=measured)
     if o["as_json"]:
         print_plan_json(result)

@@ -497,9 +497,7 @@ def build_runspec(
     spec = RunSpec(model_spec, layout, workload, cluster)
     validate(spec)
     if choose_zero and dp > 1 and offload != "params":
-        stage, reason = choose_zero_stage(spec)
-        extra["defaults"] = (reason,)
-        spec = dataclasses.replace(spec, layout=dataclasses.replace(layout, zero_stage=stage))
+        spec = with_chosen_zero(spec)
     if choose_zero and options["tp"] is None and options["pp"] is None and options["dp"] is None and not cnn:
         spec = _split_if_needed(spec, options)
     return spec
@@ -551,17 +549,27 @@ memory, Rajbhandari et al. 2020 §7.2.1), then none, ZeRO-3 last (its per-layer 
 cost latency the time model may not see)."""
 
 
-def choose_zero_stage(spec: RunSpec) -> tuple[int, str]:
+def with_chosen_zero(spec: RunSpec, profile: GemmProfile | None = None) -> RunSpec:
+    """`spec` at the ZeRO stage `choose_zero_stage` picks, the reason kept in `cluster.extra["defaults"]`
+    (replacing an earlier choice's reason, e.g. one made before a `--profile` was read)."""
+    stage, reason = choose_zero_stage(spec, profile)
+    defaults = tuple(d for d in spec.cluster.extra.get("defaults", ()) if not d.startswith("zero "))
+    cluster = dataclasses.replace(spec.cluster, extra={**spec.cluster.extra, "defaults": (reason, *defaults)})
+    return dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, zero_stage=stage), cluster=cluster)
+
+
+def choose_zero_stage(spec: RunSpec, profile: GemmProfile | None = None) -> tuple[int, str]:
     """The ZeRO stage a careful engineer would pick, and why, in one line.
 
-    Each stage the framework offers is planned with `plan()`'s own models; among those that
-    fit, the fastest step wins and, within 1 % of it, the first in `TIE_ORDER`. When none
-    fits, the most sharded stage, whose advice then says what else to change.
+    Each stage the framework offers is planned with `plan()`'s own models (and the measured
+    device profile, when one is given); among those that fit, the fastest step wins and,
+    within 1 % of it, the first in `TIE_ORDER`. When none fits, the most sharded stage,
+    whose advice then says what else to change.
     """
     results = {}
     for stage in ZERO_STAGES[spec.layout.framework]:
         layout = dataclasses.replace(spec.layout, zero_stage=stage)
-        results[stage] = _evaluate(dataclasses.replace(spec, layout=layout))
+        results[stage] = _evaluate(dataclasses.replace(spec, layout=layout), profile)
     fitting = {z: r for z, r in results.items() if r.fits}
     if not fitting:
         stage = max(results)
