@@ -167,3 +167,17 @@ def test_search_and_the_default_zero_stage_are_timed_with_the_profile(tmp_path):
     assert reason != choose_zero_stage(spec)[1]  # the measured rates change the trade-off
     assert chosen["layout"]["zero"] == stage
     assert chosen["defaults"][0] == reason
+
+
+def test_the_default_split_is_chosen_on_the_profile():
+    """With nothing fitting unsplit, the TP x PP default is the fastest split under the profile:
+    no slower, on the measured rates, than the split chosen from the curve."""
+    profile = make_profile(kind="cuda", device="NVIDIA H100 80GB HBM3")
+    options = dict(model="llama2-70b", hardware="h100-sxm", gpus=64, tokens="1B")
+    measured = build_runspec(**options, profile=profile)
+    curve = build_runspec(**options)
+    assert any(d.startswith(f"tp {measured.layout.tp}, pp {measured.layout.pp}: the fastest split")
+               for d in measured.cluster.extra["defaults"])
+    assert plan(measured, profile).fits
+    assert (plan(measured, profile).time.step_seconds
+            <= plan(curve, profile).time.step_seconds * 1.0101)

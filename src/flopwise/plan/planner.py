@@ -398,6 +398,7 @@ def build_runspec(
     framework: str = "fsdp",
     allocator_reserve: float = mem.ALLOCATOR_RESERVE_FRACTION,
     nodes_per_rack: int = 4,
+    profile: GemmProfile | None = None,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -406,7 +407,9 @@ def build_runspec(
     framework offers that fits (`choose_zero_stage`), 0 with one data-parallel rank; the
     reason is kept in `cluster.extra["defaults"]`. The global batch (sequences, or
     `batch_tokens`/seq_len) is split into micro-batches per data-parallel rank; if it does
-    not divide, gradient accumulation rounds up and a warning says so.
+    not divide, gradient accumulation rounds up and a warning says so. `hardware` may be a
+    HardwareSpec (a profiled CPU); `profile`, a measured device profile, times the stages and
+    splits the defaults compare, as `plan(spec, profile)` times the plan.
     """
     options = dict(locals())
     from flopwise.catalog.hardware import get_hardware
@@ -414,7 +417,7 @@ def build_runspec(
 
     warnings: list[str] = []
     model_spec = get_model(model or EXAMPLE["model"])
-    hw = get_hardware(hardware or EXAMPLE["hardware"])
+    hw = hardware if hasattr(hardware, "peak_flops") else get_hardware(hardware or EXAMPLE["hardware"])
     tp = tp or 1
     pp = pp or 1
     for name, value in (("gpus", gpus), ("dp", dp), ("tp", tp), ("pp", pp), ("micro-batch", micro_batch),
@@ -497,7 +500,7 @@ def build_runspec(
     spec = RunSpec(model_spec, layout, workload, cluster)
     validate(spec)
     if choose_zero and dp > 1 and offload != "params":
-        spec = with_chosen_zero(spec)
+        spec = with_chosen_zero(spec, profile)
     if choose_zero and options["tp"] is None and options["pp"] is None and options["dp"] is None and not cnn:
         spec = _split_if_needed(spec, options)
     return spec
@@ -508,7 +511,8 @@ def _split_if_needed(spec: RunSpec, options: dict) -> RunSpec:
     (dp, tp, pp, zero), the fastest
     (tp, pp) that fits: TP within a node (with sequence parallelism, Korthikanti et al. 2022),
     then pipeline stages; ties go to the smaller model-parallel size."""
-    if _evaluate(spec).fits:
+    profile = options.get("profile")
+    if _evaluate(spec, profile).fits:
         return spec
     hw, model = spec.cluster.hardware, spec.model
     per_node = spec.cluster.devices_per_node or hw.devices_per_node or 8
@@ -525,7 +529,7 @@ def _split_if_needed(spec: RunSpec, options: dict) -> RunSpec:
                                              "sequence_parallel": options["sequence_parallel"] or tp > 1})
             except UserError:
                 continue
-            result = _evaluate(candidate)
+            result = _evaluate(candidate, profile)
             if result.fits and (best is None or result.time.step_seconds < best[1] * (1 - TIME_TIE)):
                 best = (candidate, result.time.step_seconds)
     if best is None:
