@@ -116,14 +116,14 @@ _CDNA3 = DeviceCurve(
     "cdna3", 0.601, (4096, 10240, 4864), ((256, 256, 1.0), (256, 128, 0.95), (128, 128, 0.88)),
     304, 128.0, 0.80, 6e-6, (0.40, 0.30), 0.80, 5300.0,
     "MI300X MAMF 781.9 of 1,300 TFLOP/s (60.1 %, ROCm 6.2; ml-engineering MAMF table); 304 CUs",
-    sustained=0.77, sustained_source="no published training row: the A100 ratio (assumption)",
+    sustained=0.81, sustained_source="no published training row: the A100 ratio (assumption)",
 )
 _GENERIC = DeviceCurve(
     "generic", 0.70, (8192, 8192, 8192), ((128, 128, 1.0), (64, 128, 0.85)), 100, 128.0, 0.80, 6e-6,
     (0.45, 0.35), 0.80, 1000.0,
     "no micro-benchmark for this device: 70 % of peak for large GEMMs (assumption, low confidence; "
     "pass --profile with a measured profile)",
-    sustained=0.77, sustained_source="no published training row: the A100 ratio (assumption)",
+    sustained=0.81, sustained_source="no published training row: the A100 ratio (assumption)",
 )
 _CPU = DeviceCurve(
     "cpu", 1.0, (1024, 1024, 1024), ((64, 64, 1.0), (32, 64, 0.9)), 1, 32.0, 0.70, 8e-6, (0.5, 0.4), 1.0, 10.0,
