@@ -239,10 +239,12 @@ def render(rows: list[Row]) -> str:
         f"- throughput, MFU and GPU-hours rows ({len(timing)}): median |error| "
         f"{100 * statistics.median(timing):.1f} %, worst {100 * max(timing):.1f} %",
         "",
-        "These rows are not independent of the model: the per-family `sustained` factors of the GEMM",
-        "curve (`src/flopwise/plan/gemm.py`) were calibrated on the MosaicML and LLaMA-1 rows below (the",
-        "only training runs the planner may be calibrated on). Everything else in the time model comes",
-        "from micro-benchmarks and datasheets (`docs/planner.md`, \"Sources used for calibration\").",
+        "These rows are not independent of the model: three numbers were calibrated on the MosaicML and",
+        "LLaMA-1 rows below (the only training runs the planner may be calibrated on): the per-family",
+        "`sustained` factor of the GEMM curve and the fp8 factor (`src/flopwise/plan/gemm.py`), and the",
+        "compute slowdown under overlapped communication (`src/flopwise/plan/timing.py`, chosen within",
+        "its measured range). Everything else in the time model comes from micro-benchmarks and",
+        "datasheets (`docs/planner.md`, \"Sources used for calibration\").",
         "Memory rows check the formulas of `plan/memory.py` against the figures they reproduce.",
         "",
     ]

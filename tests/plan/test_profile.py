@@ -135,3 +135,49 @@ def test_plan_profile_cli_plans_the_profiled_cpu_and_rejects_bad_files(tmp_path)
     bad = run_plan("--profile", str(tmp_path / "bad.json"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "schema_version" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_search_and_the_default_zero_stage_are_timed_with_the_profile(tmp_path):
+    """`plan --search --profile` ranks layouts on the measured rates, and plain `plan --profile`
+    chooses its default ZeRO stage on them (the reason's figures are the profiled plans')."""
+    from flopwise.plan.planner import choose_zero_stage
+    from flopwise.plan.search import search_layouts
+
+    profile = make_profile(kind="cuda", device="NVIDIA H100 80GB HBM3")  # ~1000x slower GEMMs than the curve
+    spec = build_runspec(model="gpt2-124m", hardware="h100-sxm", gpus=8, seq_len=1024, batch_tokens="256K",
+                         tokens="1B", precision="bf16")
+    measured = search_layouts(spec, 8, top=2, profile=profile).best
+    curve = search_layouts(spec, 8, top=2).best
+    assert measured.time.step_seconds == pytest.approx(plan(measured.spec, profile).time.step_seconds)
+    assert measured.time.step_seconds > 50 * curve.time.step_seconds
+
+    path = profile.save(tmp_path / "h100.json")
+    common = ("--model", "gpt2-124m", "--hardware", "h100-sxm", "--gpus", "8", "--seq-len", "1024",
+              "--batch-tokens", "256K", "--tokens", "1B", "--precision", "bf16", "--json")
+    out = run_plan("--search", "--top", "2", "--profile", str(path), *common)
+    assert out.returncode == 0, out.stderr
+    best = json.loads(out.stdout)["ranked"][0]["plan"]
+    assert best["time"]["step_seconds"] > 50 * curve.time.step_seconds
+    assert "profile" in best["time"]["efficiency_source"]
+
+    out = run_plan("--profile", str(path), *common)
+    assert out.returncode == 0, out.stderr
+    chosen = json.loads(out.stdout)
+    stage, reason = choose_zero_stage(spec, profile)
+    assert reason != choose_zero_stage(spec)[1]  # the measured rates change the trade-off
+    assert chosen["layout"]["zero"] == stage
+    assert chosen["defaults"][0] == reason
+
+
+def test_the_default_split_is_chosen_on_the_profile():
+    """With nothing fitting unsplit, the TP x PP default is the fastest split under the profile:
+    no slower, on the measured rates, than the split chosen from the curve."""
+    profile = make_profile(kind="cuda", device="NVIDIA H100 80GB HBM3")
+    options = dict(model="llama2-70b", hardware="h100-sxm", gpus=64, tokens="1B")
+    measured = build_runspec(**options, profile=profile)
+    curve = build_runspec(**options)
+    assert any(d.startswith(f"tp {measured.layout.tp}, pp {measured.layout.pp}: the fastest split")
+               for d in measured.cluster.extra["defaults"])
+    assert plan(measured, profile).fits
+    assert (plan(measured, profile).time.step_seconds
+            <= plan(curve, profile).time.step_seconds * 1.0101)

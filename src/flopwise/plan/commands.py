@@ -61,7 +61,16 @@ def plan_command(**options) -> None:
     devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1)) if o["dp"] else 8)
     if o["search"]:  # the search picks the layout; one device keeps the global batch exactly as asked
         o.update(gpus=1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
-    spec = build_runspec(**runspec_kwargs(o))
+    kwargs, measured, warnings = runspec_kwargs(o), None, ()
+    if o["profile"] is not None:  # defaults (ZeRO stage, TP x PP split) are chosen on the measured rates
+        measured, hardware, warnings = _read_profile(o["profile"], o["hardware"])
+        kwargs.update(hardware=hardware, profile=measured)
+    spec = build_runspec(**kwargs)
+    if warnings:
+        import dataclasses
+
+        extra = {**spec.cluster.extra, "warnings": (*spec.cluster.extra.get("warnings", ()), *warnings)}
+        spec = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, extra=extra))
     if o["search"] or o["spot"]:
         # the search loads only for --search / --spot
         from flopwise.plan.search_cli import run_search_and_spot
@@ -69,10 +78,7 @@ def plan_command(**options) -> None:
         return run_search_and_spot(spec, devices, o["search"], o["objective"], o["top"], o["spot"],
                                    o["preemptions_per_day"], o["checkpoint_seconds"], o["restart_seconds"],
                                    o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"],
-                                   show_plan=print_plan)
-    measured = None
-    if o["profile"] is not None:
-        spec, measured = _with_profile(spec, o["profile"], o["hardware"] is None)
+                                   show_plan=print_plan, profile=measured)
     result = plan(spec, profile=measured)
     if o["as_json"]:
         print_plan_json(result)
@@ -139,28 +145,21 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
         print(note)
 
 
-def _with_profile(spec, path: str, hardware_defaulted: bool):
-    """(spec, profile): a CPU profile with no --hardware becomes the device; a profile measured on
-    another device than --hardware is used anyway, with a warning."""
-    import dataclasses
-
-    from flopwise.plan.planner import validate
+def _read_profile(path: str, hardware: str | None):
+    """(profile, hardware, warnings) for `--profile`: a CPU profile with no --hardware becomes the
+    device; a profile measured on another device than --hardware is used anyway, with a warning."""
+    from flopwise.catalog.hardware import get_hardware
+    from flopwise.plan.planner import EXAMPLE
     from flopwise.plan.profile import hardware_from_profile, load_profile
 
     measured = load_profile(path)
-    cluster = spec.cluster
-    if measured.device_kind == "cpu" and hardware_defaulted:
-        cluster = dataclasses.replace(cluster, hardware=hardware_from_profile(measured))
-    else:
-        hw = cluster.hardware
-        words = {w for w in measured.device.lower().replace("-", " ").split() if any(c.isdigit() for c in w)}
-        if not any(part in words for part in hw.key.split("-")):
-            warnings = tuple(cluster.extra.get("warnings", ())) + (
-                f"--profile was measured on {measured.device}, not {hw.key}; its GEMM rates are used anyway",)
-            cluster = dataclasses.replace(cluster, extra={**cluster.extra, "warnings": warnings})
-    spec = dataclasses.replace(spec, cluster=cluster)
-    validate(spec)
-    return spec, measured
+    if measured.device_kind == "cpu" and hardware is None:
+        return measured, hardware_from_profile(measured), ()
+    hw = get_hardware(hardware or EXAMPLE["hardware"])
+    words = {w for w in measured.device.lower().replace("-", " ").split() if any(c.isdigit() for c in w)}
+    if any(part in words for part in hw.key.split("-")):
+        return measured, hw, ()
+    return measured, hw, (f"--profile was measured on {measured.device}, not {hw.key}; its GEMM rates are used anyway",)
 
 
 def _gib(nbytes: float) -> str:

@@ -71,6 +71,13 @@ class DeviceCurve:
         return self.mamf_fraction / _shape_factor(self, m, n, k)
 
 
+FP8_FACTOR_HOPPER = 0.74
+"""fp8 GEMMs on H100 reach this share of the bf16 GEMMs' fraction of their own (2x) dense peak:
+1,978.9 TFLOP/s (datasheet) x FP8_FACTOR x the bf16 shape curve x the sustained factor. No
+vendor micro-benchmark of fp8 training GEMMs sits in the sources; fitted on the one fp8 training
+figure of published.md (MosaicML llm-foundry MPT-3b fp8 on 8 H100, 30,586 tokens/s/GPU), with
+the fp8 casts timed apart as memory-bound kernels (plan/ops.py)."""
+
 # Tile shapes: Ampere cuBLAS/CUTLASS CTA tiles 256x128 / 128x256 / 128x128; Hopper WGMMA
 # kernels 128x256 / 256x128 / 128x128 (CUTLASS profiler defaults); MI300X 256x256.
 _AMPERE = DeviceCurve(
@@ -79,44 +86,44 @@ _AMPERE = DeviceCurve(
     "A100 SXM MAMF 267.9 of 312 TFLOP/s (85.9 %) at 6912x16384x2048 (ml-engineering MAMF table); "
     "108 SMs (A100 whitepaper); attention: FlashAttention-2 A100 causal head-dim 128 ~190 TFLOP/s forward, "
     "~165 backward (Dao 2023, Fig. 5-6)",
-    sustained=0.77,
-    sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 65B 380 tokens/s/GPU: "
-                     "sustained training kernels run at ~0.77 of the micro-benchmark (clocks under sustained "
-                     "power, NCCL kernels sharing SMs, framework overhead between kernels)",
+    sustained=0.81,
+    sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 GPU-hours: sustained training "
+                     "kernels run at ~0.81 of the micro-benchmark (clocks under sustained power, framework "
+                     "overhead between kernels; SMs lost to overlapped NCCL kernels are charged apart)",
 )
 _AMPERE_PCIE = DeviceCurve(
     "ampere-pcie", 0.822, (2304, 5120, 1536), _AMPERE.tiles, 108, 64.0, 0.88, 4e-6, (0.58, 0.48), 1.0, 1935.0,
     "A100 PCIe MAMF 256.4 of 312 TFLOP/s (82.2 %) at 2304x5120x1536 (ml-engineering MAMF table)",
-    sustained=0.77,
-    sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 65B 380 tokens/s/GPU: "
-                     "sustained training kernels run at ~0.77 of the micro-benchmark (clocks under sustained "
-                     "power, NCCL kernels sharing SMs, framework overhead between kernels)",
+    sustained=0.81,
+    sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 GPU-hours: sustained training "
+                     "kernels run at ~0.81 of the micro-benchmark (clocks under sustained power, framework "
+                     "overhead between kernels; SMs lost to overlapped NCCL kernels are charged apart)",
 )
 _HOPPER = DeviceCurve(
     "hopper", 0.801, (6144, 17920, 2816), ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 0.92), (64, 128, 0.78)),
-    132, 128.0, 0.90, 4e-6, (0.35, 0.30), 0.80, 3350.0,
+    132, 128.0, 0.90, 4e-6, (0.339, 0.295), FP8_FACTOR_HOPPER, 3350.0,
     "H100 SXM MAMF 792.1 of 989 TFLOP/s (80.1 %) at 6144x17920x2816 (ml-engineering MAMF table); 132 SMs; "
-    "attention: FlashAttention-2 on H100, up to ~335 TFLOP/s forward (Dao 2023, Fig. 7; Shah et al. 2024, "
-    "Fig. 4), the kernels of the same software generation as the sustained factor below (FlashAttention-3 / "
-    "cuDNN reach 500-740: newer stacks are faster); fp8 GEMM 0.8x the bf16 fraction (assumption: "
-    "scaling and amax bookkeeping; low confidence)",
-    sustained=0.66,
+    "attention: FlashAttention-2 on H100, causal, head dim 128, plateau 335 TFLOP/s forward (Shah et al. "
+    "2024, Fig. 5) and 322 backward without mask (Fig. 6) x 335/370 for the mask (forward causal over "
+    "non-causal at 16k) = 292, the kernels of the same software generation as the sustained factor below "
+    "(FlashAttention-3 / cuDNN reach 500-650: newer stacks are faster); fp8 GEMMs: see FP8_FACTOR_HOPPER",
+    sustained=0.68,
     sustained_source="published.md MosaicML llm-foundry H100 BF16 rows: sustained training kernels run at "
-                     "~0.66 of the H100 micro-benchmark (700 W clock throttling, NCCL SM sharing, 2023 "
-                     "software); H200 shares the chip and power limit",
+                     "~0.68 of the H100 micro-benchmark (700 W clock throttling, 2023 software; SMs lost to "
+                     "overlapped NCCL kernels are charged apart); H200 shares the chip and power limit",
 )
 _CDNA3 = DeviceCurve(
     "cdna3", 0.601, (4096, 10240, 4864), ((256, 256, 1.0), (256, 128, 0.95), (128, 128, 0.88)),
     304, 128.0, 0.80, 6e-6, (0.40, 0.30), 0.80, 5300.0,
     "MI300X MAMF 781.9 of 1,300 TFLOP/s (60.1 %, ROCm 6.2; ml-engineering MAMF table); 304 CUs",
-    sustained=0.77, sustained_source="no published training row: the A100 ratio (assumption)",
+    sustained=0.81, sustained_source="no published training row: the A100 ratio (assumption)",
 )
 _GENERIC = DeviceCurve(
     "generic", 0.70, (8192, 8192, 8192), ((128, 128, 1.0), (64, 128, 0.85)), 100, 128.0, 0.80, 6e-6,
     (0.45, 0.35), 0.80, 1000.0,
     "no micro-benchmark for this device: 70 % of peak for large GEMMs (assumption, low confidence; "
     "pass --profile with a measured profile)",
-    sustained=0.77, sustained_source="no published training row: the A100 ratio (assumption)",
+    sustained=0.81, sustained_source="no published training row: the A100 ratio (assumption)",
 )
 _CPU = DeviceCurve(
     "cpu", 1.0, (1024, 1024, 1024), ((64, 64, 1.0), (32, 64, 0.9)), 1, 32.0, 0.70, 8e-6, (0.5, 0.4), 1.0, 10.0,
@@ -152,6 +159,11 @@ def _shape_factor(curve: DeviceCurve, m: int, n: int, k: int) -> float:
         best = max(best, speed * tile_eff * wave_eff)
     return best * k / (k + curve.k0)
 
+
+ATTENTION_HALF_SEQ = 256.0
+"""Sequence length at which a fused attention kernel reaches half its long-sequence rate
+(too few query blocks per head to fill the SMs, and the causal diagonal blocks' masking
+cost weighs more; fitted to the FlashAttention-2 H100 curve quoted in `attention_seconds`)."""
 
 _FRACTIONS: dict[tuple[str, int, int, int], float] = {}
 _CEILINGS: dict[str, float] = {}
@@ -212,14 +224,17 @@ class DeviceRates:
     def attention_seconds(self, flops: float, seq_len: int, backward: bool) -> float:
         """Seconds for a fused (flash) attention kernel doing `flops` of real work.
 
-        Short sequences run below the long-sequence fraction: s / (s + 256) of it relative
-        to s = 2048 (FlashAttention-2 Fig. 5: throughput at 512 is about 3/4 of that at 2k+)."""
+        The family's fractions are the long-sequence plateau; a sequence of s tokens reaches
+        s / (s + 256) of it (FlashAttention-2, causal, head dim 128 on H100: 191 / 260 / 298 /
+        319 / 333 / 335 TFLOP/s at 0.5k / 1k / 2k / 4k / 8k / 16k, Shah et al. 2024 Fig. 5;
+        the curve gives 0.67 / 0.80 / 0.89 / 0.94 / 0.97 / 0.98 of the plateau: within 3 %
+        from 1k up, 17 % high at 512)."""
         if flops <= 0:
             return 0.0
         if self.efficiency is not None:
             return flops / (self.attention_peak * self.efficiency)
         fwd, bwd = self.curve.attention_fraction
-        fraction = (bwd if backward else fwd) * (seq_len / (seq_len + 256.0)) / (2048.0 / 2304.0)
+        fraction = (bwd if backward else fwd) * (seq_len / (seq_len + ATTENTION_HALF_SEQ))
         fraction = min(fraction, self.curve.ceiling) * self.curve.sustained
         if self.profile is not None:
             rate = self.profile.gemm_flops_per_s(seq_len, seq_len, 128, self.dtype)

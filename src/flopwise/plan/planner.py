@@ -398,6 +398,7 @@ def build_runspec(
     framework: str = "fsdp",
     allocator_reserve: float = mem.ALLOCATOR_RESERVE_FRACTION,
     nodes_per_rack: int = 4,
+    profile: GemmProfile | None = None,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -406,7 +407,9 @@ def build_runspec(
     framework offers that fits (`choose_zero_stage`), 0 with one data-parallel rank; the
     reason is kept in `cluster.extra["defaults"]`. The global batch (sequences, or
     `batch_tokens`/seq_len) is split into micro-batches per data-parallel rank; if it does
-    not divide, gradient accumulation rounds up and a warning says so.
+    not divide, gradient accumulation rounds up and a warning says so. `hardware` may be a
+    HardwareSpec (a profiled CPU); `profile`, a measured device profile, times the stages and
+    splits the defaults compare, as `plan(spec, profile)` times the plan.
     """
     options = dict(locals())
     from flopwise.catalog.hardware import get_hardware
@@ -414,7 +417,7 @@ def build_runspec(
 
     warnings: list[str] = []
     model_spec = get_model(model or EXAMPLE["model"])
-    hw = get_hardware(hardware or EXAMPLE["hardware"])
+    hw = hardware if hasattr(hardware, "peak_flops") else get_hardware(hardware or EXAMPLE["hardware"])
     tp = tp or 1
     pp = pp or 1
     for name, value in (("gpus", gpus), ("dp", dp), ("tp", tp), ("pp", pp), ("micro-batch", micro_batch),
@@ -497,9 +500,7 @@ def build_runspec(
     spec = RunSpec(model_spec, layout, workload, cluster)
     validate(spec)
     if choose_zero and dp > 1 and offload != "params":
-        stage, reason = choose_zero_stage(spec)
-        extra["defaults"] = (reason,)
-        spec = dataclasses.replace(spec, layout=dataclasses.replace(layout, zero_stage=stage))
+        spec = with_chosen_zero(spec, profile)
     if choose_zero and options["tp"] is None and options["pp"] is None and options["dp"] is None and not cnn:
         spec = _split_if_needed(spec, options)
     return spec
@@ -510,7 +511,8 @@ def _split_if_needed(spec: RunSpec, options: dict) -> RunSpec:
     (dp, tp, pp, zero), the fastest
     (tp, pp) that fits: TP within a node (with sequence parallelism, Korthikanti et al. 2022),
     then pipeline stages; ties go to the smaller model-parallel size."""
-    if _evaluate(spec).fits:
+    profile = options.get("profile")
+    if _evaluate(spec, profile).fits:
         return spec
     hw, model = spec.cluster.hardware, spec.model
     per_node = spec.cluster.devices_per_node or hw.devices_per_node or 8
@@ -527,7 +529,7 @@ def _split_if_needed(spec: RunSpec, options: dict) -> RunSpec:
                                              "sequence_parallel": options["sequence_parallel"] or tp > 1})
             except UserError:
                 continue
-            result = _evaluate(candidate)
+            result = _evaluate(candidate, profile)
             if result.fits and (best is None or result.time.step_seconds < best[1] * (1 - TIME_TIE)):
                 best = (candidate, result.time.step_seconds)
     if best is None:
@@ -551,17 +553,27 @@ memory, Rajbhandari et al. 2020 §7.2.1), then none, ZeRO-3 last (its per-layer 
 cost latency the time model may not see)."""
 
 
-def choose_zero_stage(spec: RunSpec) -> tuple[int, str]:
+def with_chosen_zero(spec: RunSpec, profile: GemmProfile | None = None) -> RunSpec:
+    """`spec` at the ZeRO stage `choose_zero_stage` picks, the reason kept in `cluster.extra["defaults"]`
+    (replacing an earlier choice's reason, e.g. one made before a `--profile` was read)."""
+    stage, reason = choose_zero_stage(spec, profile)
+    defaults = tuple(d for d in spec.cluster.extra.get("defaults", ()) if not d.startswith("zero "))
+    cluster = dataclasses.replace(spec.cluster, extra={**spec.cluster.extra, "defaults": (reason, *defaults)})
+    return dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, zero_stage=stage), cluster=cluster)
+
+
+def choose_zero_stage(spec: RunSpec, profile: GemmProfile | None = None) -> tuple[int, str]:
     """The ZeRO stage a careful engineer would pick, and why, in one line.
 
-    Each stage the framework offers is planned with `plan()`'s own models; among those that
-    fit, the fastest step wins and, within 1 % of it, the first in `TIE_ORDER`. When none
-    fits, the most sharded stage, whose advice then says what else to change.
+    Each stage the framework offers is planned with `plan()`'s own models (and the measured
+    device profile, when one is given); among those that fit, the fastest step wins and,
+    within 1 % of it, the first in `TIE_ORDER`. When none fits, the most sharded stage,
+    whose advice then says what else to change.
     """
     results = {}
     for stage in ZERO_STAGES[spec.layout.framework]:
         layout = dataclasses.replace(spec.layout, zero_stage=stage)
-        results[stage] = _evaluate(dataclasses.replace(spec, layout=layout))
+        results[stage] = _evaluate(dataclasses.replace(spec, layout=layout), profile)
     fitting = {z: r for z, r in results.items() if r.fits}
     if not fitting:
         stage = max(results)

@@ -217,6 +217,7 @@ def search_layouts(
     first_fit_only: bool = False,
     exhaustive: bool = False,
     host_memory_per_device_gib: float | None = None,
+    profile=None,
 ) -> SearchResult:
     """Enumerate every valid layout of `spec`'s job on `devices`, keep those `plan()` says fit,
     and return the best `top` by `objective`.
@@ -225,7 +226,8 @@ def search_layouts(
     except for flash attention. `first_fit_only` stops at the first layout that fits (a
     feasibility test for `compare`). `host_memory_per_device_gib` rejects layouts whose
     offloaded states (the plan's `cpu_offload_bytes`) exceed it; None leaves host memory
-    unchecked, as `plan()` does. Two exact shortcuts keep it fast, `exhaustive=True`
+    unchecked, as `plan()` does. `profile` (a measured device profile, `--profile`) times
+    every layout, as `plan(spec, profile)` does. Two exact shortcuts keep it fast, `exhaustive=True`
     turns them off (tests compare both):
     - memory never shrinks as the micro-batch grows (activations ∝ micro-batch × in-flight
       micro-batches, capped by the per-rank batch; model states do not depend on it), so
@@ -278,7 +280,7 @@ def search_layouts(
                         fits.append(candidate(mbs))
                         if first_fit_only:
                             return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred,
-                                           [plan(fits[0])], 1, top, smallest, shapes)
+                                           [plan(fits[0], profile)], 1, top, smallest, shapes)
                     else:
                         rejected["memory"] += 1
                         smallest = memory.total_bytes if smallest is None else min(smallest, memory.total_bytes)
@@ -298,7 +300,7 @@ def search_layouts(
                     smallest = memory.total_bytes if smallest is None else min(smallest, memory.total_bytes)
             fits.extend(candidate(mbs) for mbs in micro_batches[:lo])
             rejected["memory"] += len(micro_batches) - lo
-    timed = _time_best(fits, objective, top, exhaustive)
+    timed = _time_best(fits, objective, top, exhaustive, profile)
     return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, len(fits), top,
                    smallest, shapes)
 
@@ -311,17 +313,17 @@ def family_key(result: Plan, objective: str) -> tuple:
             lay.recompute, float(f"{objective_value(result, objective):.12g}"))
 
 
-def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool) -> list[Plan]:
+def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool, profile=None) -> list[Plan]:
     """Plan the layouts that fit, in order of a lower bound on their step time, until none can enter the top k."""
     if exhaustive or not fits:
-        return [plan(c) for c in fits]
-    first = plan(fits[0])
+        return [plan(c, profile) for c in fits]
+    first = plan(fits[0], profile)
     timed: list[Plan] = [first]
     best: dict[tuple, float] = {}  # family -> best objective value timed so far
     _keep(best, first, objective)
     # objective / step is the same for every layout of one job (same tokens, devices, prices)
     ratio = objective_value(first, objective) / first.time.step_seconds
-    bound_of = _bounder(first)
+    bound_of = _bounder(first, profile)
     pending = sorted((bound_of(c), i, c) for i, c in enumerate(fits[1:]))
     kth = None  # the k-th best objective so far, recomputed only when `best` changes
     for bound, _, candidate in pending:
@@ -330,7 +332,7 @@ def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool) 
                 kth = heapq.nsmallest(top, best.values())[-1]
             if bound * ratio > kth * (1 + 1e-9):
                 break
-        result = plan(candidate)
+        result = plan(candidate, profile)
         timed.append(result)
         _keep(best, result, objective)
         kth = None
@@ -341,7 +343,7 @@ def _keep(best: dict[tuple, float], result: Plan, objective: str) -> None:
     best[family_key(result, objective)] = objective_value(result, objective)
 
 
-def _bounder(reference: Plan):
+def _bounder(reference: Plan, profile=None):
     """A function giving a step time no plan of a candidate can beat (`timing.step_lower_bound`:
     the average stage's compute per micro-batch, the smallest stages' bubble, the optimizer
     step; communication >= 0). Model, workload and cluster are the reference's for every
@@ -352,7 +354,7 @@ def _bounder(reference: Plan):
         return lambda candidate: reference.time.compute_seconds
     cluster, work = spec.cluster, spec.workload
     rates = device_rates(cluster.hardware, work.precision, cluster.hardware.peak_flops(work.precision),
-                         None, cluster.efficiency)
+                         profile, cluster.efficiency)
     sb = state_bytes(work.precision, work.optimizer)
     total, framework = reference.params.total, _framework(spec)
 

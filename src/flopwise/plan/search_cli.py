@@ -31,12 +31,14 @@ def run_search_and_spot(
     as_json: bool,
     host_memory_gib: float | None = None,
     show_plan: Callable[[Plan], None] = print,
+    profile=None,
 ) -> None:
     """Search layouts (or take the given one), then optionally plan spot vs on-demand; print or emit JSON.
 
     `host_memory_gib` is RAM per node, shared by the node's devices, for offloaded states;
     `show_plan` prints the one plan when there is no search (the caller's table, so this
-    module need not import the command that calls it)."""
+    module need not import the command that calls it); `profile`, a measured device profile
+    (`--profile`), times every layout instead of the family curve."""
     result = None
     if search:
         host = None
@@ -45,12 +47,13 @@ def run_search_and_spot(
                 raise UserError(f"--host-memory-gib must be > 0, got {host_memory_gib}")
             per_node = spec.cluster.devices_per_node or spec.cluster.hardware.devices_per_node or 8
             host = host_memory_gib / min(devices, per_node)
-        result = search_layouts(spec, devices, objective=objective, top=top, host_memory_per_device_gib=host)
+        result = search_layouts(spec, devices, objective=objective, top=top, host_memory_per_device_gib=host,
+                                profile=profile)
         if result.best is None:
             raise UserError(nothing_fits_message(result, host_memory_per_device_gib=host))
         chosen = result.best
     else:
-        chosen = plan(spec)
+        chosen = plan(spec, profile=profile)
     spot_estimate = None
     if spot:
         spot_estimate = spot_for(chosen, preemptions_per_day, checkpoint_seconds, restart_seconds, spot_price_per_hour)
