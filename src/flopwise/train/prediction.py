@@ -39,6 +39,8 @@ CPU_KEY = "cpu-measured"
 # Square matmul sizes for the CPU peak: cache behaviour makes either one faster on a given
 # machine, so the peak is the best of both.
 CALIBRATION_SIZES = (512, 1024)
+# What the CPU measurement counts per rank (`metrics.measure_memory`); the plan's `other` is not among them.
+COUNTED_COMPONENTS = ("weights", "gradients", "optimizer", "activations")
 # Device memory as reported by CUDA vs the catalog's figure (GB vs GiB, reserved memory).
 MEMORY_TOLERANCE = 0.15
 
@@ -72,7 +74,18 @@ class Forecast:
             "optimizer": measured["optimizer"],
             "activations": measured["activations"],
         }
-        measured_memory["total"] = sum(measured_memory.values())
+        host_predicted = ((self.plan or {}).get("memory") or {}).get("cpu_offload_bytes") or 0.0
+        if host_predicted:
+            # FSDP2's CPUOffloadPolicy keeps parameter shards, their gradients and the optimizer
+            # state in host memory: the model states the run counted are host-resident bytes
+            # (on a CPU run host and "device" are one memory, so the policy, not the address, places them)
+            predicted_memory["host_offload"] = host_predicted
+            measured_memory["host_offload"] = sum(measured_memory.pop(k) for k in ("weights", "gradients", "optimizer"))
+            measured_memory.update(weights=0, gradients=0, optimizer=0)
+        measured_memory["total"] = sum(v for k, v in measured_memory.items() if k != "host_offload")
+        # `other` (FSDP's gathered units, DDP buckets, a pipeline stage's gathered copy) lives only
+        # around collectives and is not counted on CPU: the totals compare the counted components
+        predicted_memory["counted_total"] = sum(predicted_memory.get(k) or 0.0 for k in COUNTED_COMPONENTS)
         if measured.get("cuda_peak_allocated") is not None:
             measured_memory["cuda_peak_allocated"] = measured["cuda_peak_allocated"]
         plan_time = (self.plan or {}).get("time") or {}
@@ -94,7 +107,10 @@ class Forecast:
         }
         ratio = {}
         for key in MEMORY_COMPONENTS:
-            ratio[f"memory_{key}"] = _ratio(measured_memory.get(key), predicted_memory.get(key))
+            predicted_key = "counted_total" if key == "total" else key
+            ratio[f"memory_{key}"] = _memory_ratio(measured_memory.get(key), predicted_memory.get(predicted_key))
+        if host_predicted:
+            ratio["memory_host_offload"] = _ratio(measured_memory["host_offload"], host_predicted)
         ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
         ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
         if measured.get("bubble_fraction") is not None:  # pipelines: idle share of a pass, mean over ranks
@@ -116,6 +132,8 @@ class Forecast:
             notes=list(self.notes) + [
                 "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
                 "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
+                "memory_total compares the counted components (predicted counted_total = weights + gradients + "
+                "optimizer + activations); the plan's `other` (gathered FSDP units, buckets) is not counted on CPU",
                 "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
                 "measured activations are the peak bytes of tensors saved for backward alive at once (logits "
                 "included; a pipeline's in-flight micro-batches, not all of a pass's); with recompute the planner also counts one layer's recomputed activations, "
@@ -349,6 +367,13 @@ def planned_flops_per_token(plan: dict | None) -> float | None:
     if flops.get("unit", "token") == "token" and flops.get("model_per_unit"):
         return float(flops["model_per_unit"])
     return None
+
+
+def _memory_ratio(measured, predicted) -> float | None:
+    """measured / predicted bytes; 1.0 when both are zero (an offloaded state: nothing on the device, as planned)."""
+    if measured == 0 and predicted == 0:
+        return 1.0
+    return _ratio(measured, predicted)
 
 
 def _ratio(measured, predicted) -> float | None:
