@@ -149,3 +149,15 @@ def test_offloaded_model_states_are_compared_as_host_bytes():
     assert measured["host_offload"] == 400 and measured["weights"] == 0 and measured["total"] == 700
     assert ratio["memory_host_offload"] == 1.0 and ratio["memory_weights"] == 1.0  # nothing on the device, as planned
     assert ratio["memory_total"] == 1.0  # the counted components; `other` is not measured on CPU
+
+
+def test_collective_bytes_are_compared_per_mesh_dimension():
+    plan = {"memory": {}, "comm": {"dp_bytes": 1000.0, "tp_bytes": 0.0, "pp_bytes": 400.0}}
+    forecast = Forecast(plan=plan, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=None,
+                        peak_source="none", flops_per_token=None, world_size=4)
+    measured = dict(_measured(), comm_bytes={"dp": {"all_gather": 600.0, "reduce_scatter": 300.0},
+                                             "pp": {"send": 200.0}})
+    comparison = forecast.compare(measured)
+    ratio = comparison.measured_over_predicted
+    assert comparison.measured["comm_bytes_per_step"] == {"dp": 900.0, "pp": 200.0}
+    assert (ratio["comm_dp"], ratio["comm_tp"], ratio["comm_pp"]) == (pytest.approx(0.9), 1.0, pytest.approx(0.5))

@@ -113,6 +113,14 @@ class Forecast:
             ratio["memory_host_offload"] = _ratio(measured_memory["host_offload"], host_predicted)
         ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
         ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
+        if measured.get("comm_bytes") is not None:  # one metered step (`train/comm_volume.py`)
+            planned = (self.plan or {}).get("comm") or {}
+            predicted["comm_bytes_per_step"] = {dim: planned.get(f"{dim}_bytes") for dim in ("dp", "tp", "pp")}
+            measured_out["comm_bytes_per_step"] = {dim: sum(kinds.values()) for dim, kinds in measured["comm_bytes"].items()}
+            measured_out["comm_bytes_by_kind"] = measured["comm_bytes"]
+            for dim in ("dp", "tp", "pp"):
+                ratio[f"comm_{dim}"] = _memory_ratio(measured_out["comm_bytes_per_step"].get(dim, 0.0),
+                                                     predicted["comm_bytes_per_step"][dim] or 0.0)
         if measured.get("bubble_fraction") is not None:  # pipelines: idle share of a pass, mean over ranks
             predicted["bubble_fraction"] = plan_time.get("bubble_fraction")
             measured_out["bubble_fraction"] = measured["bubble_fraction"]
@@ -132,6 +140,9 @@ class Forecast:
             notes=list(self.notes) + [
                 "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
                 "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
+                "comm bytes are what each rank sends per optimizer step (ring model: all-reduce 2(n-1)/n, "
+                "all-gather and reduce-scatter (n-1)/n of the buffer, a pipeline send its size), counted on one "
+                "step by dimension and collective kind; the largest rank",
                 "memory_total compares the counted components (predicted counted_total = weights + gradients + "
                 "optimizer + activations); the plan's `other` (gathered FSDP units, buckets) is not counted on CPU",
                 "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
@@ -370,7 +381,7 @@ def planned_flops_per_token(plan: dict | None) -> float | None:
 
 
 def _memory_ratio(measured, predicted) -> float | None:
-    """measured / predicted bytes; 1.0 when both are zero (an offloaded state: nothing on the device, as planned)."""
+    """measured / predicted bytes; 1.0 when both are zero (an offloaded state, a dimension of size 1: nothing, as planned)."""
     if measured == 0 and predicted == 0:
         return 1.0
     return _ratio(measured, predicted)
