@@ -90,7 +90,8 @@ def notes_for(cfg) -> list[str]:
 def _planned_schedule(schedule: str) -> str:
     """The planner's word for a trainer schedule. Looped BFS (Lamy-Poirier 2023, arXiv:2211.05953)
     and interleaved zero-bubble (Qi et al. 2024, arXiv:2401.10241) are planned as interleaved
-    1F1B: the same (p-1)/(m*v) bubble, an upper bound for zero-bubble, which fills part of it."""
+    1F1B: the same (p-1)/(m*v) bubble, an upper bound for zero-bubble, which fills part of it;
+    their memory differs and is told apart by `Layout.interleaved_variant`."""
     return "interleaved" if schedule in ("interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble") else schedule
 
 
