@@ -142,6 +142,10 @@ def test_pipeline_composed_with_fsdp2_or_tp_matches_one_process_and_resumes_exac
     assert f"(mesh {shape})" in result.stdout
     run_dir = tmp_path / "pp"
     assert_matches(reference, mean_losses(run_dir), range(1, STEPS + 1))
+    # the planner's per-rank memory for this very run, against the exact CPU count
+    ratios = json.loads((run_dir / "predicted_vs_measured.json").read_text())["measured_over_predicted"]
+    for part in ("weights", "gradients", "optimizer", "activations", "total"):
+        assert 0.9 <= ratios[f"memory_{part}"] <= 1.1, (part, ratios)
     assert_resumes_exactly(config, run_dir, tmp_path)
     if "pp" in layout:
         two = mesh_config(corpus, tmp_path / "pp2", 2, strategy="pipeline", nproc_per_node=2, pipeline_microbatches=4)

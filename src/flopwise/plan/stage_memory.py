@@ -25,6 +25,10 @@ SAVED_LOSS_BYTES_PER_LOGIT = 4.0
 Megatron's vocab-parallel cross-entropy both save it); the logits themselves are not saved."""
 
 
+TOKEN_ID_BYTES = 8.0
+"""int64 token ids, which an embedding lookup keeps for its backward."""
+
+
 class StageMemory(NamedTuple):
     """One pipeline stage's per-device bytes (one TP rank of one DP replica).
 
@@ -237,15 +241,19 @@ def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bo
 
 def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_layer: float, rebuilt: float,
                        stage: int, layers: int) -> tuple[float, float, float]:
-    """(layer activations + embedding output, head inputs + logits, in-flight layers) of one stage."""
+    """(layer activations + embedding's token ids, head inputs + logits, in-flight layers) of one stage."""
     model, lay, work = spec.model, spec.layout, spec.workload
     chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages,
                              lay.interleaved_variant)
     inflight = layers * chunks
     activations = per_layer * inflight + rebuilt
     if stage == 0:
-        sbh = float(work.seq_len) * lay.micro_batch_size * model.hidden
-        per_mb = sbh * ((e / lay.tp if lay.sequence_parallel else e) + (1.0 if work.dropout else 0.0))
+        # the embedding keeps its token ids (int64: `embedding_dense_backward` reads them) and, with
+        # dropout, its output's mask (Korthikanti et al. 2022 §4.3); its output is the first block's
+        # input, which the block's own activations already count
+        tokens = float(work.seq_len) * lay.micro_batch_size
+        per_mb = tokens * (TOKEN_ID_BYTES + (model.hidden / (lay.tp if lay.sequence_parallel else 1)
+                                             if work.dropout else 0.0))
         activations += per_mb * chunks
     logits = 0.0
     if stage == lay.pp - 1:
