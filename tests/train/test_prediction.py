@@ -149,6 +149,8 @@ def test_offloaded_model_states_are_compared_as_host_bytes():
     assert measured["host_offload"] == 400 and measured["weights"] == 0 and measured["total"] == 700
     assert ratio["memory_host_offload"] == 1.0 and ratio["memory_weights"] == 1.0  # nothing on the device, as planned
     assert ratio["memory_total"] == 1.0  # the counted components; `other` is not measured on CPU
+    assert comparison.predicted["memory_bytes"]["counted_total"] == 700 == measured["counted_total"]
+    assert "memory: host (offloaded)" in format_comparison(comparison)
 
 
 def test_collective_bytes_are_compared_per_mesh_dimension():
@@ -161,3 +163,5 @@ def test_collective_bytes_are_compared_per_mesh_dimension():
     ratio = comparison.measured_over_predicted
     assert comparison.measured["comm_bytes_per_step"] == {"dp": 900.0, "pp": 200.0}
     assert (ratio["comm_dp"], ratio["comm_tp"], ratio["comm_pp"]) == (pytest.approx(0.9), 1.0, pytest.approx(0.5))
+    text = format_comparison(comparison)
+    assert "sent per step: dp" in text and "sent per step: tp" not in text  # nothing planned, nothing sent

@@ -83,6 +83,7 @@ class Forecast:
             measured_memory["host_offload"] = sum(measured_memory.pop(k) for k in ("weights", "gradients", "optimizer"))
             measured_memory.update(weights=0, gradients=0, optimizer=0)
         measured_memory["total"] = sum(v for k, v in measured_memory.items() if k != "host_offload")
+        measured_memory["counted_total"] = measured_memory["total"]  # named as on the predicted side, for readers
         # `other` (FSDP's gathered units, DDP buckets, a pipeline stage's gathered copy) lives only
         # around collectives and is not counted on CPU: the totals compare the counted components
         predicted_memory["counted_total"] = sum(predicted_memory.get(k) or 0.0 for k in COUNTED_COMPONENTS)
@@ -409,6 +410,13 @@ def format_comparison(comparison: Comparison) -> str:
     for key in MEMORY_COMPONENTS:
         table.add_row(f"memory: {key}", _mib(pred["memory_bytes"].get(key)), _mib(meas["memory_bytes"].get(key)),
                       _num(ratio.get(f"memory_{key}"), "{:.2f}"))
+    if "host_offload" in pred["memory_bytes"]:
+        table.add_row("memory: host (offloaded)", _mib(pred["memory_bytes"]["host_offload"]),
+                      _mib(meas["memory_bytes"].get("host_offload")), _num(ratio.get("memory_host_offload"), "{:.2f}"))
+    for dim, planned in (pred.get("comm_bytes_per_step") or {}).items():
+        sent = (meas.get("comm_bytes_per_step") or {}).get(dim, 0.0)
+        if planned or sent:
+            table.add_row(f"sent per step: {dim}", _mib(planned), _mib(sent), _num(ratio.get(f"comm_{dim}"), "{:.2f}"))
     table.add_row("tokens/s *", _num(pred["tokens_per_second"], "{:,.0f}"), _num(meas["tokens_per_second"], "{:,.0f}"),
                   _num(ratio.get("tokens_per_second"), "{:.2f}"))
     table.add_row("MFU *", _num(pred["mfu"], "{:.1%}"), _num(meas["mfu"], "{:.1%}"), _num(ratio.get("mfu"), "{:.2f}"))
