@@ -408,8 +408,14 @@ def format_comparison(comparison: Comparison) -> str:
         table.add_column(column, justify="right" if column else "left")
     pred, meas, ratio = comparison.predicted, comparison.measured, comparison.measured_over_predicted
     for key in MEMORY_COMPONENTS:
-        table.add_row(f"memory: {key}", _mib(pred["memory_bytes"].get(key)), _mib(meas["memory_bytes"].get(key)),
-                      _num(ratio.get(f"memory_{key}"), "{:.2f}"))
+        planned = pred["memory_bytes"].get(key)
+        label = f"memory: {key}"
+        if key == "total" and "counted_total" in pred["memory_bytes"]:  # what the ratio compares
+            planned, label = pred["memory_bytes"]["counted_total"], "memory: total (counted)"
+        table.add_row(label, _mib(planned), _mib(meas["memory_bytes"].get(key)), _num(ratio.get(f"memory_{key}"), "{:.2f}"))
+    other = pred["memory_bytes"].get("other")
+    if other:
+        table.add_row("memory: other (not counted)", _mib(other), "n/a", "n/a")
     if "host_offload" in pred["memory_bytes"]:
         table.add_row("memory: host (offloaded)", _mib(pred["memory_bytes"]["host_offload"]),
                       _mib(meas["memory_bytes"].get("host_offload")), _num(ratio.get("memory_host_offload"), "{:.2f}"))
