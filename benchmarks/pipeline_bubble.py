@@ -66,7 +66,8 @@ def main() -> None:
             measured, predicted = comparison["measured"], comparison["predicted"]
             step = measured["step_seconds"]  # one pass per step here
             excess = measured["bubble_fraction"] - predicted["bubble_fraction"]
-            messages = 2 * MICRO_BATCHES  # per rank and pass: one activation or gradient sent, one received, per micro-batch
+            # per rank and pass: one activation or gradient sent and one received per micro-batch
+            messages = 2 * MICRO_BATCHES
             rows.append({
                 "hidden": hidden,
                 "step_seconds": round(step, 4),

@@ -117,7 +117,8 @@ class Forecast:
         if measured.get("comm_bytes") is not None:  # one metered step (`train/comm_volume.py`)
             planned = (self.plan or {}).get("comm") or {}
             predicted["comm_bytes_per_step"] = {dim: planned.get(f"{dim}_bytes") for dim in ("dp", "tp", "pp")}
-            measured_out["comm_bytes_per_step"] = {dim: sum(kinds.values()) for dim, kinds in measured["comm_bytes"].items()}
+            measured_out["comm_bytes_per_step"] = {dim: sum(kinds.values())
+                                                   for dim, kinds in measured["comm_bytes"].items()}
             measured_out["comm_bytes_by_kind"] = measured["comm_bytes"]
             for dim in ("dp", "tp", "pp"):
                 ratio[f"comm_{dim}"] = _memory_ratio(measured_out["comm_bytes_per_step"].get(dim, 0.0),
@@ -382,7 +383,7 @@ def planned_flops_per_token(plan: dict | None) -> float | None:
 
 
 def _memory_ratio(measured, predicted) -> float | None:
-    """measured / predicted bytes; 1.0 when both are zero (an offloaded state, a dimension of size 1: nothing, as planned)."""
+    """measured / predicted bytes; 1.0 when both are zero (nothing, as planned: an offloaded state, a size-1 dimension)."""
     if measured == 0 and predicted == 0:
         return 1.0
     return _ratio(measured, predicted)
@@ -412,7 +413,8 @@ def format_comparison(comparison: Comparison) -> str:
         label = f"memory: {key}"
         if key == "total" and "counted_total" in pred["memory_bytes"]:  # what the ratio compares
             planned, label = pred["memory_bytes"]["counted_total"], "memory: total (counted)"
-        table.add_row(label, _mib(planned), _mib(meas["memory_bytes"].get(key)), _num(ratio.get(f"memory_{key}"), "{:.2f}"))
+        table.add_row(label, _mib(planned), _mib(meas["memory_bytes"].get(key)),
+                      _num(ratio.get(f"memory_{key}"), "{:.2f}"))
     other = pred["memory_bytes"].get("other")
     if other:
         table.add_row("memory: other (not counted)", _mib(other), "n/a", "n/a")
