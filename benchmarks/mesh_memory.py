@@ -1,9 +1,10 @@
-"""Benchmark: the planner's per-rank memory against what `flopwise train` measures, per layout.
+"""Benchmark: the planner's per-rank memory and communication against what `flopwise train` measures, per layout.
 
 Each layout trains a tiny llama (4 blocks, hidden 32, seq 32, vocabulary 320, AdamW, fp32)
 for 3 steps on gloo CPU processes, where memory is counted exactly (tensor bytes of this
 rank's parameters, gradients, optimizer state, and the peak of tensors saved for backward;
-largest rank). The run's own `predicted_vs_measured.json` is collected, so both columns
+largest rank), and the bytes each rank's collectives send in one step, by mesh dimension
+(`train/comm_volume.py`; largest rank). The run's own `predicted_vs_measured.json` is collected, so both columns
 come from the same run. Writes JSON (default benchmarks/results/mesh_memory.json).
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/mesh_memory.py [--out PATH] [--only NAME ...]
@@ -22,6 +23,7 @@ from pathlib import Path
 import yaml
 
 LAYOUTS = {
+    "ddp 2": {"strategy": "ddp", "nproc_per_node": 2},
     "fsdp 4": {"strategy": "fsdp", "nproc_per_node": 4},
     "tp 2 x fsdp 2 (sp)": {"strategy": "fsdp", "nproc_per_node": 4, "tp": 2, "sequence_parallel": True},
     "hsdp 2 x 2": {"strategy": "fsdp", "nproc_per_node": 4, "dp_replicate": 2},
@@ -84,10 +86,14 @@ def main() -> None:
                 "parallel": parallel,
                 "predicted_bytes": comparison["predicted"]["memory_bytes"],
                 "measured_bytes": comparison["measured"]["memory_bytes"],
+                "predicted_comm_bytes_per_step": comparison["predicted"].get("comm_bytes_per_step"),
+                "measured_comm_bytes_per_step": comparison["measured"].get("comm_bytes_per_step"),
+                "measured_comm_bytes_by_kind": comparison["measured"].get("comm_bytes_by_kind"),
                 "measured_over_predicted": {k: None if v is None else round(v, 3) for k, v in comparison["measured_over_predicted"].items()
-                                            if k.startswith("memory")},
+                                            if k.startswith(("memory", "comm"))},
             }
             print(name, results[name]["measured_over_predicted"], flush=True)
+    results = {name: results[name] for name in LAYOUTS if name in results}  # the table's order
     args.out.write_text(json.dumps({"model": "llama 4 x 32, seq 32, vocab 320, AdamW fp32, 8 sequences per step",
                                     "device": "CPU (gloo), exact tensor bytes", "layouts": results}, indent=2) + "\n")
 

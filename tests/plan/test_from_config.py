@@ -146,4 +146,5 @@ def test_mesh_keys_become_the_planned_layout():
     assert _spec("parallel.offload=optimizer").layout.offload == "params"  # FSDP2 offloads all three together
     pipe = _spec("parallel.strategy=pipeline", "parallel.pipeline_schedule=looped-bfs",
                  "parallel.pipeline_virtual_stages=2").layout
-    assert (pipe.pp, pipe.pipeline_schedule, pipe.virtual_stages) == (2, "interleaved", 2)
+    assert (pipe.pp, pipe.pipeline_schedule, pipe.virtual_stages, pipe.interleaved_variant) == (
+        2, "interleaved", 2, "looped-bfs")

@@ -24,6 +24,20 @@ def test_inflight_micro_batches_by_schedule():
     assert sm.inflight_chunks(0, 4, 2, "1f1b", 1) == 2  # fewer micro-batches than stages
 
 
+
+def test_interleaved_variants_hold_what_torchs_schedules_hold():
+    # peaks counted from torch's own action lists (Schedule{Interleaved1F1B,InterleavedZeroBubble}
+    # ._calculate_single_rank_operations: forwards done less weight passes done), p=2 v=2 m=4
+    assert [sm.inflight_chunks(i, 2, 4, "interleaved", 2) * 2 for i in range(2)] == [5, 3]
+    assert sm.inflight_chunks(0, 4, 8, "interleaved", 2, "zero-bubble") * 2 == 8  # (v-1)·r + p, r = 4
+    assert sm.inflight_chunks(0, 2, 4, "interleaved", 2, "zero-bubble") * 2 == 4
+    assert sm.inflight_chunks(1, 2, 4, "interleaved", 2, "zero-bubble") * 2 == 4 + 4 / 2  # + the kept losses
+    assert sm.inflight_chunks(0, 2, 4, "interleaved", 2, "looped-bfs") == 4  # every micro-batch, every chunk
+    assert sm.held_loss_micro_batches(2, 4, "gpipe") == 4 == sm.held_loss_micro_batches(2, 4, "interleaved",
+                                                                                           "looped-bfs")
+    assert sm.held_loss_micro_batches(2, 4, "1f1b") == 1 == sm.held_loss_micro_batches(2, 4, "interleaved")
+
+
 def _spec(model, pp, tp=8, framework="megatron", vocab_heavy=True):
     return RunSpec(get_model(model), Layout(dp=2, tp=tp, pp=pp, micro_batch_size=1, grad_accum=16, zero_stage=1,
                                             sequence_parallel=True, framework=framework),
@@ -52,11 +66,21 @@ def test_pipeline_stage_json_lists_every_stage():
     assert max(s["total_bytes"] for s in stages) == data["memory"]["per_device_bytes"]["total"]
 
 
-def test_fsdp_keeps_a_stage_gathered_across_micro_batches():
+def test_fsdp_in_a_stage_holds_shards_and_a_gathered_copy_for_the_pass():
     base = _spec("llama3-8b", 2, tp=1, framework="fsdp")
     zero3 = RunSpec(base.model, Layout(dp=8, pp=2, grad_accum=8, zero_stage=3), base.workload, base.cluster)
-    memory = sm.estimate_memory(zero3, count_params(zero3.model), [])
-    assert memory.stages[1].weights == pytest.approx(memory.stages[1].params * 2)  # bf16, not /dp
+    stage = sm.estimate_memory(zero3, count_params(zero3.model), []).stages[1]
+    assert stage.weights == pytest.approx(stage.params * 2 / 8)  # bf16 shards stay resident
+    assert stage.comm_buffers == pytest.approx(stage.params * (2 + 2))  # whole weights + unsharded grads
+
+
+def test_tensor_parallel_without_fsdp_holds_the_whole_embedding_gradient():
+    spec = RunSpec(get_model("llama3-8b"), Layout(dp=1, tp=2, pp=2, grad_accum=4),
+                   Workload(seq_len=1024, precision="fp32"), Cluster(get_hardware("h100-sxm")))
+    pc = count_params(spec.model)
+    first, last = sm.estimate_memory(spec, pc, []).stages
+    assert first.gradients - first.weights == pytest.approx(pc.embedding / 2 * 4)  # the other half, fp32
+    assert last.gradients == pytest.approx(last.weights)
 
 
 def test_allocator_reserve_is_on_top_of_allocated_and_does_not_decide_the_fit():

@@ -104,6 +104,12 @@ def test_fsdp2_on_two_processes_matches_one_process_and_shards_parameters(corpus
     comparison = json.loads((run_dir / "predicted_vs_measured.json").read_text())
     assert comparison["hardware"]["devices"] == 2
     assert comparison["measured"]["memory_bytes"]["weights"] == full["memory_parameters_bytes"] // 2
+    # one step's collectives, counted as they ran: the gradients reduce-scattered once (half of them
+    # sent by each rank), the weights gathered for forward and again for backward except the root's
+    sent = comparison["measured"]["comm_bytes_by_kind"]["dp"]
+    assert sent["reduce_scatter"] == full["memory_gradients_bytes"] / 2
+    assert full["memory_parameters_bytes"] / 2 < sent["all_gather"] <= full["memory_parameters_bytes"]
+    assert comparison["measured_over_predicted"]["comm_dp"] == pytest.approx(1.0, abs=0.25)
 
 
 @pytest.mark.slow

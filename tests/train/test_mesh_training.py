@@ -1,11 +1,12 @@
-"""`flopwise train` over 2-D meshes on 4 gloo processes: TP 2 x FSDP 2 and HSDP 2 x 2.
+"""`flopwise train` over 2-D meshes on 4 gloo processes: TP 2 x FSDP 2, HSDP 2 x 2, PP 2 x FSDP 2, PP 2 x TP 2.
 
 Stated tolerance (as in test_distributed.py): with the same seed and global batch (8
 sequences), the mean of the ranks' losses matches a one-process run within 1e-4
 relative for 10 AdamW steps in fp32 with dropout 0; the differences are float summation
 order (tensor-parallel partial sums, sharded reductions). A run resumed from its own
 step-5 checkpoint repeats steps 6-10 bit for bit; a TP 2 x FSDP 2 checkpoint resumed
-on FSDP 4 (DCP reshards the DTensors) continues within the same tolerance.
+on FSDP 4 (DCP reshards the DTensors), and a PP 2 x FSDP 2 one on a 2-process pipeline,
+continue within the same tolerance.
 """
 
 from __future__ import annotations
@@ -128,13 +129,25 @@ def test_a_mesh_that_does_not_fit_is_one_line_naming_the_keys(overrides, message
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("layout, micro_batch", [({"pp": 2}, 1), ({"tp": 2}, 2)], ids=["pp2-fsdp2", "pp2-tp2"])
-def test_pipeline_composed_with_fsdp2_or_tp_matches_one_process(corpus, tmp_path, reference, layout, micro_batch):
-    """2 stages x (2 FSDP2 shards or 2 tensor-parallel ranks), 4 micro-batches per pass, 8 sequences per step."""
+def test_pipeline_composed_with_fsdp2_or_tp_matches_one_process_and_resumes_exactly(corpus, tmp_path, reference,
+                                                                                    layout, micro_batch):
+    """2 stages x (2 FSDP2 shards or 2 tensor-parallel ranks), 4 micro-batches per pass, 8 sequences per step;
+    resumed from step 5 on the same mesh bit for bit, and PP 2 x FSDP 2 onto a 2-process pipeline (DCP
+    reshards each stage's FSDP2 shards into whole tensors) within the stated tolerance."""
     config = mesh_config(corpus, tmp_path / "pp", micro_batch, strategy="pipeline", nproc_per_node=4,
                          pipeline_microbatches=4, **layout)
-    config["checkpoint"] = {"at_end": False}  # pipelines do not checkpoint yet
     result = run_cli(config, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     shape = "pp 2 x dp_shard 2" if "pp" in layout else "pp 2 x tp 2"
     assert f"(mesh {shape})" in result.stdout
-    assert_matches(reference, mean_losses(tmp_path / "pp"), range(1, STEPS + 1))
+    run_dir = tmp_path / "pp"
+    assert_matches(reference, mean_losses(run_dir), range(1, STEPS + 1))
+    # the planner's per-rank memory for this very run, against the exact CPU count
+    ratios = json.loads((run_dir / "predicted_vs_measured.json").read_text())["measured_over_predicted"]
+    for part in ("weights", "gradients", "optimizer", "activations", "total"):
+        assert 0.9 <= ratios[f"memory_{part}"] <= 1.1, (part, ratios)
+    assert_resumes_exactly(config, run_dir, tmp_path)
+    if "pp" in layout:
+        two = mesh_config(corpus, tmp_path / "pp2", 2, strategy="pipeline", nproc_per_node=2, pipeline_microbatches=4)
+        other = train(two, tmp_path, f"checkpoint.resume_from={run_dir / 'checkpoints' / 'step-5'}")
+        assert_matches(reference, mean_losses(other, ranks=2), range(6, STEPS + 1))

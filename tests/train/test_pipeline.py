@@ -64,6 +64,11 @@ def test_1f1b_on_two_stages_matches_one_process(corpus, tmp_path, single_process
     # (p-1)/m = 0.25 of the compute for balanced stages; the planner's stages carry the
     # embedding and the head, so its figure sits a little off 0.2 = (p-1)/(m+p-1) of the step
     assert 0.0 < comparison["predicted"]["bubble_fraction"] <= 0.25
+    # one step's sends, counted from the collectives the run issued: each stage sends one activation
+    # (forward) or one gradient (backward) of 2 sequences x 32 tokens x hidden 32 in fp32 per micro-batch
+    assert comparison["measured"]["comm_bytes_by_kind"]["pp"]["send"] == 4 * 2 * 32 * 32 * 4
+    # the planner counts a middle stage, which sends both ways (+ a few bytes: the norm, the logged loss)
+    assert comparison["measured_over_predicted"]["comm_pp"] == pytest.approx(0.5, rel=1e-3)
 
 
 @pytest.mark.slow

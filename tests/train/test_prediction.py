@@ -137,3 +137,31 @@ def test_bf16_on_cpu_reports_mfu_against_the_bf16_peak(tmp_path):
     assert 0 < comparison["predicted"]["mfu"] <= 1.0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.rank0.jsonl").read_text().splitlines()]
     assert rows and all(0 < row["mfu"] <= 1.0 for row in rows)
+
+
+def test_offloaded_model_states_are_compared_as_host_bytes():
+    plan = {"memory": {"per_device_bytes": {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0, "activations": 700.0,
+                                            "other": 50.0, "total": 750.0}, "cpu_offload_bytes": 400.0}}
+    forecast = Forecast(plan=plan, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=None,
+                        peak_source="none", flops_per_token=None, world_size=2)
+    comparison = forecast.compare(_measured())
+    measured, ratio = comparison.measured["memory_bytes"], comparison.measured_over_predicted
+    assert measured["host_offload"] == 400 and measured["weights"] == 0 and measured["total"] == 700
+    assert ratio["memory_host_offload"] == 1.0 and ratio["memory_weights"] == 1.0  # nothing on the device, as planned
+    assert ratio["memory_total"] == 1.0  # the counted components; `other` is not measured on CPU
+    assert comparison.predicted["memory_bytes"]["counted_total"] == 700 == measured["counted_total"]
+    assert "memory: host (offloaded)" in format_comparison(comparison)
+
+
+def test_collective_bytes_are_compared_per_mesh_dimension():
+    plan = {"memory": {}, "comm": {"dp_bytes": 1000.0, "tp_bytes": 0.0, "pp_bytes": 400.0}}
+    forecast = Forecast(plan=plan, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=None,
+                        peak_source="none", flops_per_token=None, world_size=4)
+    measured = dict(_measured(), comm_bytes={"dp": {"all_gather": 600.0, "reduce_scatter": 300.0},
+                                             "pp": {"send": 200.0}})
+    comparison = forecast.compare(measured)
+    ratio = comparison.measured_over_predicted
+    assert comparison.measured["comm_bytes_per_step"] == {"dp": 900.0, "pp": 200.0}
+    assert (ratio["comm_dp"], ratio["comm_tp"], ratio["comm_pp"]) == (pytest.approx(0.9), 1.0, pytest.approx(0.5))
+    text = format_comparison(comparison)
+    assert "sent per step: dp" in text and "sent per step: tp" not in text  # nothing planned, nothing sent

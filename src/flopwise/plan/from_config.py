@@ -60,6 +60,7 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
         offload=_offload_of(cfg.parallel),
         pipeline_schedule=_planned_schedule(cfg.parallel.pipeline_schedule),
         virtual_stages=par.pipeline_virtual_stages if pipeline else 1,
+        interleaved_variant=_interleaved_variant(cfg.parallel.pipeline_schedule),
         # training.gradient_checkpointing: every block (full), every k-th block, or none
         recompute="none" if every == 0 else ("full" if every == 1 else f"every:{every}"),
         flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA
@@ -89,8 +90,14 @@ def notes_for(cfg) -> list[str]:
 def _planned_schedule(schedule: str) -> str:
     """The planner's word for a trainer schedule. Looped BFS (Lamy-Poirier 2023, arXiv:2211.05953)
     and interleaved zero-bubble (Qi et al. 2024, arXiv:2401.10241) are planned as interleaved
-    1F1B: the same (p-1)/(m*v) bubble, an upper bound for zero-bubble, which fills part of it."""
+    1F1B: the same (p-1)/(m*v) bubble, an upper bound for zero-bubble, which fills part of it;
+    their memory differs and is told apart by `Layout.interleaved_variant`."""
     return "interleaved" if schedule in ("interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble") else schedule
+
+
+def _interleaved_variant(schedule: str) -> str:
+    """Which interleaved schedule the trainer runs: the planner's memory model tells them apart."""
+    return {"looped-bfs": "looped-bfs", "interleaved-zero-bubble": "zero-bubble"}.get(schedule, "1f1b")
 
 
 def _offload_of(parallel) -> str:

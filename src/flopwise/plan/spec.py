@@ -17,6 +17,10 @@ RECOMPUTE = ("none", "selective", "full")
 FRAMEWORKS = ("fsdp", "megatron", "deepspeed")
 OFFLOAD = ("none", "optimizer", "params")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+INTERLEAVED_VARIANTS = ("1f1b", "looped-bfs", "zero-bubble")
+"""How an interleaved pipeline orders its work: depth-first 1F1B (Narayanan et al. 2021),
+breadth-first looped BFS (Lamy-Poirier 2023) or 1F1B with the backward split into input and
+weight gradients (zero bubble, Qi et al. 2024). Same bubble model, different memory."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Layout:
     offload: str = "none"
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
+    interleaved_variant: str = "1f1b"  # INTERLEAVED_VARIANTS; only read when pipeline_schedule is interleaved
     flash_attention: bool = True
     tp_comm_overlap: bool = False  # TP collectives chunked behind the GEMMs (Transformer Engine userbuffers)
     framework: str = "fsdp"

@@ -20,6 +20,15 @@ from flopwise.plan.spec import RunSpec
 from flopwise.plan.timing import split_layers
 
 
+SAVED_LOSS_BYTES_PER_LOGIT = 4.0
+"""What a loss keeps for backward per logit: the fp32 (log-)softmax (`F.cross_entropy` and
+Megatron's vocab-parallel cross-entropy both save it); the logits themselves are not saved."""
+
+
+TOKEN_ID_BYTES = 8.0
+"""int64 token ids, which an embedding lookup keeps for its backward."""
+
+
 class StageMemory(NamedTuple):
     """One pipeline stage's per-device bytes (one TP rank of one DP replica).
 
@@ -54,21 +63,54 @@ def stage_layers(n_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(sum(chunks) for chunks in split_layers(n_layers, pp, 1))
 
 
-def inflight_chunks(stage: int, pp: int, micro_batches: int, schedule: str, virtual: int) -> float:
+def inflight_chunks(stage: int, pp: int, micro_batches: int, schedule: str, virtual: int,
+                    variant: str = "1f1b") -> float:
     """Micro-batch chunks a stage holds at its peak, in units of the stage's layers.
 
-    1F1B: min(p − i, m) micro-batches (warm-up depth). GPipe: all m. Interleaved 1F1B:
-    Megatron's warm-up (p − i − 1)·2 + (v − 1)·p + 1 chunks of L/(p·v) layers, at most m·v;
-    for the first stage this is Korthikanti et al.'s L·(1 + (p−1)/(p·v)).
+    1F1B: min(p − i, m) micro-batches (warm-up depth). GPipe: all m. Interleaved (v chunks
+    of L/(p·v) layers per device, counted in chunks and divided by v):
+    - 1F1B (depth-first): Megatron's warm-up (p − i − 1)·2 + (v − 1)·p + 1 chunks, at most
+      m·v; for the first stage this is Korthikanti et al.'s L·(1 + (p−1)/(p·v)).
+    - looped BFS (breadth-first, Lamy-Poirier 2023): every forward of a chunk runs before
+      the next chunk's, and all forwards before the backwards: all m·v chunks, as GPipe.
+    - zero bubble (Qi et al. 2024; torch's `ScheduleInterleavedZeroBubble`): a chunk is held
+      from its forward until its deferred weight-gradient pass, which keeps the autograd
+      graph alive after the input-gradient pass; torch's order (warm-up (v − 1)·r + p − i − 1
+      with r = m / max(1, m // p) micro-batches per round) holds (v − 1)·r + p chunks on every
+      device. The last device also keeps its last chunk's graph for all m micro-batches:
+      the schedule keeps each micro-batch's loss until the step ends, and the weight pass
+      frees only the saved tensors it reads, so the rest stays reachable from the loss.
+      That is m chunks plus the other chunks' (v − 1)/v share of the peak.
     """
     if pp == 1:
         return 1.0
     if schedule == "gpipe":
         return float(micro_batches)
     if schedule == "interleaved":
-        chunks = min((pp - stage - 1) * 2 + (virtual - 1) * pp + 1, micro_batches * virtual)
-        return chunks / virtual
+        most = micro_batches * virtual
+        if variant == "looped-bfs":
+            return float(micro_batches)
+        if variant == "zero-bubble":
+            per_round = micro_batches / max(1, micro_batches // pp)
+            peak = (virtual - 1) * per_round + pp
+            if stage == pp - 1:
+                peak = micro_batches + peak * (virtual - 1) / virtual
+            return min(peak, most) / virtual
+        return min((pp - stage - 1) * 2 + (virtual - 1) * pp + 1, most) / virtual
     return float(min(pp - stage, micro_batches))
+
+
+def held_loss_micro_batches(pp: int, micro_batches: int, schedule: str, variant: str = "1f1b") -> int:
+    """Micro-batches whose head inputs and loss tensors the last stage holds at its peak.
+
+    1F1B and interleaved 1F1B run the last stage's backward right after its forward: one.
+    GPipe and looped BFS run every forward first, and zero bubble keeps each micro-batch's
+    loss graph until the step ends (`inflight_chunks`): all m."""
+    if pp == 1:
+        return 1
+    if schedule == "gpipe" or (schedule == "interleaved" and variant in ("looped-bfs", "zero-bubble")):
+        return micro_batches
+    return 1
 
 
 def busiest_stage_candidates(layers: tuple[int, ...]) -> tuple[int, ...]:
@@ -110,11 +152,16 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
     # model states are linear in a stage's parameters: bytes per parameter, once
     unit = _states_per_param(sb, lay.zero_stage, lay.shard_group, lay.offload)
-    weight_per_param = unit.weights
-    if framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params":
-        # torchtitan keeps a stage's weights gathered across its micro-batches
-        # (reshard_after_forward=False under pipelining) rather than re-gathering each
-        weight_per_param = sb.weight
+    # FSDP2 inside a pipeline stage: torch's schedule turns off resharding after backward and
+    # gradient sync for every micro-batch but the last (`PipelineStage.backward_maybe_with_nosync`),
+    # so from the first backward until the pass's reduce-scatter the stage holds its whole
+    # weights and unsharded gradients beside its shards. The shards are the resident model
+    # states; the gathered copy is a buffer of the pass, in place of the two gathered units.
+    stage_gathered = framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params"
+    # DTensor's embedding backward returns a replicated gradient for a row-wise sharded table
+    # (torch's sharding rule for `embedding_dense_backward`): without FSDP's reduce-scatter the
+    # first stage holds the whole table's gradient, not its 1/t shard
+    whole_embedding_grad = framework == "fsdp" and lay.tp > 1 and lay.zero_stage < 2
     fraction = cluster.allocator_reserve
     rows = []  # plain tuples in StageMemory's field order: building dataclasses costs more than the sums
     for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers):
@@ -125,11 +172,14 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         else:
             activations, logits, inflight = _stage_activations(spec, e, terms, per_layer, rebuilt, i, n)
         fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest)
-        weights, gradients = params * weight_per_param, params * unit.gradients
+        weights, gradients = params * unit.weights, params * unit.gradients
+        if whole_embedding_grad and i == 0:
+            gradients += pc.embedding * (1 - 1 / lay.tp) * unit.gradients
         optimizer, master = params * unit.optimizer_states, params * unit.master_weights
-        allocated = weights + gradients + optimizer + master + activations + logits + buffers + fp8
+        gathered = params * (sb.weight + sb.grad) if stage_gathered else buffers
+        allocated = weights + gradients + optimizer + master + activations + logits + gathered + fp8
         reserve = allocated * fraction  # mem.allocator_reserve_bytes
-        rows.append((i, n, params, weights, gradients, optimizer, master, activations, logits, buffers, fp8,
+        rows.append((i, n, params, weights, gradients, optimizer, master, activations, logits, gathered, fp8,
                      reserve, params * unit.cpu_bytes, inflight, allocated + reserve))
     stages = tuple(StageMemory(*row) for row in rows)
     worst = max(stages, key=lambda stage: stage.total_bytes)
@@ -191,17 +241,28 @@ def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bo
 
 def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_layer: float, rebuilt: float,
                        stage: int, layers: int) -> tuple[float, float, float]:
-    """(layer activations + embedding output, head inputs + logits, in-flight layers) of one stage."""
+    """(layer activations + embedding's token ids, head inputs + logits, in-flight layers) of one stage."""
     model, lay, work = spec.model, spec.layout, spec.workload
-    chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages)
+    chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages,
+                             lay.interleaved_variant)
     inflight = layers * chunks
     activations = per_layer * inflight + rebuilt
     if stage == 0:
-        sbh = float(work.seq_len) * lay.micro_batch_size * model.hidden
-        per_mb = sbh * ((e / lay.tp if lay.sequence_parallel else e) + (1.0 if work.dropout else 0.0))
+        # the embedding keeps its token ids (int64: `embedding_dense_backward` reads them) and, with
+        # dropout, its output's mask (Korthikanti et al. 2022 §4.3); its output is the first block's
+        # input, which the block's own activations already count
+        tokens = float(work.seq_len) * lay.micro_batch_size
+        per_mb = tokens * (TOKEN_ID_BYTES + (model.hidden / (lay.tp if lay.sequence_parallel else 1)
+                                             if work.dropout else 0.0))
         activations += per_mb * chunks
     logits = 0.0
     if stage == lay.pp - 1:
+        # per held micro-batch: the head's saved inputs and the fp32 log-softmax the loss keeps for
+        # backward; once, the rest of the loss's peak (the fp32 logits, a 16-bit copy), which is freed
+        # before the next micro-batch
         per_element = mem.loss_logits_bytes_per_element(lay.framework, e)
-        logits = 2 * terms.layer_input + per_element * work.seq_len * lay.micro_batch_size * model.vocab_size / lay.tp
+        elements = work.seq_len * lay.micro_batch_size * model.vocab_size / lay.tp
+        held = held_loss_micro_batches(lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.interleaved_variant)
+        kept = SAVED_LOSS_BYTES_PER_LOGIT
+        logits = held * (2 * terms.layer_input + kept * elements) + (per_element - kept) * elements
     return activations, logits, inflight

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from flopwise.plan.from_config import batch_layout
-from flopwise.train import prediction
+from flopwise.train import comm_volume, prediction
+from flopwise.train.mesh import mesh_shape_of
 from flopwise.train.build import BuiltModel, build_strategy, build_training_model
 from flopwise.train.config import RunConfig, TrainingConfig
 from flopwise.train.config_loading import dump_config
@@ -59,6 +60,7 @@ class RunResult:
     step_seconds: list[float] = field(default_factory=list)
     memory: MemoryBytes | None = None
     tokens_per_step: int = 0
+    comm_bytes: dict | None = None  # one step's collective bytes sent by this rank, by dimension and kind
 
 
 def make_optimizer(module: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
@@ -176,9 +178,17 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     if state.step == 0:  # the starting point, so the fall of the validation loss is visible
         result.val_losses.append((0, evaluate(state, val_loader, cfg.training.eval_batches)))
         display.eval(0, result.val_losses[-1][1])
+    metered = comm_volume.measuring_step(state.step + 1, cfg.training.max_steps, env.world_size,
+                                         cfg.parallel.strategy, cfg.training.compile)
     try:
         while state.step < cfg.training.max_steps:
-            step = train_step(state, env, grad_accum, hooks)
+            if state.step + 1 == metered:  # one step's collectives, counted (its time is left out of the speed)
+                with comm_volume.CollectiveBytesMeter(mesh_shape_of(cfg.parallel, env.world_size)) as meter:
+                    step = train_step(state, env, grad_accum, hooks)
+                result.comm_bytes = meter.to_dict()
+            else:
+                step = train_step(state, env, grad_accum, hooks)
+                result.step_seconds.append(step.step_seconds)
             state.tokens_seen += tokens_per_step
             tokens_per_second = tokens_per_step / step.step_seconds
             val_loss = None
@@ -198,7 +208,6 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
             log = state.step % cfg.logging.log_every == 0 or state.step == cfg.training.max_steps
             display.step(record, log)
             result.train_losses.append(step.loss)
-            result.step_seconds.append(step.step_seconds)
             result.memory = step.memory
             result.steps = state.step
             # saves when due; stops on a signal, a NaN loss or endless fp16 overflows
@@ -243,7 +252,23 @@ def _measured_summary(result: RunResult, env: DistEnv) -> dict:
         "final_train_loss": final_loss,
         "val_losses": result.val_losses,
         "steps": result.steps,
+        "comm_bytes": _largest_comm_bytes(result.comm_bytes, env),
     }
+
+
+def _largest_comm_bytes(local: dict | None, env: DistEnv) -> dict | None:
+    """Collective bytes sent per step by dimension and kind, the largest over ranks (None: not metered)."""
+    flags = all_reduce_max([0.0 if local is None else 1.0], env)
+    if not flags[0]:
+        return None
+    local = local or {}
+    keys = [(dim, kind) for dim in comm_volume.DIMENSIONS for kind in comm_volume.KINDS]
+    values = all_reduce_max([float(local.get(dim, {}).get(kind, 0.0)) for dim, kind in keys], env)
+    out: dict = {}
+    for (dim, kind), value in zip(keys, values):
+        if value:
+            out.setdefault(dim, {})[kind] = value
+    return out
 
 
 def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -> list[str]:

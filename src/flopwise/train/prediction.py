@@ -39,6 +39,8 @@ CPU_KEY = "cpu-measured"
 # Square matmul sizes for the CPU peak: cache behaviour makes either one faster on a given
 # machine, so the peak is the best of both.
 CALIBRATION_SIZES = (512, 1024)
+# What the CPU measurement counts per rank (`metrics.measure_memory`); the plan's `other` is not among them.
+COUNTED_COMPONENTS = ("weights", "gradients", "optimizer", "activations")
 # Device memory as reported by CUDA vs the catalog's figure (GB vs GiB, reserved memory).
 MEMORY_TOLERANCE = 0.15
 
@@ -72,7 +74,19 @@ class Forecast:
             "optimizer": measured["optimizer"],
             "activations": measured["activations"],
         }
-        measured_memory["total"] = sum(measured_memory.values())
+        host_predicted = ((self.plan or {}).get("memory") or {}).get("cpu_offload_bytes") or 0.0
+        if host_predicted:
+            # FSDP2's CPUOffloadPolicy keeps parameter shards, their gradients and the optimizer
+            # state in host memory: the model states the run counted are host-resident bytes
+            # (on a CPU run host and "device" are one memory, so the policy, not the address, places them)
+            predicted_memory["host_offload"] = host_predicted
+            measured_memory["host_offload"] = sum(measured_memory.pop(k) for k in ("weights", "gradients", "optimizer"))
+            measured_memory.update(weights=0, gradients=0, optimizer=0)
+        measured_memory["total"] = sum(v for k, v in measured_memory.items() if k != "host_offload")
+        measured_memory["counted_total"] = measured_memory["total"]  # named as on the predicted side, for readers
+        # `other` (FSDP's gathered units, DDP buckets, a pipeline stage's gathered copy) lives only
+        # around collectives and is not counted on CPU: the totals compare the counted components
+        predicted_memory["counted_total"] = sum(predicted_memory.get(k) or 0.0 for k in COUNTED_COMPONENTS)
         if measured.get("cuda_peak_allocated") is not None:
             measured_memory["cuda_peak_allocated"] = measured["cuda_peak_allocated"]
         plan_time = (self.plan or {}).get("time") or {}
@@ -94,9 +108,21 @@ class Forecast:
         }
         ratio = {}
         for key in MEMORY_COMPONENTS:
-            ratio[f"memory_{key}"] = _ratio(measured_memory.get(key), predicted_memory.get(key))
+            predicted_key = "counted_total" if key == "total" else key
+            ratio[f"memory_{key}"] = _memory_ratio(measured_memory.get(key), predicted_memory.get(predicted_key))
+        if host_predicted:
+            ratio["memory_host_offload"] = _ratio(measured_memory["host_offload"], host_predicted)
         ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
         ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
+        if measured.get("comm_bytes") is not None:  # one metered step (`train/comm_volume.py`)
+            planned = (self.plan or {}).get("comm") or {}
+            predicted["comm_bytes_per_step"] = {dim: planned.get(f"{dim}_bytes") for dim in ("dp", "tp", "pp")}
+            measured_out["comm_bytes_per_step"] = {dim: sum(kinds.values())
+                                                   for dim, kinds in measured["comm_bytes"].items()}
+            measured_out["comm_bytes_by_kind"] = measured["comm_bytes"]
+            for dim in ("dp", "tp", "pp"):
+                ratio[f"comm_{dim}"] = _memory_ratio(measured_out["comm_bytes_per_step"].get(dim, 0.0),
+                                                     predicted["comm_bytes_per_step"][dim] or 0.0)
         if measured.get("bubble_fraction") is not None:  # pipelines: idle share of a pass, mean over ranks
             predicted["bubble_fraction"] = plan_time.get("bubble_fraction")
             measured_out["bubble_fraction"] = measured["bubble_fraction"]
@@ -116,6 +142,11 @@ class Forecast:
             notes=list(self.notes) + [
                 "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
                 "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
+                "comm bytes are what each rank sends per optimizer step (ring model: all-reduce 2(n-1)/n, "
+                "all-gather and reduce-scatter (n-1)/n of the buffer, a pipeline send its size), counted on one "
+                "step by dimension and collective kind; the largest rank",
+                "memory_total compares the counted components (predicted counted_total = weights + gradients + "
+                "optimizer + activations); the plan's `other` (gathered FSDP units, buckets) is not counted on CPU",
                 "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
                 "measured activations are the peak bytes of tensors saved for backward alive at once (logits "
                 "included; a pipeline's in-flight micro-batches, not all of a pass's); with recompute the planner also counts one layer's recomputed activations, "
@@ -351,6 +382,13 @@ def planned_flops_per_token(plan: dict | None) -> float | None:
     return None
 
 
+def _memory_ratio(measured, predicted) -> float | None:
+    """measured / predicted bytes; 1.0 when both are zero (nothing, as planned: an offloaded state, a size-1 dimension)."""
+    if measured == 0 and predicted == 0:
+        return 1.0
+    return _ratio(measured, predicted)
+
+
 def _ratio(measured, predicted) -> float | None:
     if measured is None or not predicted:
         return None
@@ -371,8 +409,22 @@ def format_comparison(comparison: Comparison) -> str:
         table.add_column(column, justify="right" if column else "left")
     pred, meas, ratio = comparison.predicted, comparison.measured, comparison.measured_over_predicted
     for key in MEMORY_COMPONENTS:
-        table.add_row(f"memory: {key}", _mib(pred["memory_bytes"].get(key)), _mib(meas["memory_bytes"].get(key)),
+        planned = pred["memory_bytes"].get(key)
+        label = f"memory: {key}"
+        if key == "total" and "counted_total" in pred["memory_bytes"]:  # what the ratio compares
+            planned, label = pred["memory_bytes"]["counted_total"], "memory: total (counted)"
+        table.add_row(label, _mib(planned), _mib(meas["memory_bytes"].get(key)),
                       _num(ratio.get(f"memory_{key}"), "{:.2f}"))
+    other = pred["memory_bytes"].get("other")
+    if other:
+        table.add_row("memory: other (not counted)", _mib(other), "n/a", "n/a")
+    if "host_offload" in pred["memory_bytes"]:
+        table.add_row("memory: host (offloaded)", _mib(pred["memory_bytes"]["host_offload"]),
+                      _mib(meas["memory_bytes"].get("host_offload")), _num(ratio.get("memory_host_offload"), "{:.2f}"))
+    for dim, planned in (pred.get("comm_bytes_per_step") or {}).items():
+        sent = (meas.get("comm_bytes_per_step") or {}).get(dim, 0.0)
+        if planned or sent:
+            table.add_row(f"sent per step: {dim}", _mib(planned), _mib(sent), _num(ratio.get(f"comm_{dim}"), "{:.2f}"))
     table.add_row("tokens/s *", _num(pred["tokens_per_second"], "{:,.0f}"), _num(meas["tokens_per_second"], "{:,.0f}"),
                   _num(ratio.get("tokens_per_second"), "{:.2f}"))
     table.add_row("MFU *", _num(pred["mfu"], "{:.1%}"), _num(meas["mfu"], "{:.1%}"), _num(ratio.get("mfu"), "{:.2f}"))
