@@ -38,7 +38,7 @@ def make_profile(kind: str = "cpu", device: str = "cpu (Test CPU)") -> DevicePro
                                 "cross_entropy": 1.5e-9},
         attention=(AttentionPoint("fp32", 128, 32, 30e9), AttentionPoint("fp32", 512, 64, 40e9),
                    AttentionPoint("bf16", 128, 32, 15e9)),
-        optimizer_seconds_per_param={"adamw": 2e-9},
+        optimizer_seconds_per_param={"adamw": 2e-9}, fsdp_unit_seconds=2e-3,
         threads=1, processes=2, torch_version="2.x", host="test", created="2026-12-03T09:00:00+00:00",
     )
 
@@ -98,6 +98,10 @@ def test_fsdp_charges_each_unit_gathered_twice_and_reduced_once_per_step():
     ddp = comm.measured_dp_seconds(seconds, 2, 0, "fsdp", 60 * 2**20, 0, units, 2, 25 * 2**20)
     assert ddp == pytest.approx(3 * (3e-3 + 20 * 2**20 / 1e9))  # three 20 MiB buckets
     assert comm.measured_dp_seconds(lambda *a: None, 2, 3, "fsdp", 8e6, 4e6, units, 1, 1) is None
+    # a measured FSDP unit adds, per unit (and the root) and micro-batch, what its collectives' latency does not explain
+    latency = 2 * (1e-3 + 1 / 1e9) + (2e-3 + 1 / 1e9)
+    with_units = comm.measured_dp_seconds(seconds, 2, 3, "fsdp", 8e6, 4e6, units, 2, 25 * 2**20, latency + 5e-4)
+    assert with_units - fsdp == pytest.approx(2 * 4 * 5e-4)
 
 
 def test_measured_points_come_back_exactly_and_peak_is_the_best():

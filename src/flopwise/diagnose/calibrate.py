@@ -307,12 +307,51 @@ def measure_collectives(budget: Budget) -> list[CollectivePoint]:
     return [CollectivePoint(r["op"], world, int(r["size_bytes"]), r["busbw_gb_per_s"] * 1e9) for r in rows]
 
 
+FSDP_UNITS = 8  # tiny units of the FSDP overhead timing
+
+
+def measure_fsdp_unit(budget: Budget) -> float | None:
+    """Seconds one FSDP2-wrapped unit adds to a forward + backward in the current (CPU)
+    process group: a model of FSDP_UNITS tiny linear units, each its own `fully_shard`,
+    against one, per extra unit (the framework's per-unit work and its collectives' latency)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    x = torch.randn(4, 16)
+    seconds = {}
+    for units in (1, FSDP_UNITS):
+        model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(units)])
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+        def step() -> None:
+            model(x).sum().backward()
+
+        for _ in range(3):
+            step()
+        samples = []
+        for _ in range(max(10, budget.min_calls * 2)):
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - start)
+        samples.sort()
+        seconds[units] = samples[int(FAST_QUANTILE * (len(samples) - 1))]
+    mine = torch.tensor([(seconds[FSDP_UNITS] - seconds[1]) / (FSDP_UNITS - 1)], dtype=torch.float64)
+    dist.all_reduce(mine)  # the mean over ranks
+    value = float(mine) / dist.get_world_size()
+    return value if value > 0 else None
+
+
 GLOO_PROCESSES = 2  # the trainer's default launch: 2 processes on this machine
 
 
-def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES) -> list[CollectivePoint]:
-    """Collectives between `world` local processes on gloo, started here (a one-process CPU
-    calibration has no peer to measure with)."""
+def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES) -> tuple[list[CollectivePoint], float | None]:
+    """Collectives and the FSDP unit time (`measure_fsdp_unit`) between `world` local
+    processes on gloo, started here (a one-process CPU calibration has no peer to measure with)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -329,7 +368,8 @@ def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES) -> lis
             if proc.is_alive():
                 proc.kill()
         raise UserError(f"flopwise calibrate: the {world} gloo processes timing collectives exited with {codes}")
-    return [CollectivePoint(*row) for row in queue.get()]
+    rows, unit = queue.get()
+    return [CollectivePoint(*row) for row in rows], unit
 
 
 def _gloo_worker(rank: int, world: int, port: int, budget: Budget, queue) -> None:
@@ -340,10 +380,11 @@ def _gloo_worker(rank: int, world: int, port: int, budget: Budget, queue) -> Non
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         points = measure_collectives(budget)
+        unit = measure_fsdp_unit(budget)
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        queue.put([(p.op, p.world_size, p.size_bytes, p.bus_bytes_per_s) for p in points])
+        queue.put(([(p.op, p.world_size, p.size_bytes, p.bus_bytes_per_s) for p in points], unit))
 
 
 def _free_port() -> int:
@@ -399,13 +440,16 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
     optimizer = measure_optimizer(device, budget)
     dist = _process_group()
     collective_points: list[CollectivePoint] = []
+    unit = None
     if dist is not None:
         points, bandwidth, operators, attention, optimizer = _mean_over_ranks(
             dist, points, bandwidth, operators, attention, optimizer)
         if collectives:
             collective_points = measure_collectives(budget)
+            if device.type == "cpu":
+                unit = measure_fsdp_unit(budget)
     elif collectives and device.type == "cpu" and not quick:
-        collective_points = measure_gloo_collectives(budget)
+        collective_points, unit = measure_gloo_collectives(budget)
     return DeviceProfile(
         device=device_name(device),
         device_kind=device.type,
@@ -416,6 +460,7 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
         op_seconds_per_element=operators,
         attention=tuple(attention),
         optimizer_seconds_per_param=optimizer,
+        fsdp_unit_seconds=unit,
         threads=torch.get_num_threads() if device.type == "cpu" else None,
         processes=sharing_processes(device),
         torch_version=torch.__version__,

@@ -161,7 +161,8 @@ def p2p_seconds(links: Links, crosses_node: bool, nbytes: float) -> float:
 
 
 def measured_dp_seconds(collective_seconds, dp: int, zero: int, framework: str, grads: float, weights: float,
-                        units: tuple[float, ...], micro_batches: int, bucket_bytes: float) -> float | None:
+                        units: tuple[float, ...], micro_batches: int, bucket_bytes: float,
+                        fsdp_unit_seconds: float | None = None) -> float | None:
     """Seconds per step of data-parallel collectives from a profile's measured collective times
     (`DeviceProfile.collective_seconds(op, bytes, world)`), as the framework issues them; None
     when the profile lacks an op this layout needs. Used on CPUs (gloo), where collectives run
@@ -184,7 +185,11 @@ def measured_dp_seconds(collective_seconds, dp: int, zero: int, framework: str, 
         if None in gathers or None in reduces:
             return None
         per_step = micro_batches if framework == "deepspeed" else 1
-        return micro_batches * 2.0 * sum(gathers) + per_step * sum(reduces)
+        seconds = micro_batches * 2.0 * sum(gathers) + per_step * sum(reduces)
+        if fsdp_unit_seconds:
+            latency = 2.0 * (timed("all_gather", 1.0) or 0.0) + (timed("reduce_scatter", 1.0) or 0.0)
+            seconds += micro_batches * (len(units) + 1) * max(0.0, fsdp_unit_seconds - latency)
+        return seconds
     if zero == 0:
         buckets = max(1, math.ceil(grads / bucket_bytes))
         each = timed("all_reduce", grads / buckets)

@@ -18,6 +18,9 @@ operator timings below):
   `gelu`, `add`, `rope`; `cross_entropy` per logit), the fused attention's FLOP/s per dtype
   (FLOPs counted as `plan/ops.py` counts them), and the optimizer step per parameter
   (`adamw`: the trainer's foreach AdamW plus gradient clipping);
+- optionally (CPU, several processes) the time one FSDP-wrapped unit of tiny weights adds to
+  a forward + backward: the framework's per-unit work (hooks, gathers into and out of flat
+  buffers) plus the latency of its two all-gathers and one reduce-scatter;
 - where and how: device name and kind, threads per process, processes measured at once,
   torch version, host, date.
 
@@ -93,6 +96,7 @@ class DeviceProfile:
     op_seconds_per_element: dict[str, float] = field(default_factory=dict, hash=False)  # forward + backward, fp32
     attention: tuple[AttentionPoint, ...] = ()  # fused attention, forward + backward
     optimizer_seconds_per_param: dict[str, float] = field(default_factory=dict, hash=False)  # step + clipping
+    fsdp_unit_seconds: float | None = None  # one FSDP unit's forward + backward beyond its compute
     threads: int | None = None  # torch threads per process while measuring
     processes: int = 1  # processes that measured at the same time (they share a CPU)
     torch_version: str = ""
@@ -208,6 +212,7 @@ class DeviceProfile:
             "op_seconds_per_element": dict(self.op_seconds_per_element),
             "attention_flops_per_s": attention,
             "optimizer_seconds_per_param": dict(self.optimizer_seconds_per_param),
+            "fsdp_unit_seconds": self.fsdp_unit_seconds,
             "collectives": [asdict(c) for c in self.collectives],
             "notes": list(self.notes),
         }
@@ -277,6 +282,9 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
                 raise UserError(f"{where}: attention_flops_per_s.{dtype} row {row!r} is not [seq, head_dim, flops_per_s] > 0")
             attention.append(AttentionPoint(dtype, int(row[0]), int(row[1]), float(row[2])))
     optimizer = _rates(data, "optimizer_seconds_per_param", where, ("adamw",))
+    unit = data.get("fsdp_unit_seconds")
+    if unit is not None and (not _number(unit) or unit <= 0):
+        raise UserError(f"{where}: 'fsdp_unit_seconds' must be a number > 0 or null, got {unit!r}")
     threads = data.get("threads")
     if threads is not None and not (isinstance(threads, int) and threads >= 1):
         raise UserError(f"{where}: 'threads' must be an integer >= 1 or null, got {threads!r}")
@@ -286,7 +294,7 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
     return DeviceProfile(
         device=device, device_kind=kind, gemm=tuple(points), memory_bandwidth_bytes_per_s=float(bandwidth),
         collectives=tuple(collectives), kernel_overhead_seconds=overhead, op_seconds_per_element=elementwise,
-        attention=tuple(attention), optimizer_seconds_per_param=optimizer, threads=threads, processes=processes,
+        attention=tuple(attention), optimizer_seconds_per_param=optimizer, fsdp_unit_seconds=unit, threads=threads, processes=processes,
         torch_version=str(data.get("torch_version", "")), host=str(data.get("host", "")),
         created=str(data.get("created", "")), schema_version=version,
         notes=tuple(str(n) for n in data.get("notes") or ()),

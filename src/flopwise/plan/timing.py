@@ -248,7 +248,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     if dp > 1 and measured is not None:
         timed = cm.measured_dp_seconds(measured, dp, zero, inputs.framework, grads, weights,
                                        fsdp_units(model, layers_busiest, busiest, pp, tp, psi), m,
-                                       DDP_BUCKET_BYTES)
+                                       DDP_BUCKET_BYTES, getattr(rates.profile, "fsdp_unit_seconds", None))
         if timed is not None:
             dp_exposed = dp_wire = timed
 
