@@ -24,7 +24,8 @@ How it measures:
   residual add and the trainer's rotary embedding per element of their input, cross-entropy
   per logit; fused causal attention (`scaled_dot_product_attention`) over a few sequence
   lengths and head sizes per dtype; and the trainer's optimizer step (foreach AdamW with
-  gradient clipping) per parameter. Each is timed like a GEMM (fast quantile, CPU time).
+  gradient clipping) per parameter. Each is timed like a GEMM (CPU time), but at the median
+  call (OPERATOR_QUANTILE): fresh large outputs make some calls pay for new pages, as in a step.
 - Collectives: `flopwise.diagnose.commbench.measure`, bus bandwidth as nccl-tests defines
   it, inside a launch of several processes; a CPU calibration in one process (not
   `--quick`) starts two gloo processes of its own for them, as the trainer's default
@@ -68,6 +69,10 @@ CPU_DEFAULT_DTYPES = ("fp32", "bf16")
 CUDA_DEFAULT_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 FAST_QUANTILE = 0.2
+OPERATOR_QUANTILE = 0.5
+"""The operators besides GEMMs allocate their outputs afresh, as a step does, and some calls
+pay for new pages (the allocator returns large blocks to the system): their times are
+bimodal, and the median call, not a lucky fast one, is what a step pays."""
 
 
 @dataclass(frozen=True)
@@ -130,9 +135,10 @@ def parse_dtypes(text: str | None, kind: str) -> tuple[str, ...]:
 # ---------------------------------------------------------------------------- timing
 
 
-def time_call(fn, device: torch.device, seconds: float, min_calls: int, max_call_seconds: float) -> float | None:
-    """Seconds of `fn()` (the FAST_QUANTILE call) after one warm-up call; None when one call
-    exceeds `max_call_seconds`."""
+def time_call(fn, device: torch.device, seconds: float, min_calls: int, max_call_seconds: float,
+              quantile: float = FAST_QUANTILE) -> float | None:
+    """Seconds of `fn()` (the call at `quantile` of the timed ones) after one warm-up call;
+    None when one call exceeds `max_call_seconds`."""
     cuda = device.type == "cuda"
     start = time.perf_counter()
     fn()
@@ -159,7 +165,7 @@ def time_call(fn, device: torch.device, seconds: float, min_calls: int, max_call
         if len(samples) >= 1000:
             break
     samples.sort()
-    return samples[int(FAST_QUANTILE * (len(samples) - 1))]
+    return samples[int(quantile * (len(samples) - 1))]
 
 
 def measure_gemms(dtypes: tuple[str, ...], device: torch.device, budget: Budget) -> tuple[list[GemmPoint], list[str]]:
@@ -253,7 +259,7 @@ def measure_operators(device: torch.device, budget: Budget) -> dict[str, float]:
     out = {}
     for name, (fn, inputs) in cases.items():
         seconds = time_call(_forward_backward(fn, inputs), device, budget.seconds_per_shape, budget.min_calls,
-                            budget.max_call_seconds)
+                            budget.max_call_seconds, OPERATOR_QUANTILE)
         if seconds is not None:
             out[name] = seconds / inputs[0].numel()
     return out
@@ -270,7 +276,8 @@ def measure_attention(dtypes: tuple[str, ...], device: torch.device, budget: Bud
             qkv = [torch.randn(batch, ATTENTION_HEADS, seq, head_dim, device=device).to(dtype).requires_grad_()
                    for _ in range(3)]
             call = _forward_backward(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv)
-            seconds = time_call(call, device, budget.seconds_per_shape, budget.min_calls, budget.max_call_seconds)
+            seconds = time_call(call, device, budget.seconds_per_shape, budget.min_calls, budget.max_call_seconds,
+                                OPERATOR_QUANTILE)
             if seconds is not None:
                 work = 3.5 * 4.0 * batch * ATTENTION_HEADS * seq * seq * head_dim * 0.5
                 points.append(AttentionPoint(name, seq, head_dim, work / seconds))
@@ -292,7 +299,8 @@ def measure_optimizer(device: torch.device, budget: Budget) -> dict[str, float]:
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         optimizer.step()
 
-    seconds = time_call(step, device, budget.seconds_per_shape * 2, budget.min_calls, budget.max_call_seconds * 4)
+    seconds = time_call(step, device, budget.seconds_per_shape * 2, budget.min_calls, budget.max_call_seconds * 4,
+                        OPERATOR_QUANTILE)
     return {"adamw": seconds / sum(sizes)} if seconds is not None else {}
 
 
