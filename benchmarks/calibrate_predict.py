@@ -89,6 +89,9 @@ def main() -> None:
             "predicted_mfu": comparison["predicted"]["mfu"],
             "measured_mfu": comparison["measured"]["mfu"],
             "efficiency_source": json.loads((run_dir / "plan.json").read_text())["time"]["efficiency_source"],
+            "predicted_seconds_per_step": {key: json.loads((run_dir / "plan.json").read_text())["time"][key] for key in (
+                "step_seconds", "gemm_seconds", "attention_seconds", "memory_bound_seconds", "optimizer_seconds",
+                "dp_exposed_seconds", "compute_seconds")},
             "profile": comparison.get("profile"),
             "load_average_before": load,
             "wall_seconds": wall,
