@@ -382,8 +382,12 @@ def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES) -> tup
 
 def _gloo_worker(rank: int, world: int, port: int, budget: Budget, queue) -> None:
     """One of the processes of `measure_gloo_collectives` (module level: spawn pickles it)."""
+    import warnings
+
     import torch.distributed as dist
 
+    # torch's notice that the nccl-tests-style collectives commbench times are renamed upstream
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
