@@ -11,6 +11,13 @@ counts CPU time), so compare runs made with a low load average. Even alone the r
 about 60 % of the two CPUs (they wait on gloo collectives), so the share is no correction
 factor, only a sign of how busy the machine was.
 
+Load-independent reading: each configuration also runs `--short-steps` steps; the
+difference of the two runs' CPU seconds, per rank and per step, is what one step costs the
+CPU whatever else runs (start-up, evaluation and checkpoint cancel out). A step cannot take
+less wall time than that when alone, so `cpu_seconds_per_step / predicted step_seconds`
+shows how much of the step the prediction accounts for when the load makes the wall-time
+ratio meaningless (a diagnostic, not the issue's bar, which is the wall-time ratio).
+
     OMP_NUM_THREADS=1 python benchmarks/calibrate_predict.py [--steps 30] [--out benchmarks/results/calibrate_predict.json]
 """
 
@@ -54,6 +61,7 @@ def run(cmd: list[str], env: dict) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--short-steps", type=int, default=10, help="the twin run for CPU seconds per step (0: skip)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "calibrate_predict.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flopwise-calibrate-predict-"))
@@ -81,12 +89,24 @@ def main() -> None:
             "predicted_mfu": comparison["predicted"]["mfu"],
             "measured_mfu": comparison["measured"]["mfu"],
             "efficiency_source": json.loads((run_dir / "plan.json").read_text())["time"]["efficiency_source"],
+            "predicted_seconds_per_step": {key: json.loads((run_dir / "plan.json").read_text())["time"][key] for key in (
+                "step_seconds", "gemm_seconds", "attention_seconds", "memory_bound_seconds", "optimizer_seconds",
+                "dp_exposed_seconds", "compute_seconds")},
             "profile": comparison.get("profile"),
             "load_average_before": load,
             "wall_seconds": wall,
             "cpu_share": cpu / (wall * 2),
         }
         row = result["runs"][name]
+        if args.short_steps:
+            short_wall, short_cpu = run([*flopwise, "train", f"training.max_steps={args.short_steps}",
+                                         "logging.progress=false", f"logging.run_dir={work / (name + '-short')}",
+                                         *overrides], env)
+            per_step = (cpu - short_cpu) / (args.steps - args.short_steps) / 2
+            predicted_step = comparison["predicted"]["step_seconds"]
+            row["cpu_seconds_per_rank_step"] = per_step
+            row["cpu_per_step_over_predicted_step"] = per_step / predicted_step if predicted_step else None
+            print(f"{name}: CPU seconds per rank and step {per_step:.3f} (predicted step {predicted_step:.3f} s)")
         print(f"{name}: predicted {predicted:,.0f} tokens/s, measured {measured:,.0f} "
               f"(x{row['measured_over_predicted']:.2f}); CPU share {row['cpu_share']:.0%}, load {load[0]:.1f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

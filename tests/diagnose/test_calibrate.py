@@ -3,6 +3,7 @@ cache path, dtype parsing, and the trainer's profile-on-first-use cache."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,9 +11,15 @@ import sys
 import pytest
 import torch
 
-from flopwise.diagnose.calibrate import budget_for, gemm_shapes, parse_dtypes, profile_for_device
+from flopwise.diagnose.calibrate import (
+    budget_for,
+    gemm_shapes,
+    measure_gloo_collectives,
+    parse_dtypes,
+    profile_for_device,
+)
 from flopwise.errors import UserError
-from flopwise.plan.profile import load_profile
+from flopwise.plan.profile import ELEMENTWISE_OPS, SCHEMA_VERSION, load_profile
 
 
 def test_quick_calibration_writes_a_valid_profile(tmp_path):
@@ -31,6 +38,15 @@ def test_quick_calibration_writes_a_valid_profile(tmp_path):
     assert profile.memory_bandwidth_bytes_per_s > 1e8
     assert 0 < profile.kernel_overhead_seconds < 0.01
     assert profile.gemm_flops_per_s(1024, 192, 192, "fp32") > 0
+    # the operators besides GEMMs, forward + backward, as the trainer runs them
+    assert set(profile.op_seconds_per_element) == set(ELEMENTWISE_OPS)
+    assert all(0 < v < 1e-6 for v in profile.op_seconds_per_element.values())
+    shapes = budget_for("cpu", True).attention_shapes
+    assert {(p.dtype, p.seq, p.head_dim) for p in profile.attention} == {
+        (d, s, h) for d in ("fp32", "bf16") for s, h in shapes}
+    assert all(p.flops_per_s > 1e6 for p in profile.attention)
+    assert 0 < profile.optimizer_seconds_per_param["adamw"] < 1e-6
+    assert profile.collectives == ()  # --quick in one process starts no peers
 
 
 def test_default_output_is_the_per_device_cache(tmp_path):
@@ -64,6 +80,29 @@ def test_the_trainer_measures_a_profile_once_then_reads_the_cache(tmp_path, monk
     assert [p for p in both.gemm if p.dtype == "fp32"] == list(first.gemm)
 
 
+def test_the_trainer_measures_again_a_cache_written_before_operator_timings(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first, path = profile_for_device(torch.device("cpu"), "fp32")
+    old = first.to_dict()
+    for key in ("op_seconds_per_element", "attention_flops_per_s", "optimizer_seconds_per_param"):
+        del old[key]
+    old["schema_version"] = 1
+    path.write_text(json.dumps(old))
+    assert load_profile(path).schema_version == 1
+    fresh, same = profile_for_device(torch.device("cpu"), "fp32")
+    assert same == path and fresh.schema_version == SCHEMA_VERSION and fresh.op_seconds_per_element
+    assert load_profile(path).schema_version == SCHEMA_VERSION
+
+
+def test_two_gloo_processes_started_here_time_the_collectives_and_an_fsdp_unit():
+    points, unit = measure_gloo_collectives(budget_for("cpu", True))
+    sizes = budget_for("cpu", True).collective_sizes
+    assert {(c.op, c.size_bytes) for c in points} == {(op, size) for op in ("all_reduce", "all_gather",
+                                                                            "reduce_scatter") for size in sizes}
+    assert all(c.world_size == 2 and c.bus_bytes_per_s > 0 for c in points)
+    assert unit is not None and 0 < unit < 1.0
+
+
 @pytest.mark.slow
 def test_two_processes_measure_at_once_and_time_collectives(tmp_path):
     out = tmp_path / "two.json"
@@ -76,3 +115,4 @@ def test_two_processes_measure_at_once_and_time_collectives(tmp_path):
     assert {c.op for c in profile.collectives} == {"all_reduce", "all_gather", "reduce_scatter"}
     assert all(c.world_size == 2 and c.bus_bytes_per_s > 0 for c in profile.collectives)
     assert profile.collective_bus_bytes_per_s > 0
+    assert profile.fsdp_unit_seconds is not None and profile.fsdp_unit_seconds > 0

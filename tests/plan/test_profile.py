@@ -3,6 +3,7 @@ and `plan --profile` as a real process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,7 +13,9 @@ import pytest
 
 from flopwise.errors import UserError
 from flopwise.plan.planner import build_runspec, plan
+from flopwise.plan import comm
 from flopwise.plan.profile import (
+    AttentionPoint,
     CollectivePoint,
     DeviceProfile,
     GemmPoint,
@@ -31,6 +34,11 @@ def make_profile(kind: str = "cpu", device: str = "cpu (Test CPU)") -> DevicePro
         device=device, device_kind=kind, gemm=tuple(GemmPoint(*row) for row in grid),
         memory_bandwidth_bytes_per_s=20e9, kernel_overhead_seconds=8e-6,
         collectives=(CollectivePoint("all_reduce", 2, 2**20, 1e9), CollectivePoint("all_reduce", 2, 2**24, 3e9)),
+        op_seconds_per_element={"norm": 3e-9, "swiglu": 2e-9, "gelu": 3e-9, "add": 1e-9, "rope": 5e-9,
+                                "cross_entropy": 1.5e-9},
+        attention=(AttentionPoint("fp32", 128, 32, 30e9), AttentionPoint("fp32", 512, 64, 40e9),
+                   AttentionPoint("bf16", 128, 32, 15e9)),
+        optimizer_seconds_per_param={"adamw": 2e-9}, fsdp_unit_seconds=2e-3,
         threads=1, processes=2, torch_version="2.x", host="test", created="2026-12-03T09:00:00+00:00",
     )
 
@@ -40,7 +48,60 @@ def test_round_trip_keeps_every_field(tmp_path):
     path = profile.save(tmp_path / "deep" / "p.json")
     assert load_profile(path) == profile
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 1 and data["gemm_flops_per_s"]["bf16"][1] == [1024, 1024, 1024, 400e9]
+    assert data["schema_version"] == 2 and data["gemm_flops_per_s"]["bf16"][1] == [1024, 1024, 1024, 400e9]
+    assert data["attention_flops_per_s"]["fp32"][1] == [512, 64, 40e9]
+    assert data["op_seconds_per_element"]["rope"] == 5e-9 and data["optimizer_seconds_per_param"] == {"adamw": 2e-9}
+
+
+def test_a_version_1_file_still_loads_without_operator_timings(tmp_path):
+    data = make_profile().to_dict()
+    for key in ("op_seconds_per_element", "attention_flops_per_s", "optimizer_seconds_per_param"):
+        del data[key]
+    data["schema_version"] = 1
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = load_profile(path)
+    assert old.schema_version == 1 and old.gemm == make_profile().gemm
+    assert old.op_seconds_per_element == {} and old.attention == () and old.optimizer_seconds_per_param == {}
+    assert old.attention_flops_per_s(128, 32, "fp32") is None
+
+
+def test_collective_times_interpolate_in_size_with_a_latency_floor():
+    profile = make_profile()
+    small = 2**20 * 1.0 / 1e9  # all-reduce of 1 MiB over 2 ranks: size x 2(n-1)/n / busbw
+    large = 2**24 * 1.0 / 3e9
+    assert profile.collective_seconds("all_reduce", 2**20, 2) == pytest.approx(small)
+    assert profile.collective_seconds("all_reduce", 2**24) == pytest.approx(large)
+    assert profile.collective_seconds("all_reduce", 1024, 2) == pytest.approx(small)  # latency floor
+    middle = profile.collective_seconds("all_reduce", (2**20 + 2**24) / 2, 2)
+    assert middle == pytest.approx((small + large) / 2)
+    assert profile.collective_seconds("all_reduce", 2**25, 2) == pytest.approx(2 * large)  # at the best bandwidth
+    assert profile.collective_seconds("all_gather", 2**20, 2) is None
+    assert profile.collective_seconds("all_reduce", 2**20, 4) is None  # another world size
+
+
+def test_attention_rates_interpolate_and_hold_beyond_the_longest_sequence():
+    profile = make_profile()
+    assert profile.attention_flops_per_s(128, 32, "fp32") == 30e9
+    assert 30e9 < profile.attention_flops_per_s(256, 45, "fp32") < 40e9
+    assert profile.attention_flops_per_s(8192, 64, "fp32") == 40e9
+    assert profile.attention_flops_per_s(128, 32, "fp16") is None
+
+
+def test_fsdp_charges_each_unit_gathered_twice_and_reduced_once_per_step():
+    def seconds(op, nbytes, world):
+        return {"all_gather": 1e-3, "reduce_scatter": 2e-3, "all_reduce": 3e-3}[op] + nbytes / 1e9
+
+    units = (0.5, 0.25, 0.25)
+    fsdp = comm.measured_dp_seconds(seconds, 2, 3, "fsdp", 8e6, 4e6, units, 2, 25 * 2**20)
+    assert fsdp == pytest.approx(2 * 2 * (3 * 1e-3 + 4e6 / 1e9) + (3 * 2e-3 + 8e6 / 1e9))
+    ddp = comm.measured_dp_seconds(seconds, 2, 0, "fsdp", 60 * 2**20, 0, units, 2, 25 * 2**20)
+    assert ddp == pytest.approx(3 * (3e-3 + 20 * 2**20 / 1e9))  # three 20 MiB buckets
+    assert comm.measured_dp_seconds(lambda *a: None, 2, 3, "fsdp", 8e6, 4e6, units, 1, 1) is None
+    # a measured FSDP unit adds, per unit (and the root) and micro-batch, what its collectives' latency does not explain
+    latency = 2 * (1e-3 + 1 / 1e9) + (2e-3 + 1 / 1e9)
+    with_units = comm.measured_dp_seconds(seconds, 2, 3, "fsdp", 8e6, 4e6, units, 2, 25 * 2**20, latency + 5e-4)
+    assert with_units - fsdp == pytest.approx(2 * 4 * 5e-4)
 
 
 def test_measured_points_come_back_exactly_and_peak_is_the_best():
@@ -116,6 +177,55 @@ def test_plan_takes_gemm_efficiency_from_the_profile():
     gain = plan(spec, profile=faster).time.tokens_per_second / slow.time.tokens_per_second
     assert 1.2 < gain < 2.0
     assert plan(spec).time.efficiency_source != slow.time.efficiency_source  # no profile: the table
+
+
+def cpu_spec(**layout):
+    profile = make_profile()
+    from flopwise.plan.profile import hardware_from_profile
+
+    spec = build_runspec(model="gpt2-124m", hardware="h100-sxm", gpus=2, seq_len=256, batch_tokens="4K",
+                         tokens="1M", precision="fp32", **layout)
+    cluster = dataclasses.replace(spec.cluster, hardware=hardware_from_profile(profile))
+    return dataclasses.replace(spec, cluster=cluster), profile
+
+
+def test_a_cpu_profile_times_the_operators_it_measured():
+    spec, profile = cpu_spec()
+    measured = plan(spec, profile=profile).time
+    assert measured.optimizer_seconds == pytest.approx(2e-9 * spec_params(spec) / spec.layout.dp, rel=0.05)
+    slower = DeviceProfile(**{**profile.__dict__, "op_seconds_per_element": {
+        k: 10 * v for k, v in profile.op_seconds_per_element.items()}})
+    assert plan(spec, profile=slower).time.memory_bound_seconds > 5 * measured.memory_bound_seconds
+    slow_attention = DeviceProfile(**{**profile.__dict__, "attention": tuple(
+        AttentionPoint(p.dtype, p.seq, p.head_dim, p.flops_per_s / 2) for p in profile.attention)})
+    assert plan(spec, profile=slow_attention).time.attention_seconds == pytest.approx(2 * measured.attention_seconds)
+    bare = DeviceProfile(**{**profile.__dict__, "op_seconds_per_element": {}, "attention": (),
+                            "optimizer_seconds_per_param": {}})
+    assert plan(spec, profile=bare).time.memory_bound_seconds != measured.memory_bound_seconds
+
+
+def test_the_measured_collectives_are_charged_on_a_cpu():
+    spec, profile = cpu_spec()
+    timed = DeviceProfile(**{**profile.__dict__, "collectives": tuple(
+        CollectivePoint(op, 2, size, 0.25e9) for op in ("all_gather", "reduce_scatter", "all_reduce")
+        for size in (2**16, 2**24))})
+    fast = plan(spec, profile=profile).time
+    slow = plan(spec, profile=timed).time
+    assert slow.dp_exposed_seconds > 5 * fast.dp_exposed_seconds
+    assert slow.step_seconds - fast.step_seconds == pytest.approx(slow.dp_exposed_seconds - fast.dp_exposed_seconds)
+
+
+def test_operator_timings_leave_a_gpu_plan_alone():
+    spec = build_runspec(model="gpt2-124m", hardware="h100-sxm", gpus=8, seq_len=1024, batch_tokens="64K",
+                         tokens="1B", precision="bf16")
+    gpu = make_profile(kind="cuda", device="NVIDIA H100 80GB HBM3")
+    bare = DeviceProfile(**{**gpu.__dict__, "op_seconds_per_element": {}, "attention": (),
+                            "optimizer_seconds_per_param": {}})
+    assert plan(spec, profile=gpu).time.step_seconds == plan(spec, profile=bare).time.step_seconds
+
+
+def spec_params(spec) -> float:
+    return plan(spec).to_dict()["params"]
 
 
 def run_plan(*args: str) -> subprocess.CompletedProcess:

@@ -19,8 +19,17 @@ How it measures:
 - Memory bandwidth: a large tensor copy, read + write bytes over the time of one copy.
 - Kernel overhead: the time of an add of two one-element tensors (dispatch and launch,
   which every small element-wise operator of a step pays).
-- Collectives (only inside a torchrun launch with several processes):
-  `flopwise.diagnose.commbench.measure`, bus bandwidth as nccl-tests defines it.
+- On a CPU, the operators of a step besides its GEMMs, forward + backward under autograd
+  as the trainer runs them (eager, unfused, fp32): RMSNorm, SiLU-gated product, tanh GELU,
+  residual add and the trainer's rotary embedding per element of their input, cross-entropy
+  per logit; fused causal attention (`scaled_dot_product_attention`) over a few sequence
+  lengths and head sizes per dtype; and the trainer's optimizer step (foreach AdamW with
+  gradient clipping) per parameter. Each is timed like a GEMM (CPU time), but at the median
+  call (OPERATOR_QUANTILE): fresh large outputs make some calls pay for new pages, as in a step.
+- Collectives: `flopwise.diagnose.commbench.measure`, bus bandwidth as nccl-tests defines
+  it, inside a launch of several processes; a CPU calibration in one process (not
+  `--quick`) starts two gloo processes of its own for them, as the trainer's default
+  launch talks through gloo.
 
 Under a launch every process measures at the same time (they share a CPU's memory and
 cores as training ranks do), the figures are averaged over processes and rank 0 writes.
@@ -46,6 +55,8 @@ import torch.nn.functional as F
 
 from flopwise.errors import UserError
 from flopwise.plan.profile import (
+    SCHEMA_VERSION,
+    AttentionPoint,
     CollectivePoint,
     DeviceProfile,
     GemmPoint,
@@ -58,6 +69,10 @@ CPU_DEFAULT_DTYPES = ("fp32", "bf16")
 CUDA_DEFAULT_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 FAST_QUANTILE = 0.2
+OPERATOR_QUANTILE = 0.5
+"""The operators besides GEMMs allocate their outputs afresh, as a step does, and some calls
+pay for new pages (the allocator returns large blocks to the system): their times are
+bimodal, and the median call, not a lucky fast one, is what a step pays."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,9 @@ class Budget:
     collective_sizes: tuple[int, ...]
     collective_iters: int
     max_gemm_flops: float = float("inf")  # shapes with more work are left out (CPU time budget)
+    op_tokens: int = 0  # tokens of the element-wise operator timings (0: not measured)
+    attention_shapes: tuple[tuple[int, int], ...] = ()  # (sequence, head size) of the attention timings
+    optimizer_params: int = 0  # parameters of the optimizer-step timing (0: not measured)
 
 
 def budget_for(kind: str, quick: bool) -> Budget:
@@ -83,9 +101,13 @@ def budget_for(kind: str, quick: bool) -> Budget:
             return Budget((1024, 8192), (1024, 4096), 0.02, 5, 1.0, 256 * mib, (mib, 16 * mib), 5)
         return Budget((512, 2048, 8192, 16384), (512, 1024, 2048, 4096, 8192), 0.05, 10, 1.0, 1024 * mib,
                       (mib, 4 * mib, 16 * mib, 64 * mib, 256 * mib), 20)
+    kib = 2**10
     if quick:
-        return Budget((256, 1024), (128, 512), 0.02, 5, 0.2, 32 * mib, (mib, 8 * mib), 3, 1e9)
-    return Budget((128, 512, 2048), (128, 256, 512, 1024), 0.05, 5, 1.0, 64 * mib, (mib, 4 * mib, 16 * mib), 5, 4e9)
+        return Budget((256, 1024), (128, 512), 0.02, 5, 0.2, 32 * mib, (64 * kib, mib, 8 * mib), 3, 1e9,
+                      op_tokens=256, attention_shapes=((128, 32), (128, 64)), optimizer_params=2**18)
+    return Budget((128, 512, 2048), (128, 256, 512, 1024), 0.05, 5, 1.0, 64 * mib,
+                  (64 * kib, mib, 4 * mib, 16 * mib), 5, 4e9, op_tokens=1024,
+                  attention_shapes=((128, 32), (128, 64), (512, 32), (512, 64)), optimizer_params=2**20)
 
 
 def gemm_shapes(budget: Budget) -> list[tuple[int, int, int]]:
@@ -113,9 +135,10 @@ def parse_dtypes(text: str | None, kind: str) -> tuple[str, ...]:
 # ---------------------------------------------------------------------------- timing
 
 
-def time_call(fn, device: torch.device, seconds: float, min_calls: int, max_call_seconds: float) -> float | None:
-    """Seconds of `fn()` (the FAST_QUANTILE call) after one warm-up call; None when one call
-    exceeds `max_call_seconds`."""
+def time_call(fn, device: torch.device, seconds: float, min_calls: int, max_call_seconds: float,
+              quantile: float = FAST_QUANTILE) -> float | None:
+    """Seconds of `fn()` (the call at `quantile` of the timed ones) after one warm-up call;
+    None when one call exceeds `max_call_seconds`."""
     cuda = device.type == "cuda"
     start = time.perf_counter()
     fn()
@@ -142,7 +165,7 @@ def time_call(fn, device: torch.device, seconds: float, min_calls: int, max_call
         if len(samples) >= 1000:
             break
     samples.sort()
-    return samples[int(FAST_QUANTILE * (len(samples) - 1))]
+    return samples[int(quantile * (len(samples) - 1))]
 
 
 def measure_gemms(dtypes: tuple[str, ...], device: torch.device, budget: Budget) -> tuple[list[GemmPoint], list[str]]:
@@ -186,6 +209,101 @@ def measure_kernel_overhead(device: torch.device) -> float:
     return time_call(lambda: torch.add(one, one), device, 0.05, 50, 1.0)
 
 
+OP_WIDTH = 256  # hidden size of the element-wise timings (the activation's width: 2 x that)
+OP_VOCAB = 4096  # vocabulary of the cross-entropy timing
+ATTENTION_HEADS = 8
+ATTENTION_TOKENS = {128: 1024, 512: 1024}  # batch x sequence of each attention timing
+
+
+def _forward_backward(fn, inputs: list[torch.Tensor]):
+    """A call that runs `fn(*inputs)` and its backward from a fixed output gradient, fresh
+    input gradients each time (as a training step does)."""
+    with torch.no_grad():
+        grad = torch.randn_like(fn(*inputs))
+
+    def call() -> None:
+        for t in inputs:
+            t.grad = None
+        fn(*inputs).backward(grad)
+
+    call()  # the process's first backward starts autograd's engine: not the operator's time
+    return call
+
+
+def measure_operators(device: torch.device, budget: Budget) -> dict[str, float]:
+    """Seconds per element, forward + backward, of a transformer step's element-wise operators
+    in fp32 (per logit for cross-entropy); empty when the budget has none (CUDA)."""
+    if not budget.op_tokens:
+        return {}
+    from flopwise.train.model import apply_rotary, rotary_tables
+
+    T, h = budget.op_tokens, OP_WIDTH
+
+    def leaf(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, requires_grad=True)
+
+    norm = torch.nn.RMSNorm(h, device=device)
+    head_dim, heads = 32, 8
+    seq = min(T, 128)
+    cos, sin = rotary_tables(head_dim, seq, 10000.0)
+    cos, sin = cos.to(device), sin.to(device)
+    targets = torch.randint(0, OP_VOCAB, (T,), device=device)
+    cases = {
+        "norm": (norm, [leaf(T, h)]),
+        "swiglu": (lambda a, b: F.silu(a) * b, [leaf(T, 2 * h), leaf(T, 2 * h)]),
+        "gelu": (lambda a: F.gelu(a, approximate="tanh"), [leaf(T, 2 * h)]),
+        "add": (torch.add, [leaf(T, h), leaf(T, h)]),
+        "rope": (lambda q: apply_rotary(q, cos, sin), [leaf(T // seq, heads, seq, head_dim)]),
+        "cross_entropy": (lambda z: F.cross_entropy(z, targets), [leaf(T, OP_VOCAB)]),
+    }
+    out = {}
+    for name, (fn, inputs) in cases.items():
+        seconds = time_call(_forward_backward(fn, inputs), device, budget.seconds_per_shape, budget.min_calls,
+                            budget.max_call_seconds, OPERATOR_QUANTILE)
+        if seconds is not None:
+            out[name] = seconds / inputs[0].numel()
+    return out
+
+
+def measure_attention(dtypes: tuple[str, ...], device: torch.device, budget: Budget) -> list[AttentionPoint]:
+    """FLOP/s of fused causal attention, forward + backward, per dtype and (sequence, head size);
+    FLOPs as `plan/ops.py` counts them: 3.5 × the causal forward's 2·2·s²·d per head."""
+    points = []
+    for name in dtypes:
+        dtype = TORCH_DTYPES[name]
+        for seq, head_dim in budget.attention_shapes:
+            batch = max(1, ATTENTION_TOKENS.get(seq, 1024) // seq)
+            qkv = [torch.randn(batch, ATTENTION_HEADS, seq, head_dim, device=device).to(dtype).requires_grad_()
+                   for _ in range(3)]
+            call = _forward_backward(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv)
+            seconds = time_call(call, device, budget.seconds_per_shape, budget.min_calls, budget.max_call_seconds,
+                                OPERATOR_QUANTILE)
+            if seconds is not None:
+                work = 3.5 * 4.0 * batch * ATTENTION_HEADS * seq * seq * head_dim * 0.5
+                points.append(AttentionPoint(name, seq, head_dim, work / seconds))
+    return points
+
+
+def measure_optimizer(device: torch.device, budget: Budget) -> dict[str, float]:
+    """Seconds per parameter of the trainer's optimizer step (foreach AdamW after clipping the
+    gradient norm), over a model's worth of tensors of a few sizes; empty when not budgeted."""
+    if not budget.optimizer_params:
+        return {}
+    sizes = [budget.optimizer_params // 16] * 8 + [budget.optimizer_params // 4] * 2
+    params = [torch.nn.Parameter(torch.randn(n, device=device)) for n in sizes]
+    for param in params:
+        param.grad = torch.randn_like(param)
+    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+
+    def step() -> None:
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        optimizer.step()
+
+    seconds = time_call(step, device, budget.seconds_per_shape * 2, budget.min_calls, budget.max_call_seconds * 4,
+                        OPERATOR_QUANTILE)
+    return {"adamw": seconds / sum(sizes)} if seconds is not None else {}
+
+
 def measure_collectives(budget: Budget) -> list[CollectivePoint]:
     """Bus bandwidth of FSDP's and DDP's collectives in the current process group (commbench)."""
     import torch.distributed as dist
@@ -195,6 +313,96 @@ def measure_collectives(budget: Budget) -> list[CollectivePoint]:
     rows = measure(list(COLLECTIVE_OPS), list(budget.collective_sizes), budget.collective_iters, 2)
     world = dist.get_world_size()
     return [CollectivePoint(r["op"], world, int(r["size_bytes"]), r["busbw_gb_per_s"] * 1e9) for r in rows]
+
+
+FSDP_UNITS = 8  # tiny units of the FSDP overhead timing
+
+
+def measure_fsdp_unit(budget: Budget) -> float | None:
+    """Seconds one FSDP2-wrapped unit adds to a forward + backward in the current (CPU)
+    process group: a model of FSDP_UNITS tiny linear units, each its own `fully_shard`,
+    against one, per extra unit (the framework's per-unit work and its collectives' latency)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    x = torch.randn(4, 16)
+    seconds = {}
+    for units in (1, FSDP_UNITS):
+        model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(units)])
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+        def step() -> None:
+            model(x).sum().backward()
+
+        for _ in range(3):
+            step()
+        samples = []
+        for _ in range(max(10, budget.min_calls * 2)):
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - start)
+        samples.sort()
+        seconds[units] = samples[int(FAST_QUANTILE * (len(samples) - 1))]
+    mine = torch.tensor([(seconds[FSDP_UNITS] - seconds[1]) / (FSDP_UNITS - 1)], dtype=torch.float64)
+    dist.all_reduce(mine)  # the mean over ranks
+    value = float(mine) / dist.get_world_size()
+    return value if value > 0 else None
+
+
+GLOO_PROCESSES = 2  # the trainer's default launch: 2 processes on this machine
+
+
+def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES) -> tuple[list[CollectivePoint], float | None]:
+    """Collectives and the FSDP unit time (`measure_fsdp_unit`) between `world` local
+    processes on gloo, started here (a one-process CPU calibration has no peer to measure with)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_gloo_worker, args=(rank, world, port, budget, queue)) for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=300)
+    codes = [proc.exitcode for proc in procs]
+    if any(code != 0 for code in codes) or queue.empty():
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        raise UserError(f"flopwise calibrate: the {world} gloo processes timing collectives exited with {codes}")
+    rows, unit = queue.get()
+    return [CollectivePoint(*row) for row in rows], unit
+
+
+def _gloo_worker(rank: int, world: int, port: int, budget: Budget, queue) -> None:
+    """One of the processes of `measure_gloo_collectives` (module level: spawn pickles it)."""
+    import warnings
+
+    import torch.distributed as dist
+
+    # torch's notice that the nccl-tests-style collectives commbench times are renamed upstream
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        points = measure_collectives(budget)
+        unit = measure_fsdp_unit(budget)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        queue.put(([(p.op, p.world_size, p.size_bytes, p.bus_bytes_per_s) for p in points], unit))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------- the profile
@@ -239,12 +447,21 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
     points, notes = measure_gemms(dtypes, device, budget)
     bandwidth = measure_memory_bandwidth(device, budget)
     overhead = measure_kernel_overhead(device)
+    operators = measure_operators(device, budget)
+    attention = measure_attention(dtypes, device, budget) if device.type == "cpu" else []
+    optimizer = measure_optimizer(device, budget)
     dist = _process_group()
     collective_points: list[CollectivePoint] = []
+    unit = None
     if dist is not None:
-        points, bandwidth = _mean_over_ranks(dist, points, bandwidth)
+        points, bandwidth, operators, attention, optimizer = _mean_over_ranks(
+            dist, points, bandwidth, operators, attention, optimizer)
         if collectives:
             collective_points = measure_collectives(budget)
+            if device.type == "cpu":
+                unit = measure_fsdp_unit(budget)
+    elif collectives and device.type == "cpu" and not quick:
+        collective_points, unit = measure_gloo_collectives(budget)
     return DeviceProfile(
         device=device_name(device),
         device_kind=device.type,
@@ -252,6 +469,10 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
         memory_bandwidth_bytes_per_s=bandwidth,
         collectives=tuple(collective_points),
         kernel_overhead_seconds=overhead,
+        op_seconds_per_element=operators,
+        attention=tuple(attention),
+        optimizer_seconds_per_param=optimizer,
+        fsdp_unit_seconds=unit,
         threads=torch.get_num_threads() if device.type == "cpu" else None,
         processes=sharing_processes(device),
         torch_version=torch.__version__,
@@ -261,17 +482,32 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
     )
 
 
-def _mean_over_ranks(dist, points: list[GemmPoint], bandwidth: float) -> tuple[list[GemmPoint], float]:
-    """Average each shape's rate (over the ranks that measured it) and the bandwidth."""
-    mine = ([(p.dtype, p.m, p.n, p.k, p.flops_per_s) for p in points], bandwidth)
+def _mean_over_ranks(dist, points: list[GemmPoint], bandwidth: float, operators: dict[str, float],
+                     attention: list[AttentionPoint], optimizer: dict[str, float]):
+    """Average each measurement over the ranks that made it: GEMM and attention rates per
+    shape, the bandwidth, operator and optimizer seconds per element."""
+    mine = ([(p.dtype, p.m, p.n, p.k, p.flops_per_s) for p in points], bandwidth, operators,
+            [(p.dtype, p.seq, p.head_dim, p.flops_per_s) for p in attention], optimizer)
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    rates: dict[tuple, list[float]] = {}
-    for rank_points, _ in every:
-        for dtype, m, n, k, rate in rank_points:
-            rates.setdefault((dtype, m, n, k), []).append(rate)
-    merged = [GemmPoint(*key, statistics.fmean(values)) for key, values in rates.items()]
-    return merged, statistics.fmean(b for _, b in every)
+
+    def mean_rows(index: int) -> dict[tuple, float]:
+        rows: dict[tuple, list[float]] = {}
+        for rank in every:
+            for *key, rate in rank[index]:
+                rows.setdefault(tuple(key), []).append(rate)
+        return {key: statistics.fmean(values) for key, values in rows.items()}
+
+    def mean_table(index: int) -> dict[str, float]:
+        rows: dict[str, list[float]] = {}
+        for rank in every:
+            for key, value in rank[index].items():
+                rows.setdefault(key, []).append(value)
+        return {key: statistics.fmean(values) for key, values in rows.items()}
+
+    gemm = [GemmPoint(*key, rate) for key, rate in mean_rows(0).items()]
+    attention_mean = [AttentionPoint(*key, rate) for key, rate in mean_rows(3).items()]
+    return gemm, statistics.fmean(rank[1] for rank in every), mean_table(2), attention_mean, mean_table(4)
 
 
 def default_device() -> torch.device:
@@ -295,6 +531,8 @@ def profile_for_device(device: torch.device, dtype: str) -> tuple[DeviceProfile,
         cached: DeviceProfile | None = load_profile(path)
     except UserError:
         cached = None
+    if cached is not None and cached.schema_version < SCHEMA_VERSION:
+        cached = None  # measured before the operator timings existed: measure it again
     missing = tuple(d for d in dtypes if cached is None or cached.peak_flops(d) is None)
     dist = _process_group()
     if dist is not None:  # every rank must take the same branch
@@ -303,9 +541,11 @@ def profile_for_device(device: torch.device, dtype: str) -> tuple[DeviceProfile,
         missing = tuple(dict.fromkeys(d for vote in votes for d in vote))
     if not missing:
         return cached, path
-    fresh = measure_profile(missing if cached is not None else dtypes, device, quick=True, collectives=False)
+    fresh = measure_profile(missing if cached is not None else dtypes, device, quick=True,
+                            collectives=cached is None and device.type == "cpu")
     if cached is not None:
-        fresh = replace(cached, gemm=cached.gemm + fresh.gemm, notes=cached.notes + fresh.notes)
+        fresh = replace(cached, gemm=cached.gemm + fresh.gemm, attention=cached.attention + fresh.attention,
+                        notes=cached.notes + fresh.notes)
     if dist is None or dist.get_rank() == 0:
         fresh.save(path)
     return fresh, path

@@ -138,7 +138,7 @@ def calibrate(
     nproc: Annotated[int, typer.Option("--nproc", help="Processes measuring at once, as training ranks run (also times collectives). [default: 1]")] = 1,
     report_to: Annotated[Optional[Path], typer.Option("--report", hidden=True, help="Write where the profile went (used by the launcher).")] = None,
 ) -> None:
-    """Measure this device's GEMM speed per shape and dtype, memory bandwidth and collectives; write a profile for `plan --profile` and the trainer."""
+    """Measure this device's GEMM speed per shape and dtype, memory bandwidth, collectives and (CPU) a step's other operators; write a profile for `plan --profile` and the trainer."""
     from flopwise.diagnose.calibrate import run_calibration
 
     result = run_calibration(out, dtypes, quick, threads, nproc)
@@ -166,8 +166,20 @@ def calibrate(
     console.print(f"memory bandwidth (copy): {profile.memory_bandwidth_bytes_per_s / 1e9:,.1f} GB/s")
     if profile.kernel_overhead_seconds:
         console.print(f"one tiny operator: {profile.kernel_overhead_seconds * 1e6:,.1f} us")
+    if profile.op_seconds_per_element:
+        ops = ", ".join(f"{name} {seconds * 1e9:,.2f}" for name, seconds in profile.op_seconds_per_element.items())
+        console.print(f"element-wise, forward + backward, ns per element (cross_entropy: per logit): {ops}")
+    if profile.attention:
+        best = max(profile.attention, key=lambda p: p.flops_per_s)
+        console.print(f"fused attention, forward + backward: up to {best.flops_per_s / 1e9:,.1f} GFLOP/s "
+                      f"({best.dtype}, sequence {best.seq}, head size {best.head_dim})")
+    if profile.optimizer_seconds_per_param:
+        steps = ", ".join(f"{name} {seconds * 1e9:,.2f} ns" for name, seconds in profile.optimizer_seconds_per_param.items())
+        console.print(f"optimizer step with clipping, per parameter: {steps}")
     if profile.collective_bus_bytes_per_s:
         console.print(f"all_reduce bus bandwidth (best): {profile.collective_bus_bytes_per_s / 1e9:,.2f} GB/s")
+    if profile.fsdp_unit_seconds:
+        console.print(f"one FSDP unit, forward + backward beyond its compute: {profile.fsdp_unit_seconds * 1e3:,.2f} ms")
     for note in profile.notes:
         console.print(f"note: {note}")
     console.print(f"wrote {path}")

@@ -23,6 +23,13 @@ GEMM (T × V/t × h) and the cross-entropy over T·V/t fp32 logits are timed apa
 sit on the first and last pipeline stages. The optimizer step is memory-bound over the
 parameters a rank owns.
 
+On a CPU with a measured profile (`flopwise calibrate`), the operators that are not GEMMs
+are timed as that profile measured them rather than as bytes over bandwidth: eager PyTorch
+on a CPU runs each norm, activation, rotary embedding and residual add as several unfused
+kernels whose cost per element the profile holds (forward + backward: 1/3 forward, 2/3
+backward), the cross-entropy per logit, the fused attention at its measured FLOP/s for the
+sequence and head size, and the optimizer step per parameter.
+
 Everything is closed-form per layer and cached by shape, so a layout search can call it
 thousands of times.
 """
@@ -73,6 +80,14 @@ class EndTimes:
 _LAYER_CACHE: dict[tuple, tuple[ModelSpec, LayerTimes]] = {}
 _END_CACHE: dict[tuple, tuple[ModelSpec, EndTimes]] = {}
 CACHE_LIMIT = 100_000  # entries; a cache this full is dropped and refilled
+
+
+def measured_cpu(rates: DeviceRates, what: str):
+    """A CPU profile's operator measurement `what` (a table or method), or None: on GPUs,
+    without a profile, or under a flat efficiency the op model keeps its bytes-and-bandwidth form."""
+    if rates.curve.family != "cpu" or rates.profile is None or rates.efficiency is not None:
+        return None
+    return getattr(rates.profile, what, None) or None
 
 
 def _gemm_fwd_bwd(rates: DeviceRates, m: int, n: int, k: int, e: float, count: float = 1.0) -> tuple[float, float, float]:
@@ -140,7 +155,12 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     # ---- attention core
     heads = a // tp
     causal = 0.5 if model.arch == "decoder" else 1.0
-    if flash and rates.efficiency is not None:
+    attention_rate = measured_cpu(rates, "attention_flops_per_s")
+    rate = attention_rate(s, d, "fp32" if precision == "tf32" else precision) if attention_rate else None
+    if flash and rate:
+        work = 4.0 * b * heads * s * s * d * causal
+        attn_f, attn_b = work / rate, 2.5 * work / rate
+    elif flash and rates.efficiency is not None:
         # a flat efficiency applies to the FLOPs as the planner counts them (full s×s, backward 2×)
         work = 4.0 * b * heads * s * s * d
         attn_f = rates.attention_seconds(work, s, backward=False)
@@ -175,6 +195,12 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         kernels += 4
     mem_f = rates.memory_seconds(T * per_token, kernels)
     mem_b = rates.memory_seconds(2.0 * T * per_token, 1.5 * kernels)
+    measured = _measured_elementwise(model, rates, T, hs, f * (topk if experts > 1 else 1) / tp, (a + g) * d / tp)
+    if measured is not None:
+        unmeasured = per_token - _elementwise_bytes(model, hs, f * (topk if experts > 1 else 1) / tp,
+                                                     (a + g) * d / tp, e)
+        mem_f = measured / 3.0 + rates.memory_seconds(T * unmeasured, 0)
+        mem_b = 2.0 * measured / 3.0 + rates.memory_seconds(2.0 * T * unmeasured, 0)
 
     forward = fwd_g + attn_f + mem_f
     backward = dgrad_g + wgrad_g + attn_b + mem_b
@@ -192,6 +218,28 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         gemm=fwd_g + dgrad_g + wgrad_g + extra_g, attention=attn_f + attn_b + extra_a,
         memory_bound=mem_f + mem_b + extra_m, wgrad=wgrad_g, forward_gemm=fwd_g,
     )
+
+
+def _measured_elementwise(model, rates: DeviceRates, T: int, hs: float, act: float, rope: float) -> float | None:
+    """Forward + backward seconds of one layer's norms, residual adds, activation and rotary
+    embedding from a CPU profile's per-element timings, or None when it has none of them."""
+    table = measured_cpu(rates, "op_seconds_per_element")
+    act_key = "swiglu" if model.mlp == "swiglu" else "gelu"
+    needed = ("norm", "add", act_key) + (("rope",) if model.position == "rope" else ())
+    if not table or any(key not in table for key in needed):
+        return None
+    seconds = model.norms_per_layer * hs * table["norm"] + 2 * hs * table["add"] + act * table[act_key]
+    if model.position == "rope":
+        seconds += rope * table["rope"]
+    return T * seconds
+
+
+def _elementwise_bytes(model, hs: float, act: float, rope: float, e: float) -> float:
+    """Bytes per token of the operators `_measured_elementwise` times (the rest stays bytes / bandwidth)."""
+    per_token = model.norms_per_layer * 2 * hs * e + 2 * 3 * hs * e + (3 if model.mlp == "swiglu" else 2) * act * e
+    if model.position == "rope":
+        per_token += 2 * rope * e
+    return per_token
 
 
 def full_recompute_share(recompute: str) -> float:
@@ -221,6 +269,11 @@ def _end_times(model, s, b, tp, sp, precision, rates: DeviceRates) -> EndTimes:
     fw, dg, wg = _gemm_fwd_bwd(rates, T, vt, h, e)
     loss = rates.memory_seconds(T * vt * (CROSS_ENTROPY_BYTES + 2 * e), 4)
     final_norm = rates.memory_seconds(T * hs * e * 6, 2)
+    table = measured_cpu(rates, "op_seconds_per_element") or {}
+    if "cross_entropy" in table:
+        loss = T * vt * table["cross_entropy"]
+    if "norm" in table:
+        final_norm = T * hs * table["norm"]
     return EndTimes(embedding=embedding, head=fw + dg + wg + loss + final_norm)
 
 
@@ -236,7 +289,11 @@ def optimizer_seconds(params_owned: float, grad_bytes: float, weight_bytes: floa
 
     Fused AdamW (Megatron/apex, DeepSpeed): fp32 master, m, v read and written once (24 B);
     PyTorch's foreach AdamW (FSDP runs) makes eight passes (80 B). Plus the gradient read (and
-    read again for the clipping norm, and written when zeroed), and the 16-bit weight written."""
+    read again for the clipping norm, and written when zeroed), and the 16-bit weight written.
+    A CPU profile's measured step (foreach AdamW with clipping, per parameter) replaces this."""
+    measured = (measured_cpu(rates, "optimizer_seconds_per_param") or {}).get(optimizer)
+    if measured:
+        return params_owned * measured
     if optimizer == "adamw":
         state = ADAM_BYTES_PER_PARAM if fused else FOREACH_ADAMW_BYTES_PER_PARAM
     else:

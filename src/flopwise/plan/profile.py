@@ -4,7 +4,8 @@ The planner's time model reads a profile instead of datasheet curves when one is
 (`flopwise plan --profile PATH`, and the trainer's own prediction). Standard library only,
 so the planner stays torch-free and cheap to import.
 
-What a profile holds (JSON, `schema_version` 1):
+What a profile holds (JSON, `schema_version` 2; a version-1 file still loads, without the
+operator timings below):
 
 - GEMM points per dtype: C[M,N] = A[M,K]·B[K,N] as (m, n, k, achieved FLOP/s), timed as
   `torch.nn.functional.linear` (the call a model's layers make);
@@ -12,6 +13,14 @@ What a profile holds (JSON, `schema_version` 1):
 - optionally the fixed time of one tiny operator (dispatch and launch: what each of a
   step's many small element-wise kernels pays whatever its size);
 - optionally collectives (op, world size, bytes, bus bandwidth as nccl-tests defines it);
+- optionally (CPU) the operators a step runs besides its GEMMs, each forward + backward as
+  autograd runs them: seconds per element of the element-wise ones (`norm`, `swiglu`,
+  `gelu`, `add`, `rope`; `cross_entropy` per logit), the fused attention's FLOP/s per dtype
+  (FLOPs counted as `plan/ops.py` counts them), and the optimizer step per parameter
+  (`adamw`: the trainer's foreach AdamW plus gradient clipping);
+- optionally (CPU, several processes) the time one FSDP-wrapped unit of tiny weights adds to
+  a forward + backward: the framework's per-unit work (hooks, gathers into and out of flat
+  buffers) plus the latency of its two all-gathers and one reduce-scatter;
 - where and how: device name and kind, threads per process, processes measured at once,
   torch version, host, date.
 
@@ -34,7 +43,9 @@ from pathlib import Path
 
 from flopwise.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 lacks the operator timings; the trainer re-measures it
+ELEMENTWISE_OPS = ("norm", "swiglu", "gelu", "add", "rope", "cross_entropy")
 NEAREST = 4  # points the interpolation weighs
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
@@ -61,6 +72,18 @@ class CollectivePoint:
 
 
 @dataclass(frozen=True)
+class AttentionPoint:
+    """One timed fused causal attention, forward + backward, at sequence `seq` and head size
+    `head_dim`; FLOPs counted as `plan/ops.py` counts them (forward 2·s²·d per head, causal;
+    backward 2.5× the forward)."""
+
+    dtype: str
+    seq: int
+    head_dim: int
+    flops_per_s: float
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     """Measured speeds of one device (one process's share of it on a CPU)."""
 
@@ -70,6 +93,10 @@ class DeviceProfile:
     memory_bandwidth_bytes_per_s: float
     collectives: tuple[CollectivePoint, ...] = ()
     kernel_overhead_seconds: float | None = None  # one tiny operator, start to end
+    op_seconds_per_element: dict[str, float] = field(default_factory=dict, hash=False)  # forward + backward, fp32
+    attention: tuple[AttentionPoint, ...] = ()  # fused attention, forward + backward
+    optimizer_seconds_per_param: dict[str, float] = field(default_factory=dict, hash=False)  # step + clipping
+    fsdp_unit_seconds: float | None = None  # one FSDP unit's forward + backward beyond its compute
     threads: int | None = None  # torch threads per process while measuring
     processes: int = 1  # processes that measured at the same time (they share a CPU)
     torch_version: str = ""
@@ -124,6 +151,42 @@ class DeviceProfile:
         rates = [c.bus_bytes_per_s for c in self.collectives if c.op == "all_reduce"]
         return max(rates) if rates else None
 
+    def attention_flops_per_s(self, seq: int, head_dim: int, dtype: str) -> float | None:
+        """Fused attention FLOP/s (forward + backward) at (seq, head_dim), inverse-distance
+        weighted over the measured points in (log seq, log head_dim) like GEMMs; sequences
+        beyond the measured range take the nearest measured rate. None when not measured."""
+        points = [p for p in self.attention if p.dtype == dtype]
+        if not points:
+            return None
+        longest = max(p.seq for p in points)
+        where = (math.log(max(1, min(seq, longest))), math.log(max(1, head_dim)))
+        scored = sorted((((where[0] - math.log(p.seq)) ** 2 + (where[1] - math.log(p.head_dim)) ** 2, p)
+                         for p in points), key=lambda item: item[0])[:NEAREST]
+        if scored[0][0] == 0.0:
+            return scored[0][1].flops_per_s
+        weights = [1.0 / d2 for d2, _ in scored]
+        return sum(w * p.flops_per_s for w, (_, p) in zip(weights, scored)) / sum(weights)
+
+    def collective_seconds(self, op: str, size_bytes: float, world_size: int | None = None) -> float | None:
+        """Seconds of one `op` over the whole-array `size_bytes` (nccl-tests sizes), from the
+        measured points of that op (and world size, when given), or None when none was measured.
+
+        Time is interpolated linearly in size between measured sizes; below the smallest it is
+        the smallest's time (per-call latency dominates), above the largest it grows at the
+        largest's bandwidth."""
+        points = sorted((c for c in self.collectives if c.op == op
+                         and (world_size is None or c.world_size == world_size)), key=lambda c: c.size_bytes)
+        if not points or size_bytes <= 0:
+            return None if not points else 0.0
+        times = [(c.size_bytes, c.size_bytes * _bus_factor(op, c.world_size) / c.bus_bytes_per_s) for c in points]
+        if size_bytes <= times[0][0]:
+            return times[0][1]
+        for (s0, t0), (s1, t1) in zip(times, times[1:]):
+            if size_bytes <= s1:
+                return t0 + (t1 - t0) * (size_bytes - s0) / (s1 - s0)
+        last_size, last_time = times[-1]
+        return last_time * size_bytes / last_size
+
     # ------------------------------------------------------------------ JSON
 
     def to_dict(self) -> dict:
@@ -131,6 +194,9 @@ class DeviceProfile:
         gemm: dict[str, list[list[float]]] = {}
         for p in self.gemm:
             gemm.setdefault(p.dtype, []).append([p.m, p.n, p.k, p.flops_per_s])
+        attention: dict[str, list[list[float]]] = {}
+        for p in self.attention:
+            attention.setdefault(p.dtype, []).append([p.seq, p.head_dim, p.flops_per_s])
         return {
             "schema_version": self.schema_version,
             "device": self.device,
@@ -143,6 +209,10 @@ class DeviceProfile:
             "gemm_flops_per_s": gemm,
             "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
             "kernel_overhead_seconds": self.kernel_overhead_seconds,
+            "op_seconds_per_element": dict(self.op_seconds_per_element),
+            "attention_flops_per_s": attention,
+            "optimizer_seconds_per_param": dict(self.optimizer_seconds_per_param),
+            "fsdp_unit_seconds": self.fsdp_unit_seconds,
             "collectives": [asdict(c) for c in self.collectives],
             "notes": list(self.notes),
         }
@@ -162,9 +232,9 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
     if not isinstance(data, dict):
         raise UserError(f"{where}: not a JSON object")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise UserError(f"{where}: schema_version {version!r} is not {SCHEMA_VERSION}; "
-                        "measure it again with `flopwise calibrate`")
+    if version not in READABLE_VERSIONS:
+        raise UserError(f"{where}: schema_version {version!r} is not one of "
+                        f"{', '.join(map(str, READABLE_VERSIONS))}; measure it again with `flopwise calibrate`")
     device = data.get("device")
     kind = data.get("device_kind")
     if not isinstance(device, str) or not device:
@@ -199,6 +269,22 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
     overhead = data.get("kernel_overhead_seconds")
     if overhead is not None and (not _number(overhead) or overhead <= 0):
         raise UserError(f"{where}: 'kernel_overhead_seconds' must be a number > 0 or null, got {overhead!r}")
+    elementwise = _rates(data, "op_seconds_per_element", where, ELEMENTWISE_OPS)
+    attention = []
+    table = data.get("attention_flops_per_s") or {}
+    if not isinstance(table, dict):
+        raise UserError(f"{where}: 'attention_flops_per_s' must map a dtype to [seq, head_dim, flops_per_s] rows")
+    for dtype, rows in table.items():
+        if dtype not in DTYPES or not isinstance(rows, list):
+            raise UserError(f"{where}: attention_flops_per_s.{dtype} must be a dtype's list of [seq, head_dim, flops_per_s]")
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 3 and all(_number(v) and v > 0 for v in row)):
+                raise UserError(f"{where}: attention_flops_per_s.{dtype} row {row!r} is not [seq, head_dim, flops_per_s] > 0")
+            attention.append(AttentionPoint(dtype, int(row[0]), int(row[1]), float(row[2])))
+    optimizer = _rates(data, "optimizer_seconds_per_param", where, ("adamw",))
+    unit = data.get("fsdp_unit_seconds")
+    if unit is not None and (not _number(unit) or unit <= 0):
+        raise UserError(f"{where}: 'fsdp_unit_seconds' must be a number > 0 or null, got {unit!r}")
     threads = data.get("threads")
     if threads is not None and not (isinstance(threads, int) and threads >= 1):
         raise UserError(f"{where}: 'threads' must be an integer >= 1 or null, got {threads!r}")
@@ -207,7 +293,8 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
         raise UserError(f"{where}: 'processes' must be an integer >= 1, got {processes!r}")
     return DeviceProfile(
         device=device, device_kind=kind, gemm=tuple(points), memory_bandwidth_bytes_per_s=float(bandwidth),
-        collectives=tuple(collectives), kernel_overhead_seconds=overhead, threads=threads, processes=processes,
+        collectives=tuple(collectives), kernel_overhead_seconds=overhead, op_seconds_per_element=elementwise,
+        attention=tuple(attention), optimizer_seconds_per_param=optimizer, fsdp_unit_seconds=unit, threads=threads, processes=processes,
         torch_version=str(data.get("torch_version", "")), host=str(data.get("host", "")),
         created=str(data.get("created", "")), schema_version=version,
         notes=tuple(str(n) for n in data.get("notes") or ()),
@@ -226,6 +313,28 @@ def load_profile(path: str | Path) -> DeviceProfile:
         reason = str(err).splitlines()[0] if str(err) else err.__class__.__name__
         raise UserError(f"--profile: {path} is not valid JSON ({reason})") from None
     return profile_from_dict(data, f"--profile {path}")
+
+
+def _rates(data: dict, name: str, where: str, keys: tuple[str, ...]) -> dict[str, float]:
+    """An optional {key: number > 0} table of a profile (empty when absent: version 1 files)."""
+    table = data.get(name) or {}
+    if not isinstance(table, dict):
+        raise UserError(f"{where}: '{name}' must map a name to a number > 0")
+    for key, value in table.items():
+        if key not in keys:
+            raise UserError(f"{where}: {name}.{key} is not one of {', '.join(keys)}")
+        if not _number(value) or value <= 0:
+            raise UserError(f"{where}: {name}.{key} must be a number > 0, got {value!r}")
+    return {key: float(value) for key, value in table.items()}
+
+
+def _bus_factor(op: str, n: int) -> float:
+    """busbw / algbw (nccl-tests doc/PERFORMANCE.md): 2(n-1)/n for all-reduce, (n-1)/n for gathers."""
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0
 
 
 def _number(value: object) -> bool:

@@ -28,7 +28,9 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
 - optimizer step: memory-bound over the parameters this rank owns (1/dp of them with ZeRO).
 - hidden communication is not free: compute slows by OVERLAP_SLOWDOWN × the hidden time
   (NCCL's thread blocks occupy SMs while they run).
-- on a CPU, collectives run on the cores the compute needs: no DP overlap is credited.
+- on a CPU, collectives run on the cores the compute needs: no DP overlap is credited;
+  with a measured profile each collective call is charged its measured time on this
+  machine (gloo), unit by unit for FSDP, bucket by bucket for DDP (`comm.measured_dp_seconds`).
 
 MFU = model FLOPs per second / (devices × peak) (Chowdhery et al. 2022, App. B).
 """
@@ -246,6 +248,14 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
                 dp_exposed += max(gather - forward_window, gather / buckets) if overlapped else gather
             dp_wire = reduce + gather
 
+    measured = ops.measured_cpu(rates, "collective_seconds")
+    if dp > 1 and measured is not None:
+        timed = cm.measured_dp_seconds(measured, dp, zero, inputs.framework, grads, weights,
+                                       fsdp_units(model, layers_busiest, busiest, pp, tp, psi), m,
+                                       DDP_BUCKET_BYTES, getattr(rates.profile, "fsdp_unit_seconds", None))
+        if timed is not None:
+            dp_exposed = dp_wire = timed
+
     # optimizer step and offload
     optimizer, offload_seconds = optimizer_and_offload(lay, work.optimizer, inputs, rates)
 
@@ -290,6 +300,23 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         cm.LINK_EFFICIENCY,
     )
     return time, comm
+
+
+def fsdp_units(model, layers: int, stage: int, pp: int, tp: int, params: float) -> tuple[float, ...]:
+    """Shares of a rank's weights in each unit that FSDP wraps and gathers on its own: one per
+    transformer layer, the embedding on the first stage and the output head on the last (the
+    trainer's `fully_shard` of each block, embedding and head)."""
+    ends = []
+    end_params = model.vocab_size * model.hidden / tp
+    if stage == 0:
+        ends.append(end_params)
+    if stage == pp - 1 and not (model.tied_embeddings and pp == 1):
+        ends.append(end_params)
+    layer_params = max(0.0, params - sum(ends)) / max(1, layers)
+    total = sum(ends) + layer_params * layers
+    if total <= 0:
+        return (1.0,)
+    return tuple(p / total for p in ends) + (layer_params / total,) * layers
 
 
 def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: DeviceRates) -> tuple[float, float]:
