@@ -235,7 +235,7 @@ def measure_operators(device: torch.device, budget: Budget) -> dict[str, float]:
     in fp32 (per logit for cross-entropy); empty when the budget has none (CUDA)."""
     if not budget.op_tokens:
         return {}
-    from flopwise.train.model import apply_rotary, rotary_tables
+    from flopwise.rotary import apply_rotary, rotary_tables
 
     T, h = budget.op_tokens, OP_WIDTH
 
