@@ -294,8 +294,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         compute += m * ends.embedding
     if busiest == pp - 1:
         compute += m * ends.head
-    tp_exposed = m * layers_busiest * tp_layer
-    tp_exposed += m * ((embedding_tp if busiest == 0 else 0.0) + (head_tp if busiest == pp - 1 else 0.0))
+    ends_tp = m * ((embedding_tp if busiest == 0 else 0.0) + (head_tp if busiest == pp - 1 else 0.0))
+    tp_exposed = m * layers_busiest * tp_layer + ends_tp
     exposed = tp_exposed + pp_exposed + dp_exposed
     bubble_seconds = pipeline - m * t_max
     units_per_step = float(lay.global_batch_size) * s
@@ -322,7 +322,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     )
     comm = CommEstimate(
         dp_bytes, tp_bytes, pp_bytes,
-        dp_wire, n_coll * one * mb_layers, pp_wire,
+        dp_wire, n_coll * one * mb_layers + ends_tp, pp_wire,
         cm.link_name(links, dp, tp), cm.link_name(links, tp, 1), cm.link_name(links, pp, tp * dp),
         cm.LINK_EFFICIENCY,
     )
