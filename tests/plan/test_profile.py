@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from flopwise.errors import UserError
+from flopwise.plan import comm, step_comm
 from flopwise.plan.planner import build_runspec, plan
-from flopwise.plan import comm
 from flopwise.plan.profile import (
     AttentionPoint,
     CollectivePoint,
@@ -88,19 +88,24 @@ def test_attention_rates_interpolate_and_hold_beyond_the_longest_sequence():
     assert profile.attention_flops_per_s(128, 32, "fp16") is None
 
 
-def test_fsdp_charges_each_unit_gathered_twice_and_reduced_once_per_step():
+def test_fsdp_charges_each_unit_as_often_as_the_step_gathers_and_reduces_it():
     def seconds(op, nbytes, world):
         return {"all_gather": 1e-3, "reduce_scatter": 2e-3, "all_reduce": 3e-3}[op] + nbytes / 1e9
 
     units = (0.5, 0.25, 0.25)
-    fsdp = comm.measured_dp_seconds(seconds, 2, 3, "fsdp", 8e6, 4e6, units, 2, 25 * 2**20)
+    twice = step_comm.zero3_collectives("fsdp", 1, 2, 0.0)  # 2 micro-batches, no root unit
+    fsdp = comm.measured_dp_seconds(seconds, 2, 3, 8e6, 4e6, units, twice, 25 * 2**20)
     assert fsdp == pytest.approx(2 * 2 * (3 * 1e-3 + 4e6 / 1e9) + (3 * 2e-3 + 8e6 / 1e9))
-    ddp = comm.measured_dp_seconds(seconds, 2, 0, "fsdp", 60 * 2**20, 0, units, 2, 25 * 2**20)
+    # a pipeline stage stays gathered across its micro-batches: one gather and one reduce per step
+    once = step_comm.zero3_collectives("fsdp", 2, 2, 0.0)
+    staged = comm.measured_dp_seconds(seconds, 2, 3, 8e6, 4e6, units, once, 25 * 2**20)
+    assert staged == pytest.approx((3 * 1e-3 + 4e6 / 1e9) + (3 * 2e-3 + 8e6 / 1e9))
+    ddp = comm.measured_dp_seconds(seconds, 2, 0, 60 * 2**20, 0, units, None, 25 * 2**20)
     assert ddp == pytest.approx(3 * (3e-3 + 20 * 2**20 / 1e9))  # three 20 MiB buckets
-    assert comm.measured_dp_seconds(lambda *a: None, 2, 3, "fsdp", 8e6, 4e6, units, 1, 1) is None
-    # a measured FSDP unit adds, per unit (and the root) and micro-batch, what its collectives' latency does not explain
+    assert comm.measured_dp_seconds(lambda *a: None, 2, 3, 8e6, 4e6, units, twice, 1) is None
+    # a measured FSDP unit adds, per unit (and the root) and forward, what its collectives' latency does not explain
     latency = 2 * (1e-3 + 1 / 1e9) + (2e-3 + 1 / 1e9)
-    with_units = comm.measured_dp_seconds(seconds, 2, 3, "fsdp", 8e6, 4e6, units, 2, 25 * 2**20, latency + 5e-4)
+    with_units = comm.measured_dp_seconds(seconds, 2, 3, 8e6, 4e6, units, twice, 25 * 2**20, latency + 5e-4)
     assert with_units - fsdp == pytest.approx(2 * 4 * 5e-4)
 
 

@@ -56,7 +56,16 @@ SCRIPT = textwrap.dedent('''
         op = dist.P2POp(dist.isend if dist.get_rank() == 0 else dist.irecv, t, 1 - dist.get_rank())
         for work in dist.batch_isend_irecv([op]):
             work.wait()
+    # the reported rank per dimension: the one that sends the most in it, all its kinds
+    from flopwise.train.distributed import DistEnv
+    from flopwise.train.loop import _largest_comm_bytes
+    rank = dist.get_rank()
+    env = DistEnv(rank, 2, rank, "gloo", torch.device("cpu"), True)
+    local = {"dp": {"all_gather": 10.0, "reduce_scatter": 1.0}} if rank == 0 else {
+        "dp": {"all_gather": 5.0, "reduce_scatter": 8.0}, "pp": {"send": 3.0}}
+    largest = _largest_comm_bytes(local, env)
     if dist.get_rank() == 0:
+        print(json.dumps(largest))
         print(json.dumps(meter.to_dict()))
     dist.destroy_process_group()
     sys.stdout.flush()
@@ -78,3 +87,6 @@ def test_fsdp2_gathers_and_scatters_and_a_send_are_counted(tmp_path):
     # each layer is gathered for forward and again for backward, half of it sent by each rank;
     # the gradients are reduce-scattered once; rank 0 sends 10 floats
     assert counted["dp"] == {"all_gather": weights, "reduce_scatter": weights / 2, "send": 40.0}
+    # rank 1 sends more over dp (13 bytes to 11): its kinds, not the largest of each kind over ranks
+    largest = json.loads(proc.stdout.strip().splitlines()[-2])
+    assert largest == {"dp": {"all_gather": 5.0, "reduce_scatter": 8.0}, "pp": {"send": 3.0}}

@@ -160,8 +160,8 @@ def p2p_seconds(links: Links, crosses_node: bool, nbytes: float) -> float:
     return nbytes / bps + (INTER_LATENCY_S if crosses_node else INTRA_LATENCY_S)
 
 
-def measured_dp_seconds(collective_seconds, dp: int, zero: int, framework: str, grads: float, weights: float,
-                        units: tuple[float, ...], micro_batches: int, bucket_bytes: float,
+def measured_dp_seconds(collective_seconds, dp: int, zero: int, grads: float, weights: float,
+                        units: tuple[float, ...], zero3, bucket_bytes: float,
                         fsdp_unit_seconds: float | None = None) -> float | None:
     """Seconds per step of data-parallel collectives from a profile's measured collective times
     (`DeviceProfile.collective_seconds(op, bytes, world)`), as the framework issues them; None
@@ -169,9 +169,9 @@ def measured_dp_seconds(collective_seconds, dp: int, zero: int, framework: str, 
     on the cores the compute needs and nothing hides behind it, so all of it is exposed.
 
     - ZeRO-3 / FSDP: every wrapped unit (`units`: its share of the weights, summing to 1) is
-      all-gathered before its forward and again before its backward in every micro-batch
-      (FSDP2, reshard_after_forward), and its gradients reduce-scattered once per step (every
-      micro-batch under DeepSpeed): one collective call per unit, each paying its size's time.
+      all-gathered and its gradients reduce-scattered as often as `zero3` (the step's
+      `step_comm.DpCollectives`, the one count the planner's bytes and GPU time use too) says:
+      one collective call per unit, each paying its size's time.
     - ZeRO-0 (DDP): an all-reduce per gradient bucket, once per step.
     - ZeRO-1/2: a reduce-scatter of the gradients and an all-gather of the updated weights.
     """
@@ -184,11 +184,11 @@ def measured_dp_seconds(collective_seconds, dp: int, zero: int, framework: str, 
         reduces = [timed("reduce_scatter", share * grads) for share in units]
         if None in gathers or None in reduces:
             return None
-        per_step = micro_batches if framework == "deepspeed" else 1
-        seconds = micro_batches * 2.0 * sum(gathers) + per_step * sum(reduces)
+        gather_rounds = zero3.forward_gathers + zero3.backward_gathers * zero3.backward_share
+        seconds = gather_rounds * sum(gathers) + zero3.reductions * sum(reduces)
         if fsdp_unit_seconds:
             latency = 2.0 * (timed("all_gather", 1.0) or 0.0) + (timed("reduce_scatter", 1.0) or 0.0)
-            seconds += micro_batches * (len(units) + 1) * max(0.0, fsdp_unit_seconds - latency)
+            seconds += zero3.forward_gathers * (len(units) + 1) * max(0.0, fsdp_unit_seconds - latency)
         return seconds
     if zero == 0:
         buckets = max(1, math.ceil(grads / bucket_bytes))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec
 from flopwise.plan.params import ParamCount
+from flopwise.plan.step_comm import zero3_collectives
 
 GIB = 2**30
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP default bucket_cap_mb = 25 (MiB)
@@ -97,21 +98,15 @@ def framework_state_bytes(precision: str, optimizer: str, framework: str, zero_s
 
 
 def zero3_gathers_per_step(framework: str, pp: int, micro_batches: int) -> int:
-    """All-gathers of a ZeRO-3 rank's weights per optimizer step, by framework convention
-    (for the communication model; memory follows the same conventions).
-
-    - fsdp: FSDP2 re-gathers for forward and again for backward on every micro-batch
-      (`reshard_after_forward=True`), 2·m; under pipelining torchtitan keeps a stage's
-      weights gathered across its micro-batches (`reshard_after_forward=False`): once.
-    - deepspeed: ZeRO-3 gathers each layer for forward and for backward per micro-batch, 2·m.
-    - megatron: its distributed optimizer (ZeRO-1) all-gathers the updated weights once per
-      step; it has no per-micro-batch gathers.
+    """All-gathers of a ZeRO-3 rank's weights per optimizer step, by framework convention:
+    the count `step_comm.zero3_collectives` gives the time and traffic models (FSDP2 2·m,
+    once per step inside a pipeline stage; DeepSpeed 2·m); Megatron's distributed optimizer
+    (ZeRO-1) all-gathers the updated weights once per step.
     """
     if framework == "megatron":
         return 1
-    if framework == "fsdp" and pp > 1:
-        return 1
-    return 2 * micro_batches
+    gathers = zero3_collectives(framework, pp, micro_batches, 0.0)
+    return gathers.forward_gathers + gathers.backward_gathers
 
 
 def activation_dtype_bytes(precision: str) -> float:

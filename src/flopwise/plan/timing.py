@@ -17,14 +17,18 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
 - data parallel: gradients are reduced in buckets while the last micro-batch's backward
   runs; what is exposed is what does not fit in that backward, and at least the last
   bucket. ZeRO-1/2 also all-gather the updated weights after the optimizer step (exposed);
-  ZeRO-3 gathers weights for every micro-batch's forward and backward, prefetched behind
-  compute one unit ahead (the first unit's gather is exposed), and reduces gradients
-  once per step (FSDP2 without gradient sync on accumulation micro-batches) or every
-  micro-batch (DeepSpeed ZeRO-3, framework "deepspeed"). ZeRO-1/2's weight all-gather
+  ZeRO-3 gathers weights before forwards and backwards, prefetched behind compute one
+  unit ahead (the first unit's gather is exposed), and reduces gradients once per step or
+  every micro-batch: how often is `step_comm.zero3_collectives` (FSDP2's root once a
+  micro-batch, a pipeline stage once a step, DeepSpeed every micro-batch), the one count
+  the predicted bytes read too. HSDP gathers within its shard group and all-reduces the
+  reduced shard across replicas. ZeRO-1/2's weight all-gather
   after the step hides behind the next forward (FSDP, Megatron --overlap-param-gather)
   except under DeepSpeed, which runs it at the end of the step.
 - pipeline point-to-point: an activation forward and a gradient backward per micro-batch
-  and chunk boundary, on the critical path.
+  and chunk boundary, on the critical path; the bytes are the busiest device's sends.
+- tensor parallel at the ends (`step_comm.tp_ends`): the embedding's output all-reduce, the
+  head's input collectives and (flopwise's trainer) the logits' all-gather, on the end devices.
 - optimizer step: memory-bound over the parameters this rank owns (1/dp of them with ZeRO).
 - hidden communication is not free: compute slows by OVERLAP_SLOWDOWN × the hidden time
   (NCCL's thread blocks occupy SMs while they run).
@@ -43,8 +47,10 @@ from functools import lru_cache
 
 from flopwise.plan import comm as cm
 from flopwise.plan import ops
+from flopwise.plan import step_comm as sc
 from flopwise.plan.comm import CommEstimate, Links
 from flopwise.plan.gemm import DeviceRates
+from flopwise.plan.params import count_params
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (bucket_cap_mb=25)."""
@@ -180,32 +186,58 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     split = split_layers(model.n_layers, pp, v)
     per_layer = layer.total + tp_layer
+    # the embedding's and head's tensor-parallel collectives (`step_comm.tp_ends`), per micro-batch
+    pc = count_params(model)
+    ends_comm = sc.tp_ends(inputs.framework, sp, message, s * b * model.vocab_size * e, s * b)
+    embedding_tp = _collective_seconds(links, tp, ends_comm.embedding)
+    head_tp = _collective_seconds(links, tp, ends_comm.head)
     device_mb = []
     for dev, chunks in enumerate(split):
         t = sum(chunks) * per_layer
         if dev == 0:
-            t += ends.embedding
+            t += ends.embedding + embedding_tp
         if dev == pp - 1:
-            t += ends.head
+            t += ends.head + head_tp
         device_mb.append(t)
     t_max = max(device_mb)
     pipeline = m * t_max + (sum(device_mb) - t_max) / v
     busiest = device_mb.index(t_max)
     layers_busiest = sum(split[busiest])
 
-    # pipeline point-to-point
+    # tensor-parallel bytes of the device that sends the most: its layers and ends, and with
+    # sequence parallelism the all-reduce of the norms' weight gradients (replicated over tp;
+    # DTensor reduces them every backward, Megatron once per step)
+    tp_bytes = 0.0
+    if tp > 1:
+        norm_reductions = m if inputs.framework == "fsdp" else 1
+        for dev, chunks in enumerate(split):
+            sent = m * sum(chunks) * n_coll * cm.ring_all_reduce_bytes(tp, message)
+            norms = sum(chunks) * pc.norms_per_layer
+            if dev == 0:
+                sent += m * sc.tp_collective_bytes(tp, ends_comm.embedding)
+            if dev == pp - 1:
+                sent += m * sc.tp_collective_bytes(tp, ends_comm.head)
+                norms += pc.final_norm
+            if sp:
+                sent += norm_reductions * cm.ring_all_reduce_bytes(tp, norms * inputs.grad_bytes)
+            tp_bytes = max(tp_bytes, sent)
+
+    # pipeline point-to-point: the busiest device's sends (`step_comm.pipeline_sends`)
     pp_bytes = pp_wire = pp_exposed = 0.0
     if pp > 1:
         p2p_message = message / (tp if sp else 1)
         crosses = tp * dp >= per_node
         t_p2p = cm.p2p_seconds(links, crosses, p2p_message)
-        pp_bytes = 2.0 * p2p_message * m * v
-        pp_wire = 2.0 * m * v * t_p2p
+        sends = m * sc.pipeline_sends(pp, v)
+        pp_bytes = sends * p2p_message
+        pp_wire = sends * t_p2p
         pp_exposed = 2.0 * (m * v + pp - 1) * t_p2p
 
-    # data parallel
+    # data parallel: the device whose weights are the largest (under a pipeline, an end stage)
     zero = lay.zero_stage
     psi = inputs.params_per_rank
+    if pp > 1:
+        psi = max(sc.device_params(pc, split, dev, model.tied_embeddings) for dev in range(pp)) / tp
     grads = psi * inputs.grad_bytes
     weights = psi * inputs.weight_bytes
     backward_window = layers_busiest * (layer.backward + layer.recompute)
@@ -216,19 +248,23 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     dp_exposed = dp_wire = dp_bytes = 0.0
     if dp > 1:
         if zero >= 3:
-            gather = cm.reduce_scatter_seconds(links, dp, tp, weights)
-            reduce = cm.reduce_scatter_seconds(links, dp, tp, grads)
+            shard = lay.shard_group
+            replicate = max(1, dp // shard)
+            root = sc.fsdp_root_params(pc, model.vocab_size, model.hidden, model.tied_embeddings) / tp
+            gathers = sc.zero3_collectives(inputs.framework, pp, m, min(1.0, root / psi) if psi else 0.0)
+            gather = cm.reduce_scatter_seconds(links, shard, tp, weights)
+            reduce = (cm.reduce_scatter_seconds(links, shard, tp, grads)
+                      + cm.all_reduce_seconds(links, replicate, tp * shard, grads / shard))
             units = max(1, layers_busiest)
-            reduce_each = inputs.framework == "deepspeed"
-            per_mb_bwd = gather + (reduce if reduce_each else 0.0)
-            exposed_fwd = max(gather - forward_window, gather / units)
-            exposed_bwd = max(per_mb_bwd - backward_window, per_mb_bwd / units)
-            dp_exposed = m * (exposed_fwd + exposed_bwd)
-            if not reduce_each:
+            per_fwd = gather
+            per_bwd = gather * gathers.backward_share + (reduce if gathers.reduce_each_micro_batch else 0.0)
+            dp_exposed = (gathers.forward_gathers * max(per_fwd - forward_window, per_fwd / units)
+                          + gathers.backward_gathers * max(per_bwd - backward_window, per_bwd / units))
+            if not gathers.reduce_each_micro_batch:
                 dp_exposed += max(reduce - backward_window, reduce / units)
-            dp_wire = m * (2 * gather) + (m if reduce_each else 1) * reduce
-            dp_bytes = (cm.ring_all_gather_bytes(dp, weights) * 2 * m
-                        + cm.ring_all_gather_bytes(dp, grads) * (m if reduce_each else 1))
+            dp_wire = ((gathers.forward_gathers + gathers.backward_gathers * gathers.backward_share) * gather
+                       + gathers.reductions * reduce)
+            dp_bytes = sc.zero3_bytes(gathers, shard, replicate, weights, grads)
         else:
             if zero == 0:
                 reduce = cm.all_reduce_seconds(links, dp, tp, grads)
@@ -250,8 +286,9 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     measured = ops.measured_cpu(rates, "collective_seconds")
     if dp > 1 and measured is not None:
-        timed = cm.measured_dp_seconds(measured, dp, zero, inputs.framework, grads, weights,
-                                       fsdp_units(model, layers_busiest, busiest, pp, tp, psi), m,
+        zero3 = gathers if zero >= 3 else None
+        timed = cm.measured_dp_seconds(measured, dp, zero, grads, weights,
+                                       fsdp_units(model, layers_busiest, busiest, pp, tp, psi), zero3,
                                        DDP_BUCKET_BYTES, getattr(rates.profile, "fsdp_unit_seconds", None))
         if timed is not None:
             dp_exposed = dp_wire = timed
@@ -268,7 +305,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         compute += m * ends.embedding
     if busiest == pp - 1:
         compute += m * ends.head
-    tp_exposed = m * layers_busiest * tp_layer
+    ends_tp = m * ((embedding_tp if busiest == 0 else 0.0) + (head_tp if busiest == pp - 1 else 0.0))
+    tp_exposed = m * layers_busiest * tp_layer + ends_tp
     exposed = tp_exposed + pp_exposed + dp_exposed
     bubble_seconds = pipeline - m * t_max
     units_per_step = float(lay.global_batch_size) * s
@@ -294,8 +332,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         exposed_comm_share=exposed / step if step else 0.0, stage_layers=describe_split(split),
     )
     comm = CommEstimate(
-        dp_bytes, cm.ring_all_reduce_bytes(tp, message) * n_coll * model.n_layers / pp * m, pp_bytes,
-        dp_wire, n_coll * one * mb_layers, pp_wire,
+        dp_bytes, tp_bytes, pp_bytes,
+        dp_wire, n_coll * one * mb_layers + ends_tp, pp_wire,
         cm.link_name(links, dp, tp), cm.link_name(links, tp, 1), cm.link_name(links, pp, tp * dp),
         cm.LINK_EFFICIENCY,
     )
@@ -317,6 +355,12 @@ def fsdp_units(model, layers: int, stage: int, pp: int, tp: int, params: float) 
     if total <= 0:
         return (1.0,)
     return tuple(p / total for p in ends) + (layer_params / total,) * layers
+
+
+def _collective_seconds(links: Links, tp: int, collectives) -> float:
+    """Seconds of (kind, full-buffer bytes) collectives over the tensor-parallel group."""
+    return sum((cm.all_reduce_seconds if kind == "all_reduce" else cm.reduce_scatter_seconds)(links, tp, 1, n)
+               for kind, n in collectives)
 
 
 def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: DeviceRates) -> tuple[float, float]:

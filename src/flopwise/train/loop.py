@@ -257,13 +257,23 @@ def _measured_summary(result: RunResult, env: DistEnv) -> dict:
 
 
 def _largest_comm_bytes(local: dict | None, env: DistEnv) -> dict | None:
-    """Collective bytes sent per step by dimension and kind, the largest over ranks (None: not metered)."""
+    """Collective bytes sent per step by dimension and kind (None: not metered): per dimension,
+    those of the rank that sends the most in it (the lowest such rank), so a dimension's
+    kinds add up to one rank's traffic, as the planner's busiest-rank figure does."""
     flags = all_reduce_max([0.0 if local is None else 1.0], env)
     if not flags[0]:
         return None
     local = local or {}
-    keys = [(dim, kind) for dim in comm_volume.DIMENSIONS for kind in comm_volume.KINDS]
-    values = all_reduce_max([float(local.get(dim, {}).get(kind, 0.0)) for dim, kind in keys], env)
+    dims = comm_volume.DIMENSIONS
+    totals = [float(sum(local.get(dim, {}).values())) for dim in dims]
+    largest = all_reduce_max(totals, env)
+    # the lowest rank among those sending the most: max of -rank over them
+    chosen = all_reduce_max([-float(env.rank) if t == top else -float(env.world_size)
+                             for t, top in zip(totals, largest)], env)
+    keys = [(dim, kind) for dim in dims for kind in comm_volume.KINDS]
+    mine = {dim: -c == env.rank for dim, c in zip(dims, chosen)}
+    values = all_reduce_max([float(local.get(dim, {}).get(kind, 0.0)) if mine[dim] else 0.0
+                             for dim, kind in keys], env)
     out: dict = {}
     for (dim, kind), value in zip(keys, values):
         if value:

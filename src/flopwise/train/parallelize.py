@@ -101,8 +101,12 @@ def parallelize_model(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConf
     if cfg.strategy == "pipeline":
         stages = apply_pipeline_stage(model, cfg, env, mesh)
         if shape is not None and shape.dp > 1:  # PP x FSDP2: each stage sharded over its data-parallel peers
+            # torch's schedule keeps a stage unsharded from its first backward to the last
+            # (`backward_maybe_with_nosync`): resharding after each forward would only gather
+            # the stage again for every micro-batch (torchtitan does not reshard under PP)
+            stage_cfg = cfg.model_copy(update={"fsdp_reshard_after_forward": False})
             for chunk in stages.chunks:
-                apply_fsdp(chunk, chunk.blocks, cfg, env, mp_policy, mesh, shape)
+                apply_fsdp(chunk, chunk.blocks, stage_cfg, env, mp_policy, mesh, shape)
         return stages
     return model  # single, deepspeed
 

@@ -1,0 +1,148 @@
+"""Which collectives one optimizer step runs on a rank, and how many bytes each moves.
+
+The one count that the step time (`timing.py`: seconds of each collective) and the
+predicted traffic (`CommEstimate.*_bytes`, compared with what a run meters in
+`train/comm_volume.py`) both read, so time and bytes cannot disagree on how many
+gathers happen. Bytes are what one rank sends on the ring model of `comm.py`.
+
+Conventions, per framework (what the trainer and the frameworks it is compared with do):
+
+- ZeRO-3 / FSDP2 (`framework="fsdp"`): every unit is all-gathered before each micro-batch's
+  forward and again before its backward (`reshard_after_forward=True`), except the root
+  unit, which is not resharded after forward (backward needs it at once; torchtitan, and
+  `train/parallelize.apply_fsdp`): it is gathered once per micro-batch. Gradients are
+  reduce-scattered once per step (no sync on accumulation micro-batches). Under a
+  pipeline, torch's schedule keeps a stage unsharded from its first backward to the last
+  (`PipelineStage.backward_maybe_with_nosync`) and the trainer does not reshard a stage
+  after forward (torchtitan's default under PP): one gather per step, one reduce-scatter
+  at the last micro-batch.
+- DeepSpeed ZeRO-3: every layer gathered for forward and for backward, gradients reduced
+  every micro-batch.
+- HSDP (`dp_replicate > 1`): gathers and reduce-scatters run over the shard group
+  (dp / dp_replicate ranks); the reduced shard is then all-reduced across the replicas
+  (Zhao et al. 2023, PyTorch FSDP §3.2.1).
+- The busiest rank: a pipeline's figures are those of the device that sends the most in
+  that dimension (a run reports its largest rank per dimension the same way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flopwise.plan import comm as cm
+from flopwise.plan.params import ParamCount
+
+FSDP_MIN_UNIT_PARAMS = 100_000
+"""The trainer's `parallel.fsdp_min_params` default: a non-block child (embedding, head)
+below it stays in FSDP2's root unit (`train/parallelize.apply_fsdp`)."""
+VOCAB_PARALLEL_LOSS_ALL_REDUCES = 3
+"""Megatron's vocab-parallel cross entropy: all-reduces of the per-token max, target logit
+and sum of exponentials, fp32 each (`megatron/core/tensor_parallel/cross_entropy.py`)."""
+
+
+@dataclass(frozen=True)
+class DpCollectives:
+    """ZeRO-3 collectives of one step on a rank, counted in full-weight (or full-gradient) buffers."""
+
+    forward_gathers: int  # all-gathers of the rank's weights before a forward
+    backward_gathers: int  # all-gathers before a backward
+    backward_share: float  # share of the weights a backward gather fetches (the root stays gathered)
+    reductions: int  # gradient reduce-scatters (then, under HSDP, all-reduces across replicas)
+    reduce_each_micro_batch: bool
+
+
+def zero3_collectives(framework: str, pp: int, micro_batches: int, root_share: float) -> DpCollectives:
+    """How often a ZeRO-3 rank gathers its weights and reduces its gradients per step (module docstring)."""
+    m = micro_batches
+    if framework == "deepspeed":
+        return DpCollectives(m, m, 1.0, m, True)
+    if pp > 1 and framework == "fsdp":
+        return DpCollectives(1, 0, 1.0, 1, False)
+    share = 1.0 - root_share if framework == "fsdp" else 1.0
+    return DpCollectives(m, m, share, 1, False)
+
+
+def fsdp_root_params(pc: ParamCount, vocab: int, hidden: int, tied: bool) -> float:
+    """Parameters FSDP2 keeps in the root unit: the final norm and other small terms, and the
+    embedding and head when they are shared (tied) or below the unit threshold."""
+    token = vocab * hidden
+    positions = pc.embedding - token  # learned positions / token types: another child
+    root = pc.final_norm + pc.other
+    if tied or token < FSDP_MIN_UNIT_PARAMS:
+        root += token
+    if 0 < positions < FSDP_MIN_UNIT_PARAMS:
+        root += positions
+    if 0 < pc.output_head < FSDP_MIN_UNIT_PARAMS:
+        root += pc.output_head
+    return float(root)
+
+
+def zero3_bytes(plan: DpCollectives, shard: int, replicate: int, weight_bytes: float, grad_bytes: float) -> float:
+    """Bytes one rank sends for a step's ZeRO-3 collectives (weight and gradient buffers of the rank)."""
+    gathers = plan.forward_gathers + plan.backward_gathers * plan.backward_share
+    per_reduction = (cm.ring_all_gather_bytes(shard, grad_bytes)
+                     + cm.ring_all_reduce_bytes(replicate, grad_bytes / shard))
+    return cm.ring_all_gather_bytes(shard, weight_bytes) * gathers + per_reduction * plan.reductions
+
+
+def device_params(pc: ParamCount, split: tuple[tuple[int, ...], ...], device: int, tied: bool) -> float:
+    """Parameters one pipeline device holds (before TP): its blocks, the embedding on the
+    first, the final norm and head (a second copy of a tied embedding) on the last."""
+    pp = len(split)
+    if pp == 1:
+        return float(pc.total)
+    params = float(sum(split[device]) * pc.per_layer)
+    if device == 0:
+        params += pc.embedding + pc.other
+    if device == pp - 1:
+        params += pc.final_norm + (pc.embedding if tied and not pc.output_head else pc.output_head)
+    return params
+
+
+@dataclass(frozen=True)
+class TpEnds:
+    """Tensor-parallel collectives of the embedding (first device) and head + loss (last
+    device) per micro-batch: (kind, full-buffer bytes) pairs, kind "all_reduce" or "all_gather"
+    (a reduce-scatter moves what an all-gather does)."""
+
+    embedding: tuple[tuple[str, float], ...]
+    head: tuple[tuple[str, float], ...]
+
+
+def tp_ends(framework: str, sequence_parallel: bool, message: float, logits: float, tokens: float) -> TpEnds:
+    """The end collectives (`message`: one s·b·h activation; `logits`: s·b·vocab).
+
+    The embedding is vocabulary-sharded: its output is all-reduced (flopwise's plan keeps it
+    replicated and slices it for sequence parallelism, whose backward all-gathers; Megatron
+    reduce-scatters it into the sequence shard). The head is column-parallel: its input
+    gradient is all-reduced, or with sequence parallelism its input all-gathered and the
+    gradient reduce-scattered. flopwise's head returns replicated logits (all-gathered,
+    `train/tensor_parallel.py`); Megatron's vocab-parallel loss all-reduces three floats a token.
+    """
+    if sequence_parallel:
+        first = ("all_reduce" if framework == "fsdp" else "all_gather", message)
+        embedding = (first, ("all_gather", message))
+        head = [("all_gather", message), ("all_gather", message)]
+    else:
+        embedding = (("all_reduce", message),)
+        head = [("all_reduce", message)]
+    if framework == "fsdp":
+        head.append(("all_gather", logits))
+    else:
+        head.extend([("all_reduce", 4.0 * tokens)] * VOCAB_PARALLEL_LOSS_ALL_REDUCES)
+    return TpEnds(embedding, tuple(head))
+
+
+def tp_collective_bytes(tp: int, collectives) -> float:
+    """Bytes one rank sends for (kind, full-buffer bytes) collectives over `tp` ranks."""
+    return sum(cm.ring_all_reduce_bytes(tp, n) if kind == "all_reduce" else cm.ring_all_gather_bytes(tp, n)
+               for kind, n in collectives)
+
+
+def pipeline_sends(pp: int, virtual: int) -> int:
+    """Activations and gradients the busiest device sends per micro-batch: each of its chunks
+    sends forward unless it is the last and backward unless it is the first; a middle
+    device sends both ways for all its chunks, with two devices each holds an end chunk."""
+    if pp == 1:
+        return 0
+    return 2 * virtual - 1 if pp == 2 else 2 * virtual
