@@ -74,6 +74,17 @@ def assert_matches(reference: dict[int, float], losses: dict[int, float], steps)
         assert losses[step] == pytest.approx(reference[step], rel=TOLERANCE), f"step {step}"
 
 
+def assert_planner_holds(run_dir: Path) -> None:
+    """The planner's per-rank memory and bytes sent per step for this very run, against the exact CPU counts."""
+    ratios = json.loads((run_dir / "predicted_vs_measured.json").read_text())["measured_over_predicted"]
+    for part in ("weights", "gradients", "optimizer", "activations", "total"):
+        assert 0.9 <= ratios[f"memory_{part}"] <= 1.1, (part, ratios)
+    comm = {key: value for key, value in ratios.items() if key.startswith("comm_") and value is not None}
+    assert comm, ratios  # a multi-process run meters one step's collectives
+    for key, value in comm.items():
+        assert 0.9 <= value <= 1.1, (key, ratios)
+
+
 def assert_resumes_exactly(config: dict, saved: Path, tmp_path: Path) -> None:
     """A fresh run directory resumed from `saved`'s step 5 repeats its steps 6-10 bit for bit."""
     resumed_dir = tmp_path / "resumed"
@@ -95,6 +106,7 @@ def test_tp2_x_fsdp2_matches_one_process_resumes_exactly_and_onto_fsdp4(corpus, 
     assert_matches(reference, mean_losses(run_dir), range(1, STEPS + 1))
     ranks = [metrics(run_dir, rank)[-1] for rank in range(4)]
     assert len({r["loss"] for r in ranks[:2]}) == 1  # tp peers see the same batch and loss
+    assert_planner_holds(run_dir)
     assert_resumes_exactly(config, run_dir, tmp_path)
 
     fsdp4 = mesh_config(corpus, tmp_path / "fsdp4", 2, strategy="fsdp", nproc_per_node=4)
@@ -110,6 +122,7 @@ def test_hsdp_2x2_matches_one_process_and_resumes_exactly(corpus, tmp_path, refe
     assert_matches(reference, mean_losses(run_dir), range(1, STEPS + 1))
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["inputs"]["layout"]["dp"] == 4
+    assert_planner_holds(run_dir)
     assert_resumes_exactly(config, run_dir, tmp_path)
 
 
@@ -142,10 +155,7 @@ def test_pipeline_composed_with_fsdp2_or_tp_matches_one_process_and_resumes_exac
     assert f"(mesh {shape})" in result.stdout
     run_dir = tmp_path / "pp"
     assert_matches(reference, mean_losses(run_dir), range(1, STEPS + 1))
-    # the planner's per-rank memory for this very run, against the exact CPU count
-    ratios = json.loads((run_dir / "predicted_vs_measured.json").read_text())["measured_over_predicted"]
-    for part in ("weights", "gradients", "optimizer", "activations", "total"):
-        assert 0.9 <= ratios[f"memory_{part}"] <= 1.1, (part, ratios)
+    assert_planner_holds(run_dir)
     assert_resumes_exactly(config, run_dir, tmp_path)
     if "pp" in layout:
         two = mesh_config(corpus, tmp_path / "pp2", 2, strategy="pipeline", nproc_per_node=2, pipeline_microbatches=4)
