@@ -7,6 +7,8 @@ difference is summation order, e.g. rotary halves vs pairs, fused vs separate q/
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -75,3 +77,12 @@ def test_rotary_permutation_moves_pairs_to_halves():
 def test_gpt2_with_grouped_query_attention_has_no_hf_class(tmp_path, tokenizer_file):
     with pytest.raises(UserError, match="GPT-2 has no grouped-query attention"):
         exported_logits(tmp_path, tokenizer_file, "model.kind=gpt2", "model.n_kv_heads=2")
+
+
+def test_exporting_a_missing_run_is_one_line_and_creates_nothing(tmp_path):
+    missing = tmp_path / "no-such-run"
+    done = subprocess.run([sys.executable, "-m", "flopwise", "export", str(missing)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: {missing}: no such run directory"
+    assert not missing.exists()  # the library log must not create RUN_DIR/export

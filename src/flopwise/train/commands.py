@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from flopwise.errors import UserError
+
 TRAIN_HELP = (
     "Train a model from a YAML config, with `key=value` overrides.\n\n"
     "With no config, trains the embedded default: a small LLaMA-style decoder on the Python standard "
@@ -102,6 +104,8 @@ def register_export(app: typer.Typer) -> None:
 
         from flopwise.train.library_noise import route_library_noise
 
+        if not Path(run_dir).is_dir():  # before the library log would create RUN_DIR/export
+            raise UserError(f"{run_dir}: no such run directory")
         route_library_noise(Path(out) if out else Path(run_dir) / "export", verbose)
         from flopwise.train.export import export_checkpoint
 
