@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-import yaml
+from tiny_runs import train_and_compare, write_corpus
 
 LAYOUTS = {
     "ddp 2": {"strategy": "ddp", "nproc_per_node": 2},
@@ -76,22 +73,15 @@ def main() -> None:
         results = json.loads(args.out.read_text())["layouts"]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        (root / "text").mkdir()
-        (root / "text" / "items.py").write_text(
-            "".join(f"class Item{i % 31}:\n    size = {i % 17}\n    name = 'item {i}'\n" for i in range(3000)))
+        write_corpus(root)
         for name, parallel in LAYOUTS.items():
             if args.only and name not in args.only:
                 continue
             cfg = config(root, name, parallel)
-            path = root / "config.yaml"
-            path.write_text(yaml.safe_dump(cfg))
-            env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            proc = subprocess.run([sys.executable, "-m", "flopwise", "train", str(path)], cwd=root, env=env,
-                                  capture_output=True, text=True, timeout=900)
-            if proc.returncode != 0:
-                results[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
+            comparison = train_and_compare(root, cfg)
+            if "error" in comparison:
+                results[name] = comparison
                 continue
-            comparison = json.loads((Path(cfg["logging"]["run_dir"]) / "predicted_vs_measured.json").read_text())
             results[name] = {
                 "parallel": parallel,
                 "predicted_bytes": comparison["predicted"]["memory_bytes"],

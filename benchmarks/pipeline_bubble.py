@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-import yaml
+from tiny_runs import train_and_compare, write_corpus
 
 WIDTHS = (32, 128, 256)
 STAGES, MICRO_BATCHES, STEPS = 2, 4, 8
@@ -49,20 +46,13 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        (root / "text").mkdir()
-        (root / "text" / "items.py").write_text(
-            "".join(f"class Item{i % 31}:\n    size = {i % 17}\n    name = 'item {i}'\n" for i in range(3000)))
+        write_corpus(root)
         for hidden in WIDTHS:
             cfg = config(root, hidden)
-            path = root / "config.yaml"
-            path.write_text(yaml.safe_dump(cfg))
-            env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            proc = subprocess.run([sys.executable, "-m", "flopwise", "train", str(path)], cwd=root, env=env,
-                                  capture_output=True, text=True, timeout=900)
-            if proc.returncode != 0:
-                rows.append({"hidden": hidden, "error": proc.stderr.strip().splitlines()[-1:]})
+            comparison = train_and_compare(root, cfg)
+            if "error" in comparison:
+                rows.append({"hidden": hidden, **comparison})
                 continue
-            comparison = json.loads((Path(cfg["logging"]["run_dir"]) / "predicted_vs_measured.json").read_text())
             measured, predicted = comparison["measured"], comparison["predicted"]
             step = measured["step_seconds"]  # one pass per step here
             excess = measured["bubble_fraction"] - predicted["bubble_fraction"]
