@@ -66,6 +66,16 @@ def kill_launcher_and_workers(proc) -> None:
     assert not alive, f"workers outlived the launcher: {[w.pid for w in alive]}"
 
 
+def assert_the_same_command_continues(path, step: int, run_dir, ref_dir) -> None:
+    """Rerun the identical command: it resumes from `step` and every rank's losses equal the reference's."""
+    rerun = train_cli(path)
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err[-3000:]
+    assert f"resumed from checkpoint step-{step}" in " ".join(out.split())
+    for rank in (0, 1):
+        assert losses(run_dir, rank) == losses(ref_dir, rank)  # bit for bit
+
+
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):  # noqa: F811
     """The uninterrupted 2-process run of a strategy (computed once per strategy, on first use)."""
@@ -117,12 +127,7 @@ def test_kill_9_then_rerun_continues_bit_for_bit(corpus, tmp_path, reference, na
     saved = [step for step, _ in ckpt.published_steps(run_dir)]
     assert saved and max(saved) < STEPS
 
-    rerun = train_cli(path)
-    out, err = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, err[-3000:]
-    assert f"resumed from checkpoint step-{max(saved)}" in " ".join(out.split())
-    for rank in (0, 1):
-        assert losses(run_dir, rank) == losses(ref_dir, rank)  # bit for bit
+    assert_the_same_command_continues(path, max(saved), run_dir, ref_dir)
 
 
 @pytest.mark.slow
@@ -147,9 +152,4 @@ def test_sigterm_saves_exits_75_and_the_next_command_continues_bit_for_bit(corpu
     assert len(lines) == 1 and lines[0].startswith("error: preempted by SIGTERM at step"), err[-3000:]
     saved = ckpt.published_steps(run_dir)
     assert saved and ckpt.verify_checkpoint(saved[-1][1]) is None
-    rerun = train_cli(path)
-    out, err = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, err[-3000:]
-    assert f"resumed from checkpoint step-{saved[-1][0]}" in " ".join(out.split())
-    for rank in (0, 1):
-        assert losses(run_dir, rank) == losses(ref_dir, rank)  # bit for bit
+    assert_the_same_command_continues(path, saved[-1][0], run_dir, ref_dir)
