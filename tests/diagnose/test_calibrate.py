@@ -95,12 +95,15 @@ def test_the_trainer_measures_again_a_cache_written_before_operator_timings(tmp_
 
 
 def test_two_gloo_processes_started_here_time_the_collectives_and_an_fsdp_unit():
-    points, unit = measure_gloo_collectives(budget_for("cpu", True))
-    sizes = budget_for("cpu", True).collective_sizes
+    budget = budget_for("cpu", True)
+    points, units = measure_gloo_collectives(budget)
+    sizes = budget.collective_sizes
     assert {(c.op, c.size_bytes) for c in points} == {(op, size) for op in ("all_reduce", "all_gather",
                                                                             "reduce_scatter") for size in sizes}
     assert all(c.world_size == 2 and c.bus_bytes_per_s > 0 for c in points)
-    assert unit is not None and 0 < unit < 1.0
+    # one cost per unit width that FSDP made slower, keyed by the unit's fp32 weight bytes
+    assert units and {size for size, _ in units} <= {4.0 * (h * h + h) for h in budget.fsdp_widths}
+    assert all(0 < seconds < 1.0 for _, seconds in units)
 
 
 @pytest.mark.slow
@@ -115,4 +118,4 @@ def test_two_processes_measure_at_once_and_time_collectives(tmp_path):
     assert {c.op for c in profile.collectives} == {"all_reduce", "all_gather", "reduce_scatter"}
     assert all(c.world_size == 2 and c.bus_bytes_per_s > 0 for c in profile.collectives)
     assert profile.collective_bus_bytes_per_s > 0
-    assert profile.fsdp_unit_seconds is not None and profile.fsdp_unit_seconds > 0
+    assert profile.fsdp_unit_seconds and all(seconds > 0 for _, seconds in profile.fsdp_unit_seconds)

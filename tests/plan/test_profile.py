@@ -38,7 +38,7 @@ def make_profile(kind: str = "cpu", device: str = "cpu (Test CPU)") -> DevicePro
                                 "cross_entropy": 1.5e-9},
         attention=(AttentionPoint("fp32", 128, 32, 30e9), AttentionPoint("fp32", 512, 64, 40e9),
                    AttentionPoint("bf16", 128, 32, 15e9)),
-        optimizer_seconds_per_param={"adamw": 2e-9}, fsdp_unit_seconds=2e-3,
+        optimizer_seconds_per_param={"adamw": 2e-9}, fsdp_unit_seconds=((2**16, 4e-3), (2**21, 12e-3)),
         threads=1, processes=2, torch_version="2.x", host="test", created="2026-12-03T09:00:00+00:00",
     )
 
@@ -48,7 +48,8 @@ def test_round_trip_keeps_every_field(tmp_path):
     path = profile.save(tmp_path / "deep" / "p.json")
     assert load_profile(path) == profile
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 2 and data["gemm_flops_per_s"]["bf16"][1] == [1024, 1024, 1024, 400e9]
+    assert data["schema_version"] == 3 and data["gemm_flops_per_s"]["bf16"][1] == [1024, 1024, 1024, 400e9]
+    assert data["fsdp_unit_seconds"] == [[2**16, 4e-3], [2**21, 12e-3]]
     assert data["attention_flops_per_s"]["fp32"][1] == [512, 64, 40e9]
     assert data["op_seconds_per_element"]["rope"] == 5e-9 and data["optimizer_seconds_per_param"] == {"adamw": 2e-9}
 
@@ -103,10 +104,28 @@ def test_fsdp_charges_each_unit_as_often_as_the_step_gathers_and_reduces_it():
     ddp = comm.measured_dp_seconds(seconds, 2, 0, 60 * 2**20, 0, units, None, 25 * 2**20)
     assert ddp == pytest.approx(3 * (3e-3 + 20 * 2**20 / 1e9))  # three 20 MiB buckets
     assert comm.measured_dp_seconds(lambda *a: None, 2, 3, 8e6, 4e6, units, twice, 1) is None
-    # a measured FSDP unit adds, per unit (and the root) and forward, what its collectives' latency does not explain
-    latency = 2 * (1e-3 + 1 / 1e9) + (2e-3 + 1 / 1e9)
-    with_units = comm.measured_dp_seconds(seconds, 2, 3, 8e6, 4e6, units, twice, 25 * 2**20, latency + 5e-4)
-    assert with_units - fsdp == pytest.approx(2 * 4 * 5e-4)
+    # measured FSDP unit costs replace the collectives: each unit pays its size's cost per
+    # three of its collectives (the two gathers and one reduce-scatter the cost was measured on)
+    def cost(nbytes):
+        return 1e-3 + nbytes / 1e9
+
+    with_units = comm.measured_dp_seconds(seconds, 2, 3, 8e6, 4e6, units, twice, 25 * 2**20, cost)
+    assert with_units == pytest.approx((2 + 2 + 1) / 3 * sum(cost(share * 4e6) for share in units))
+    assert comm.measured_dp_seconds(seconds, 2, 3, 8e6, 4e6, units, twice, 25 * 2**20, lambda b: None) == fsdp
+
+
+def test_fsdp_unit_costs_interpolate_in_size_and_extend_along_the_last_slope(tmp_path):
+    profile = make_profile()
+    assert profile.fsdp_unit_cost(0) == 4e-3  # below the smallest unit: its cost
+    assert profile.fsdp_unit_cost((2**16 + 2**21) / 2) == pytest.approx(8e-3)
+    slope = 8e-3 / (2**21 - 2**16)
+    assert profile.fsdp_unit_cost(2**22) == pytest.approx(12e-3 + slope * 2**21)
+    assert dataclasses.replace(profile, fsdp_unit_seconds=()).fsdp_unit_cost(2**20) is None
+    # a version-2 file's single tiny-unit figure is not a cost by size: it is left out
+    data = profile.to_dict()
+    data.update(schema_version=2, fsdp_unit_seconds=2e-3)
+    (tmp_path / "v2.json").write_text(json.dumps(data))
+    assert load_profile(tmp_path / "v2.json").fsdp_unit_seconds == ()
 
 
 def test_measured_points_come_back_exactly_and_peak_is_the_best():

@@ -91,6 +91,8 @@ class Budget:
     op_tokens: int = 0  # tokens of the element-wise operator timings (0: not measured)
     attention_shapes: tuple[tuple[int, int], ...] = ()  # (sequence, head size) of the attention timings
     optimizer_params: int = 0  # parameters of the optimizer-step timing (0: not measured)
+    fsdp_widths: tuple[int, ...] = (128, 384, 768)  # Linear(h, h) FSDP units: 66 KB, 0.59 MB, 2.4 MB fp32
+    fsdp_rounds: int = 12
 
 
 def budget_for(kind: str, quick: bool) -> Budget:
@@ -104,10 +106,11 @@ def budget_for(kind: str, quick: bool) -> Budget:
     kib = 2**10
     if quick:
         return Budget((256, 1024), (128, 512), 0.02, 5, 0.2, 32 * mib, (64 * kib, mib, 8 * mib), 3, 1e9,
-                      op_tokens=256, attention_shapes=((128, 32), (128, 64)), optimizer_params=2**18)
+                      op_tokens=256, attention_shapes=((128, 32), (128, 64)), optimizer_params=2**18,
+                      fsdp_widths=(128, 384), fsdp_rounds=4)
     return Budget((128, 512, 2048), (128, 256, 512, 1024), 0.05, 5, 1.0, 64 * mib,
                   (64 * kib, mib, 4 * mib, 16 * mib), 5, 4e9, op_tokens=1024,
-                  attention_shapes=((128, 32), (128, 64), (512, 32), (512, 64)), optimizer_params=2**20)
+                  attention_shapes=((128, 32), (128, 64), (512, 32), (512, 64)), optimizer_params=2**22)
 
 
 def gemm_shapes(budget: Budget) -> list[tuple[int, int, int]]:
@@ -168,8 +171,51 @@ def time_call(fn, device: torch.device, seconds: float, min_calls: int, max_call
     return samples[int(quantile * (len(samples) - 1))]
 
 
+CACHE_FLUSH_BYTES = 64 * 2**20
+"""Written (untimed) before each timed CPU call: more than the last-level caches of the CPUs
+flopwise runs on, so each call starts with cold caches, as Triton's `do_bench` flushes the
+L2 cache before each timed GPU call."""
+
+
+def time_in_turn(calls: dict, seconds: float, min_rounds: int, max_call_seconds: float,
+                 quantile: float = OPERATOR_QUANTILE) -> dict:
+    """CPU seconds of each of `calls` ({key: fn}), timed in turn round after round, each call
+    after a cache flush (the call at `quantile` of its rounds); keys whose warm-up call exceeds
+    `max_call_seconds` are left out.
+
+    A training step runs each operator once between many others, so its inputs and weights
+    are no longer in the caches the way they are when one call repeats: repeating one call
+    measures warm caches (on this project's 2-core test machine, GEMMs 10-20 % and
+    element-wise operators up to 2x faster than inside a training step). A call's time is
+    the smaller of its wall time and the process's CPU time over its threads, as in `time_call`."""
+    flush = torch.empty(CACHE_FLUSH_BYTES // 4)
+    kept = {}
+    for key, fn in calls.items():
+        start = time.perf_counter()
+        fn()
+        if time.perf_counter() - start <= max_call_seconds:
+            kept[key] = fn
+    samples: dict = {key: [] for key in kept}
+    threads = torch.get_num_threads()
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while kept and (rounds < min_rounds or time.perf_counter() < deadline) and rounds < 1000:
+        for key, fn in kept.items():
+            flush.fill_(float(rounds))
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            samples[key].append(min(wall, cpu / threads) if cpu > 0 else wall)
+        rounds += 1
+    return {key: sorted(times)[int(quantile * (len(times) - 1))] for key, times in samples.items()}
+
+
 def measure_gemms(dtypes: tuple[str, ...], device: torch.device, budget: Budget) -> tuple[list[GemmPoint], list[str]]:
-    """Achieved FLOP/s of `F.linear` over the grid for each dtype, and notes on what was cut short."""
+    """Achieved FLOP/s of `F.linear` over the grid for each dtype, and notes on what was cut short.
+
+    On a CPU the grid's shapes are timed in turn (`time_in_turn`); on a GPU each shape alone."""
+    if device.type == "cpu":
+        return _measure_gemms_in_turn(dtypes, device, budget)
     points: list[GemmPoint] = []
     notes: list[str] = []
     for name in dtypes:
@@ -191,6 +237,28 @@ def measure_gemms(dtypes: tuple[str, ...], device: torch.device, budget: Budget)
         finally:
             if previous is not None:
                 torch.backends.cuda.matmul.allow_tf32 = previous
+    return points, notes
+
+
+def _measure_gemms_in_turn(dtypes: tuple[str, ...], device: torch.device,
+                           budget: Budget) -> tuple[list[GemmPoint], list[str]]:
+    points: list[GemmPoint] = []
+    notes: list[str] = []
+    shapes = gemm_shapes(budget)
+    for name in dtypes:
+        dtype = TORCH_DTYPES[name]
+        calls = {}
+        for m, n, k in shapes:
+            x = torch.randn(m, k, device=device).to(dtype)
+            w = torch.randn(n, k, device=device).to(dtype)
+            calls[(m, n, k)] = lambda x=x, w=w: F.linear(x, w)
+        timed = time_in_turn(calls, budget.seconds_per_shape * len(calls), budget.min_calls, budget.max_call_seconds,
+                             FAST_QUANTILE)
+        for (m, n, k), seconds in timed.items():
+            points.append(GemmPoint(name, m, n, k, 2.0 * m * n * k / seconds))
+        if len(timed) < len(calls):
+            notes.append(f"{name}: {len(calls) - len(timed)} of {len(calls)} shapes left out: one call took over "
+                         f"{budget.max_call_seconds:g} s")
     return points, notes
 
 
@@ -256,40 +324,49 @@ def measure_operators(device: torch.device, budget: Budget) -> dict[str, float]:
         "rope": (lambda q: apply_rotary(q, cos, sin), [leaf(T // seq, heads, seq, head_dim)]),
         "cross_entropy": (lambda z: F.cross_entropy(z, targets), [leaf(T, OP_VOCAB)]),
     }
-    out = {}
-    for name, (fn, inputs) in cases.items():
-        seconds = time_call(_forward_backward(fn, inputs), device, budget.seconds_per_shape, budget.min_calls,
-                            budget.max_call_seconds, OPERATOR_QUANTILE)
-        if seconds is not None:
-            out[name] = seconds / inputs[0].numel()
-    return out
+    calls = {name: _forward_backward(fn, inputs) for name, (fn, inputs) in cases.items()}
+    timed = time_in_turn(calls, budget.seconds_per_shape * len(calls), budget.min_calls, budget.max_call_seconds)
+    return {name: seconds / cases[name][1][0].numel() for name, seconds in timed.items()}
 
 
 def measure_attention(dtypes: tuple[str, ...], device: torch.device, budget: Budget) -> list[AttentionPoint]:
     """FLOP/s of fused causal attention, forward + backward, per dtype and (sequence, head size);
-    FLOPs as `plan/ops.py` counts them: 3.5 × the causal forward's 2·2·s²·d per head."""
+    FLOPs as `plan/ops.py` counts them: 3.5 × the causal forward's 2·2·s²·d per head. Inputs
+    are laid out as a model's attention layer passes them: (batch, sequence, heads, head size)
+    projections transposed to heads-first views. Timed in turn (`time_in_turn`)."""
     points = []
     for name in dtypes:
         dtype = TORCH_DTYPES[name]
+        calls, work = {}, {}
         for seq, head_dim in budget.attention_shapes:
             batch = max(1, ATTENTION_TOKENS.get(seq, 1024) // seq)
-            qkv = [torch.randn(batch, ATTENTION_HEADS, seq, head_dim, device=device).to(dtype).requires_grad_()
+            qkv = [torch.randn(batch, seq, ATTENTION_HEADS, head_dim, device=device).to(dtype).requires_grad_()
                    for _ in range(3)]
-            call = _forward_backward(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv)
-            seconds = time_call(call, device, budget.seconds_per_shape, budget.min_calls, budget.max_call_seconds,
-                                OPERATOR_QUANTILE)
-            if seconds is not None:
-                work = 3.5 * 4.0 * batch * ATTENTION_HEADS * seq * seq * head_dim * 0.5
-                points.append(AttentionPoint(name, seq, head_dim, work / seconds))
+            calls[(seq, head_dim)] = _forward_backward(
+                lambda q, k, v: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                               v.transpose(1, 2), is_causal=True), qkv)
+            work[(seq, head_dim)] = 3.5 * 4.0 * batch * ATTENTION_HEADS * seq * seq * head_dim * 0.5
+        timed = time_in_turn(calls, budget.seconds_per_shape * len(calls), budget.min_calls, budget.max_call_seconds,
+                             FAST_QUANTILE)
+        points += [AttentionPoint(name, seq, head_dim, work[(seq, head_dim)] / seconds)
+                   for (seq, head_dim), seconds in timed.items()]
     return points
+
+
+OPTIMIZER_WIDTH = 256  # hidden size of the optimizer timing's layers
 
 
 def measure_optimizer(device: torch.device, budget: Budget) -> dict[str, float]:
     """Seconds per parameter of the trainer's optimizer step (foreach AdamW after clipping the
-    gradient norm), over a model's worth of tensors of a few sizes; empty when not budgeted."""
+    gradient norm) over the tensors of decoder layers (four h×h attention matrices, three
+    h×2.7h MLP matrices, two norms) making up about `budget.optimizer_params`: as many tensors
+    per parameter as a model has (CPU foreach kernels loop over tensors), and more state than
+    the caches hold; empty when not budgeted."""
     if not budget.optimizer_params:
         return {}
-    sizes = [budget.optimizer_params // 16] * 8 + [budget.optimizer_params // 4] * 2
+    h = OPTIMIZER_WIDTH
+    layer = [h * h] * 4 + [h * (8 * h // 3)] * 3 + [h] * 2
+    sizes = layer * max(1, round(budget.optimizer_params / sum(layer)))
     params = [torch.nn.Parameter(torch.randn(n, device=device)) for n in sizes]
     for param in params:
         param.grad = torch.randn_like(param)
@@ -299,9 +376,9 @@ def measure_optimizer(device: torch.device, budget: Budget) -> dict[str, float]:
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         optimizer.step()
 
-    seconds = time_call(step, device, budget.seconds_per_shape * 2, budget.min_calls, budget.max_call_seconds * 4,
-                        OPERATOR_QUANTILE)
-    return {"adamw": seconds / sum(sizes)} if seconds is not None else {}
+    timed = time_in_turn({"adamw": step}, budget.seconds_per_shape * 2, budget.min_calls,
+                         budget.max_call_seconds * 4)
+    return {name: seconds / sum(sizes) for name, seconds in timed.items()}
 
 
 def measure_collectives(budget: Budget) -> list[CollectivePoint]:
@@ -315,50 +392,57 @@ def measure_collectives(budget: Budget) -> list[CollectivePoint]:
     return [CollectivePoint(r["op"], world, int(r["size_bytes"]), r["busbw_gb_per_s"] * 1e9) for r in rows]
 
 
-FSDP_UNITS = 8  # tiny units of the FSDP overhead timing
+FSDP_UNITS = 4  # layers per stack in the FSDP unit timing
 
 
-def measure_fsdp_unit(budget: Budget) -> float | None:
-    """Seconds one FSDP2-wrapped unit adds to a forward + backward in the current (CPU)
-    process group: a model of FSDP_UNITS tiny linear units, each its own `fully_shard`,
-    against one, per extra unit (the framework's per-unit work and its collectives' latency)."""
+def measure_fsdp_units(budget: Budget, widths: tuple[int, ...], rounds: int) -> tuple[tuple[float, float], ...]:
+    """(unit weight bytes, seconds) that one FSDP2 unit adds to a forward + backward in the
+    current (CPU) process group, per unit size: a stack of FSDP_UNITS `Linear(h, h)` layers,
+    each its own `fully_shard`, against the same stack unwrapped, on `budget.op_tokens`
+    tokens. The difference is the unit's two all-gathers and reduce-scatter, the copies into
+    and out of FSDP's flat buffers, its hooks, and the waits for the other ranks that each
+    collective implies while compute runs between them, as in a training step. Each round
+    times every stack, unwrapped then wrapped, after a barrier; a unit's cost is the median
+    over rounds of the pair's difference (pairs share the machine's state of the moment)."""
+    import copy
+
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    x = torch.randn(4, 16)
-    seconds = {}
-    for units in (1, FSDP_UNITS):
-        model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(units)])
-        for layer in model:
+    tokens = max(1, budget.op_tokens)
+    stacks = []
+    for h in widths:
+        plain = torch.nn.Sequential(*[torch.nn.Linear(h, h) for _ in range(FSDP_UNITS)])
+        sharded = copy.deepcopy(plain)
+        for layer in sharded:
             fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-
-        def step() -> None:
-            model(x).sum().backward()
-
-        for _ in range(3):
-            step()
-        samples = []
-        for _ in range(max(10, budget.min_calls * 2)):
-            dist.barrier()
-            start = time.perf_counter()
-            step()
-            samples.append(time.perf_counter() - start)
-        samples.sort()
-        seconds[units] = samples[int(FAST_QUANTILE * (len(samples) - 1))]
-    mine = torch.tensor([(seconds[FSDP_UNITS] - seconds[1]) / (FSDP_UNITS - 1)], dtype=torch.float64)
+        fully_shard(sharded, mesh=mesh)
+        stacks.append((4.0 * (h * h + h), plain, sharded, torch.randn(tokens, h)))
+    extra: dict[int, list[float]] = {i: [] for i in range(len(stacks))}
+    for r in range(rounds + 1):  # round 0 warms up
+        for i, (_, plain, sharded, x) in enumerate(stacks):
+            pair = []
+            for model in (plain, sharded):
+                dist.barrier()
+                start = time.perf_counter()
+                model(x).sum().backward()
+                pair.append(time.perf_counter() - start)
+            if r:
+                extra[i].append((pair[1] - pair[0]) / FSDP_UNITS)
+    mine = torch.tensor([statistics.median(extra[i]) for i in range(len(stacks))], dtype=torch.float64)
     dist.all_reduce(mine)  # the mean over ranks
-    value = float(mine) / dist.get_world_size()
-    return value if value > 0 else None
+    mine /= dist.get_world_size()
+    return tuple((stack[0], float(value)) for stack, value in zip(stacks, mine) if value > 0)
 
 
 GLOO_PROCESSES = 2  # the trainer's default launch: 2 processes on this machine
 
 
-def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES) -> tuple[list[CollectivePoint], float | None]:
-    """Collectives and the FSDP unit time (`measure_fsdp_unit`) between `world` local
+def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES
+                             ) -> tuple[list[CollectivePoint], tuple[tuple[float, float], ...]]:
+    """Collectives and the FSDP unit costs (`measure_fsdp_units`) between `world` local
     processes on gloo, started here (a one-process CPU calibration has no peer to measure with)."""
     import torch.multiprocessing as mp
 
@@ -376,8 +460,8 @@ def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES) -> tup
             if proc.is_alive():
                 proc.kill()
         raise UserError(f"flopwise calibrate: the {world} gloo processes timing collectives exited with {codes}")
-    rows, unit = queue.get()
-    return [CollectivePoint(*row) for row in rows], unit
+    rows, units = queue.get()
+    return [CollectivePoint(*row) for row in rows], tuple(tuple(point) for point in units)
 
 
 def _gloo_worker(rank: int, world: int, port: int, budget: Budget, queue) -> None:
@@ -392,11 +476,11 @@ def _gloo_worker(rank: int, world: int, port: int, budget: Budget, queue) -> Non
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         points = measure_collectives(budget)
-        unit = measure_fsdp_unit(budget)
+        units = measure_fsdp_units(budget, budget.fsdp_widths, budget.fsdp_rounds)
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        queue.put(([(p.op, p.world_size, p.size_bytes, p.bus_bytes_per_s) for p in points], unit))
+        queue.put(([(p.op, p.world_size, p.size_bytes, p.bus_bytes_per_s) for p in points], units))
     # gloo's threads can abort the interpreter's teardown ("terminate called without an active
     # exception", exit -6) after a clean destroy; the result is already in the queue's pipe
     os._exit(0)
@@ -455,16 +539,16 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
     optimizer = measure_optimizer(device, budget)
     dist = _process_group()
     collective_points: list[CollectivePoint] = []
-    unit = None
+    units: tuple[tuple[float, float], ...] = ()
     if dist is not None:
         points, bandwidth, operators, attention, optimizer = _mean_over_ranks(
             dist, points, bandwidth, operators, attention, optimizer)
         if collectives:
             collective_points = measure_collectives(budget)
             if device.type == "cpu":
-                unit = measure_fsdp_unit(budget)
+                units = measure_fsdp_units(budget, budget.fsdp_widths, budget.fsdp_rounds)
     elif collectives and device.type == "cpu" and not quick:
-        collective_points, unit = measure_gloo_collectives(budget)
+        collective_points, units = measure_gloo_collectives(budget)
     return DeviceProfile(
         device=device_name(device),
         device_kind=device.type,
@@ -475,7 +559,7 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
         op_seconds_per_element=operators,
         attention=tuple(attention),
         optimizer_seconds_per_param=optimizer,
-        fsdp_unit_seconds=unit,
+        fsdp_unit_seconds=units,
         threads=torch.get_num_threads() if device.type == "cpu" else None,
         processes=sharing_processes(device),
         torch_version=torch.__version__,

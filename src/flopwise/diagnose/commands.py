@@ -7,6 +7,8 @@ torch and matplotlib are imported inside the commands that need them.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -142,12 +144,15 @@ def calibrate(
     from flopwise.diagnose.calibrate import run_calibration
 
     result = run_calibration(out, dtypes, quick, threads, nproc)
-    if result is None:  # a rank other than 0 inside a launch
-        return
+    if result is not None and report_to is not None:
+        report_to.write_text(json.dumps({"path": str(result[1])}))
+    if result is None or report_to is not None:  # a rank inside the launch `--nproc` starts
+        # gloo's threads can abort the interpreter's teardown ("terminate called without an
+        # active exception", SIGABRT) after a clean destroy; the profile is written by now
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     profile, path = result
-    if report_to is not None:
-        report_to.write_text(json.dumps({"path": str(path)}))
-        return
     console = _console()
     threads_text = f", {profile.threads} thread(s) per process" if profile.threads else ""
     console.print(f"device: {profile.device}, {profile.processes} process(es){threads_text}, torch {profile.torch_version}")
@@ -179,7 +184,8 @@ def calibrate(
     if profile.collective_bus_bytes_per_s:
         console.print(f"all_reduce bus bandwidth (best): {profile.collective_bus_bytes_per_s / 1e9:,.2f} GB/s")
     if profile.fsdp_unit_seconds:
-        console.print(f"one FSDP unit, forward + backward beyond its compute: {profile.fsdp_unit_seconds * 1e3:,.2f} ms")
+        units = ", ".join(f"{seconds * 1e3:,.1f} ms at {size / 2**20:,.2f} MiB" for size, seconds in profile.fsdp_unit_seconds)
+        console.print(f"one FSDP unit, forward + backward beyond its compute: {units}")
     for note in profile.notes:
         console.print(f"note: {note}")
     console.print(f"wrote {path}")

@@ -162,7 +162,7 @@ def p2p_seconds(links: Links, crosses_node: bool, nbytes: float) -> float:
 
 def measured_dp_seconds(collective_seconds, dp: int, zero: int, grads: float, weights: float,
                         units: tuple[float, ...], zero3, bucket_bytes: float,
-                        fsdp_unit_seconds: float | None = None) -> float | None:
+                        fsdp_unit_cost=None) -> float | None:
     """Seconds per step of data-parallel collectives from a profile's measured collective times
     (`DeviceProfile.collective_seconds(op, bytes, world)`), as the framework issues them; None
     when the profile lacks an op this layout needs. Used on CPUs (gloo), where collectives run
@@ -170,8 +170,11 @@ def measured_dp_seconds(collective_seconds, dp: int, zero: int, grads: float, we
 
     - ZeRO-3 / FSDP: every wrapped unit (`units`: its share of the weights, summing to 1) is
       all-gathered and its gradients reduce-scattered as often as `zero3` (the step's
-      `step_comm.DpCollectives`, the one count the planner's bytes and GPU time use too) says:
-      one collective call per unit, each paying its size's time.
+      `step_comm.DpCollectives`, the one count the planner's bytes and GPU time use too) says.
+      With `fsdp_unit_cost` (the profile's measured cost of one unit's two all-gathers and
+      one reduce-scatter with FSDP2's own work and waits, by weight bytes) each unit pays
+      that cost per three of its collectives; without it, one collective call per unit at
+      its size's measured time.
     - ZeRO-0 (DDP): an all-reduce per gradient bucket, once per step.
     - ZeRO-1/2: a reduce-scatter of the gradients and an all-gather of the updated weights.
     """
@@ -180,16 +183,15 @@ def measured_dp_seconds(collective_seconds, dp: int, zero: int, grads: float, we
         return collective_seconds(op, nbytes, dp) if nbytes > 0 else 0.0
 
     if zero >= 3:
+        gather_rounds = zero3.forward_gathers + zero3.backward_gathers * zero3.backward_share
+        measured_units = [fsdp_unit_cost(share * weights) for share in units] if fsdp_unit_cost else [None]
+        if None not in measured_units:
+            return (gather_rounds + zero3.reductions) / 3.0 * sum(measured_units)
         gathers = [timed("all_gather", share * weights) for share in units]
         reduces = [timed("reduce_scatter", share * grads) for share in units]
         if None in gathers or None in reduces:
             return None
-        gather_rounds = zero3.forward_gathers + zero3.backward_gathers * zero3.backward_share
-        seconds = gather_rounds * sum(gathers) + zero3.reductions * sum(reduces)
-        if fsdp_unit_seconds:
-            latency = 2.0 * (timed("all_gather", 1.0) or 0.0) + (timed("reduce_scatter", 1.0) or 0.0)
-            seconds += zero3.forward_gathers * (len(units) + 1) * max(0.0, fsdp_unit_seconds - latency)
-        return seconds
+        return gather_rounds * sum(gathers) + zero3.reductions * sum(reduces)
     if zero == 0:
         buckets = max(1, math.ceil(grads / bucket_bytes))
         each = timed("all_reduce", grads / buckets)

@@ -4,8 +4,8 @@ The planner's time model reads a profile instead of datasheet curves when one is
 (`flopwise plan --profile PATH`, and the trainer's own prediction). Standard library only,
 so the planner stays torch-free and cheap to import.
 
-What a profile holds (JSON, `schema_version` 2; a version-1 file still loads, without the
-operator timings below):
+What a profile holds (JSON, `schema_version` 3; version-1 and -2 files still load, without
+the operator timings (1) or the FSDP unit costs by size (1, 2) below):
 
 - GEMM points per dtype: C[M,N] = A[M,K]·B[K,N] as (m, n, k, achieved FLOP/s), timed as
   `torch.nn.functional.linear` (the call a model's layers make);
@@ -18,9 +18,11 @@ operator timings below):
   `gelu`, `add`, `rope`; `cross_entropy` per logit), the fused attention's FLOP/s per dtype
   (FLOPs counted as `plan/ops.py` counts them), and the optimizer step per parameter
   (`adamw`: the trainer's foreach AdamW plus gradient clipping);
-- optionally (CPU, several processes) the time one FSDP-wrapped unit of tiny weights adds to
-  a forward + backward: the framework's per-unit work (hooks, gathers into and out of flat
-  buffers) plus the latency of its two all-gathers and one reduce-scatter;
+- optionally (CPU, several processes) what one FSDP2-wrapped unit adds to a forward +
+  backward, by the unit's weight bytes: the framework's per-unit work (hooks, copies into
+  and out of flat buffers), its two all-gathers and one reduce-scatter, and the waits for
+  the other processes they imply, measured against the same layers unwrapped
+  (`fsdp_unit_seconds`, [[bytes, seconds], ...]);
 - where and how: device name and kind, threads per process, processes measured at once,
   torch version, host, date.
 
@@ -43,8 +45,8 @@ from pathlib import Path
 
 from flopwise.errors import UserError
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 lacks the operator timings; the trainer re-measures it
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # older versions lack later measurements; the trainer re-measures them
 ELEMENTWISE_OPS = ("norm", "swiglu", "gelu", "add", "rope", "cross_entropy")
 NEAREST = 4  # points the interpolation weighs
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -96,7 +98,7 @@ class DeviceProfile:
     op_seconds_per_element: dict[str, float] = field(default_factory=dict, hash=False)  # forward + backward, fp32
     attention: tuple[AttentionPoint, ...] = ()  # fused attention, forward + backward
     optimizer_seconds_per_param: dict[str, float] = field(default_factory=dict, hash=False)  # step + clipping
-    fsdp_unit_seconds: float | None = None  # one FSDP unit's forward + backward beyond its compute
+    fsdp_unit_seconds: tuple[tuple[float, float], ...] = ()  # (unit weight bytes, seconds it adds per step)
     threads: int | None = None  # torch threads per process while measuring
     processes: int = 1  # processes that measured at the same time (they share a CPU)
     torch_version: str = ""
@@ -167,6 +169,21 @@ class DeviceProfile:
         weights = [1.0 / d2 for d2, _ in scored]
         return sum(w * p.flops_per_s for w, (_, p) in zip(weights, scored)) / sum(weights)
 
+    def fsdp_unit_cost(self, unit_bytes: float) -> float | None:
+        """Seconds one FSDP unit of `unit_bytes` weights adds to a forward + backward (two
+        all-gathers, one reduce-scatter and the framework's work), linear between the measured
+        sizes and along the last two points' slope beyond them; None when not measured."""
+        points = sorted(self.fsdp_unit_seconds)
+        if not points:
+            return None
+        if len(points) == 1 or unit_bytes <= points[0][0]:
+            return points[0][1]
+        for (b0, t0), (b1, t1) in zip(points, points[1:]):
+            if unit_bytes <= b1:
+                return t0 + (t1 - t0) * (unit_bytes - b0) / (b1 - b0)
+        (b0, t0), (b1, t1) = points[-2], points[-1]
+        return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (unit_bytes - b1)
+
     def collective_seconds(self, op: str, size_bytes: float, world_size: int | None = None) -> float | None:
         """Seconds of one `op` over the whole-array `size_bytes` (nccl-tests sizes), from the
         measured points of that op (and world size, when given), or None when none was measured.
@@ -212,7 +229,7 @@ class DeviceProfile:
             "op_seconds_per_element": dict(self.op_seconds_per_element),
             "attention_flops_per_s": attention,
             "optimizer_seconds_per_param": dict(self.optimizer_seconds_per_param),
-            "fsdp_unit_seconds": self.fsdp_unit_seconds,
+            "fsdp_unit_seconds": [list(point) for point in self.fsdp_unit_seconds],
             "collectives": [asdict(c) for c in self.collectives],
             "notes": list(self.notes),
         }
@@ -282,9 +299,7 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
                 raise UserError(f"{where}: attention_flops_per_s.{dtype} row {row!r} is not [seq, head_dim, flops_per_s] > 0")
             attention.append(AttentionPoint(dtype, int(row[0]), int(row[1]), float(row[2])))
     optimizer = _rates(data, "optimizer_seconds_per_param", where, ("adamw",))
-    unit = data.get("fsdp_unit_seconds")
-    if unit is not None and (not _number(unit) or unit <= 0):
-        raise UserError(f"{where}: 'fsdp_unit_seconds' must be a number > 0 or null, got {unit!r}")
+    units = _fsdp_units(data.get("fsdp_unit_seconds") if version >= 3 else None, where)
     threads = data.get("threads")
     if threads is not None and not (isinstance(threads, int) and threads >= 1):
         raise UserError(f"{where}: 'threads' must be an integer >= 1 or null, got {threads!r}")
@@ -294,7 +309,7 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
     return DeviceProfile(
         device=device, device_kind=kind, gemm=tuple(points), memory_bandwidth_bytes_per_s=float(bandwidth),
         collectives=tuple(collectives), kernel_overhead_seconds=overhead, op_seconds_per_element=elementwise,
-        attention=tuple(attention), optimizer_seconds_per_param=optimizer, fsdp_unit_seconds=unit, threads=threads, processes=processes,
+        attention=tuple(attention), optimizer_seconds_per_param=optimizer, fsdp_unit_seconds=units, threads=threads, processes=processes,
         torch_version=str(data.get("torch_version", "")), host=str(data.get("host", "")),
         created=str(data.get("created", "")), schema_version=version,
         notes=tuple(str(n) for n in data.get("notes") or ()),
@@ -313,6 +328,18 @@ def load_profile(path: str | Path) -> DeviceProfile:
         reason = str(err).splitlines()[0] if str(err) else err.__class__.__name__
         raise UserError(f"--profile: {path} is not valid JSON ({reason})") from None
     return profile_from_dict(data, f"--profile {path}")
+
+
+def _fsdp_units(rows: object, where: str) -> tuple[tuple[float, float], ...]:
+    """The [[bytes, seconds], ...] FSDP unit costs (a version-2 file's single tiny-unit figure
+    is not one of them: it is left out)."""
+    if rows is None:
+        return ()
+    if not isinstance(rows, list) or not all(
+            isinstance(row, list) and len(row) == 2 and all(_number(v) for v in row) and row[0] >= 0 and row[1] > 0
+            for row in rows):
+        raise UserError(f"{where}: 'fsdp_unit_seconds' must be a list of [bytes >= 0, seconds > 0] rows")
+    return tuple((float(b), float(t)) for b, t in rows)
 
 
 def _rates(data: dict, name: str, where: str, keys: tuple[str, ...]) -> dict[str, float]:

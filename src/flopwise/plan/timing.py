@@ -289,7 +289,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         zero3 = gathers if zero >= 3 else None
         timed = cm.measured_dp_seconds(measured, dp, zero, grads, weights,
                                        fsdp_units(model, layers_busiest, busiest, pp, tp, psi), zero3,
-                                       DDP_BUCKET_BYTES, getattr(rates.profile, "fsdp_unit_seconds", None))
+                                       DDP_BUCKET_BYTES, getattr(rates.profile, "fsdp_unit_cost", None))
         if timed is not None:
             dp_exposed = dp_wire = timed
 
