@@ -7,29 +7,31 @@ which the trainer's prediction uses for the device it runs on.
 How it measures:
 
 - GEMMs: `torch.nn.functional.linear(x[M,K], w[N,K])` (what a model's layers call), over a
-  grid of shapes ordered by work, per dtype. One warm-up call, then repeated calls until
-  both a minimum count and a time budget are reached; the call at the FAST_QUANTILE of the
-  timed calls gives the rate (2·M·N·K / seconds): on a machine shared with other work some
-  calls are slowed by it, and a low quantile is what the device does when it runs, without
-  being the single luckiest call. On a CPU a call's time is the smaller of its wall time and
-  the process's CPU time divided by its threads, so that time the scheduler gives to other
-  processes on a shared machine is not counted as the device's. CUDA calls are timed with CUDA events after a synchronise. A dtype
-  whose single call exceeds `max_call_seconds` stops there (fp16 matmuls on many CPUs run
-  at a few GFLOP/s), and the profile says so.
+  grid of shapes ordered by work, per dtype. On a GPU each shape alone: one warm-up call,
+  then calls until both a minimum count and a time budget are reached, timed with CUDA
+  events; the call at the FAST_QUANTILE gives the rate (2·M·N·K / seconds). On a CPU the
+  shapes are timed in turn, each call after a cache flush (`time_in_turn`), at the median
+  round. A CPU call's time is the smaller of its wall time and the process's CPU time
+  divided by its threads, so that time the scheduler gives to other processes on a shared
+  machine is not counted as the device's. A dtype whose single call exceeds
+  `max_call_seconds` is left out (fp16 matmuls on many CPUs run at a few GFLOP/s), and the
+  profile says so.
 - Memory bandwidth: a large tensor copy, read + write bytes over the time of one copy.
 - Kernel overhead: the time of an add of two one-element tensors (dispatch and launch,
   which every small element-wise operator of a step pays).
 - On a CPU, the operators of a step besides its GEMMs, forward + backward under autograd
   as the trainer runs them (eager, unfused, fp32): RMSNorm, SiLU-gated product, tanh GELU,
-  residual add and the trainer's rotary embedding per element of their input, cross-entropy
-  per logit; fused causal attention (`scaled_dot_product_attention`) over a few sequence
-  lengths and head sizes per dtype; and the trainer's optimizer step (foreach AdamW with
-  gradient clipping) per parameter. Each is timed like a GEMM (CPU time), but at the median
-  call (OPERATOR_QUANTILE): fresh large outputs make some calls pay for new pages, as in a step.
+  residual add and the trainer's rotary embedding per element of their input (and the
+  forward's share of each), cross-entropy per logit; fused causal attention
+  (`scaled_dot_product_attention`) over a few sequence lengths and head sizes per dtype;
+  and the trainer's optimizer step (foreach AdamW with gradient clipping) per parameter.
+  Each is timed in turn with the others like the CPU GEMMs.
 - Collectives: `flopwise.diagnose.commbench.measure`, bus bandwidth as nccl-tests defines
   it, inside a launch of several processes; a CPU calibration in one process (not
   `--quick`) starts two gloo processes of its own for them, as the trainer's default
-  launch talks through gloo.
+  launch talks through gloo. On a CPU, with them: what one FSDP2 unit adds to a forward +
+  backward by its size, and the optimizer step over FSDP2's sharded parameters
+  (`measure_fsdp_units`).
 
 Under a launch every process measures at the same time (they share a CPU's memory and
 cores as training ranks do), the figures are averaged over processes and rank 0 writes.
@@ -70,9 +72,9 @@ CUDA_DEFAULT_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 FAST_QUANTILE = 0.2
 OPERATOR_QUANTILE = 0.5
-"""The operators besides GEMMs allocate their outputs afresh, as a step does, and some calls
-pay for new pages (the allocator returns large blocks to the system): their times are
-bimodal, and the median call, not a lucky fast one, is what a step pays."""
+"""CPU timings take the median round: the trainer reports the median of its steps, and on a
+shared machine a low quantile picks the moments it runs fastest; operators that allocate
+their outputs afresh, as a step does, also pay for new pages in some calls."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,8 @@ L2 cache before each timed GPU call."""
 def time_in_turn(calls: dict, seconds: float, min_rounds: int, max_call_seconds: float,
                  quantile: float = OPERATOR_QUANTILE) -> dict:
     """CPU seconds of each of `calls` ({key: fn}), timed in turn round after round, each call
-    after a cache flush (the call at `quantile` of its rounds); keys whose warm-up call exceeds
+    after a cache flush (the call at `quantile` of its rounds: by default the median, the
+    statistic the trainer reports of its steps); keys whose warm-up call exceeds
     `max_call_seconds` are left out.
 
     A training step runs each operator once between many others, so its inputs and weights
@@ -252,8 +255,7 @@ def _measure_gemms_in_turn(dtypes: tuple[str, ...], device: torch.device,
             x = torch.randn(m, k, device=device).to(dtype)
             w = torch.randn(n, k, device=device).to(dtype)
             calls[(m, n, k)] = lambda x=x, w=w: F.linear(x, w)
-        timed = time_in_turn(calls, budget.seconds_per_shape * len(calls), budget.min_calls, budget.max_call_seconds,
-                             FAST_QUANTILE)
+        timed = time_in_turn(calls, budget.seconds_per_shape * len(calls), budget.min_calls, budget.max_call_seconds)
         for (m, n, k), seconds in timed.items():
             points.append(GemmPoint(name, m, n, k, 2.0 * m * n * k / seconds))
         if len(timed) < len(calls):
@@ -298,11 +300,13 @@ def _forward_backward(fn, inputs: list[torch.Tensor]):
     return call
 
 
-def measure_operators(device: torch.device, budget: Budget) -> dict[str, float]:
+def measure_operators(device: torch.device, budget: Budget) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per element, forward + backward, of a transformer step's element-wise operators
-    in fp32 (per logit for cross-entropy); empty when the budget has none (CUDA)."""
+    in fp32 (per logit for cross-entropy), and the forward's share of each (the forward alone,
+    recording the graph as a training forward does, over forward + backward: what a
+    recomputed forward costs); empty when the budget has none (CUDA)."""
     if not budget.op_tokens:
-        return {}
+        return {}, {}
     from flopwise.rotary import apply_rotary, rotary_tables
 
     T, h = budget.op_tokens, OP_WIDTH
@@ -324,9 +328,13 @@ def measure_operators(device: torch.device, budget: Budget) -> dict[str, float]:
         "rope": (lambda q: apply_rotary(q, cos, sin), [leaf(T // seq, heads, seq, head_dim)]),
         "cross_entropy": (lambda z: F.cross_entropy(z, targets), [leaf(T, OP_VOCAB)]),
     }
-    calls = {name: _forward_backward(fn, inputs) for name, (fn, inputs) in cases.items()}
+    calls = {(name, "both"): _forward_backward(fn, inputs) for name, (fn, inputs) in cases.items()}
+    calls.update({(name, "forward"): (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, (fn, inputs) in cases.items()})
     timed = time_in_turn(calls, budget.seconds_per_shape * len(calls), budget.min_calls, budget.max_call_seconds)
-    return {name: seconds / cases[name][1][0].numel() for name, seconds in timed.items()}
+    both = {name: seconds / cases[name][1][0].numel() for (name, part), seconds in timed.items() if part == "both"}
+    share = {name: min(1.0, timed[(name, "forward")] / timed[(name, "both")])
+             for name in cases if (name, "both") in timed and (name, "forward") in timed}
+    return both, share
 
 
 def measure_attention(dtypes: tuple[str, ...], device: torch.device, budget: Budget) -> list[AttentionPoint]:
@@ -346,8 +354,7 @@ def measure_attention(dtypes: tuple[str, ...], device: torch.device, budget: Bud
                 lambda q, k, v: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                                v.transpose(1, 2), is_causal=True), qkv)
             work[(seq, head_dim)] = 3.5 * 4.0 * batch * ATTENTION_HEADS * seq * seq * head_dim * 0.5
-        timed = time_in_turn(calls, budget.seconds_per_shape * len(calls), budget.min_calls, budget.max_call_seconds,
-                             FAST_QUANTILE)
+        timed = time_in_turn(calls, budget.seconds_per_shape * len(calls), budget.min_calls, budget.max_call_seconds)
         points += [AttentionPoint(name, seq, head_dim, work[(seq, head_dim)] / seconds)
                    for (seq, head_dim), seconds in timed.items()]
     return points
@@ -395,15 +402,18 @@ def measure_collectives(budget: Budget) -> list[CollectivePoint]:
 FSDP_UNITS = 4  # layers per stack in the FSDP unit timing
 
 
-def measure_fsdp_units(budget: Budget, widths: tuple[int, ...], rounds: int) -> tuple[tuple[float, float], ...]:
-    """(unit weight bytes, seconds) that one FSDP2 unit adds to a forward + backward in the
+def measure_fsdp_units(budget: Budget, widths: tuple[int, ...],
+                       rounds: int) -> tuple[tuple[tuple[float, float], ...], float]:
+    """((unit weight bytes, seconds), ...) that one FSDP2 unit adds to a forward + backward in the
     current (CPU) process group, per unit size: a stack of FSDP_UNITS `Linear(h, h)` layers,
     each its own `fully_shard`, against the same stack unwrapped, on `budget.op_tokens`
     tokens. The difference is the unit's two all-gathers and reduce-scatter, the copies into
     and out of FSDP's flat buffers, its hooks, and the waits for the other ranks that each
     collective implies while compute runs between them, as in a training step. Each round
     times every stack, unwrapped then wrapped, after a barrier; a unit's cost is the median
-    over rounds of the pair's difference (pairs share the machine's state of the moment)."""
+    over rounds of the pair's difference (pairs share the machine's state of the moment).
+    Second: the optimizer step over the wrapped stacks' parameters, per parameter a rank
+    owns (`_sharded_optimizer_seconds`)."""
     import copy
 
     import torch.distributed as dist
@@ -431,18 +441,40 @@ def measure_fsdp_units(budget: Budget, widths: tuple[int, ...], rounds: int) -> 
                 pair.append(time.perf_counter() - start)
             if r:
                 extra[i].append((pair[1] - pair[0]) / FSDP_UNITS)
-    mine = torch.tensor([statistics.median(extra[i]) for i in range(len(stacks))], dtype=torch.float64)
+    optimizer = _sharded_optimizer_seconds([stack[2] for stack in stacks], rounds)
+    mine = torch.tensor([statistics.median(extra[i]) for i in range(len(stacks))] + [optimizer], dtype=torch.float64)
     dist.all_reduce(mine)  # the mean over ranks
     mine /= dist.get_world_size()
-    return tuple((stack[0], float(value)) for stack, value in zip(stacks, mine) if value > 0)
+    units = tuple((stack[0], float(value)) for stack, value in zip(stacks, mine[:-1]) if value > 0)
+    return units, float(mine[-1])
+
+
+def _sharded_optimizer_seconds(models: list, rounds: int) -> float:
+    """Seconds per parameter this rank owns of the trainer's optimizer step (clipping, then
+    foreach AdamW) over FSDP2-sharded parameters: DTensors, whose every operator passes
+    through DTensor's dispatch, and a clipping norm all-reduced over the ranks."""
+    import torch.distributed as dist
+
+    params = [p for model in models for p in model.parameters() if p.grad is not None]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    owned = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
+    samples = []
+    for r in range(rounds + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        optimizer.step()
+        if r:
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples) / max(1, owned)
 
 
 GLOO_PROCESSES = 2  # the trainer's default launch: 2 processes on this machine
 
 
 def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES
-                             ) -> tuple[list[CollectivePoint], tuple[tuple[float, float], ...]]:
-    """Collectives and the FSDP unit costs (`measure_fsdp_units`) between `world` local
+                             ) -> tuple[list[CollectivePoint], tuple[tuple[float, float], ...], float]:
+    """Collectives, the FSDP unit costs and sharded optimizer step (`measure_fsdp_units`) between `world` local
     processes on gloo, started here (a one-process CPU calibration has no peer to measure with)."""
     import torch.multiprocessing as mp
 
@@ -460,8 +492,8 @@ def measure_gloo_collectives(budget: Budget, world: int = GLOO_PROCESSES
             if proc.is_alive():
                 proc.kill()
         raise UserError(f"flopwise calibrate: the {world} gloo processes timing collectives exited with {codes}")
-    rows, units = queue.get()
-    return [CollectivePoint(*row) for row in rows], tuple(tuple(point) for point in units)
+    rows, units, optimizer = queue.get()
+    return [CollectivePoint(*row) for row in rows], tuple(tuple(point) for point in units), optimizer
 
 
 def _gloo_worker(rank: int, world: int, port: int, budget: Budget, queue) -> None:
@@ -476,11 +508,11 @@ def _gloo_worker(rank: int, world: int, port: int, budget: Budget, queue) -> Non
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         points = measure_collectives(budget)
-        units = measure_fsdp_units(budget, budget.fsdp_widths, budget.fsdp_rounds)
+        units, optimizer = measure_fsdp_units(budget, budget.fsdp_widths, budget.fsdp_rounds)
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        queue.put(([(p.op, p.world_size, p.size_bytes, p.bus_bytes_per_s) for p in points], units))
+        queue.put(([(p.op, p.world_size, p.size_bytes, p.bus_bytes_per_s) for p in points], units, optimizer))
     # gloo's threads can abort the interpreter's teardown ("terminate called without an active
     # exception", exit -6) after a clean destroy; the result is already in the queue's pipe
     os._exit(0)
@@ -534,21 +566,24 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
     points, notes = measure_gemms(dtypes, device, budget)
     bandwidth = measure_memory_bandwidth(device, budget)
     overhead = measure_kernel_overhead(device)
-    operators = measure_operators(device, budget)
+    operators, forward_share = measure_operators(device, budget)
     attention = measure_attention(dtypes, device, budget) if device.type == "cpu" else []
     optimizer = measure_optimizer(device, budget)
     dist = _process_group()
     collective_points: list[CollectivePoint] = []
     units: tuple[tuple[float, float], ...] = ()
+    sharded_step = 0.0
     if dist is not None:
-        points, bandwidth, operators, attention, optimizer = _mean_over_ranks(
-            dist, points, bandwidth, operators, attention, optimizer)
+        points, bandwidth, operators, attention, optimizer, forward_share = _mean_over_ranks(
+            dist, points, bandwidth, operators, attention, optimizer, forward_share)
         if collectives:
             collective_points = measure_collectives(budget)
             if device.type == "cpu":
-                units = measure_fsdp_units(budget, budget.fsdp_widths, budget.fsdp_rounds)
+                units, sharded_step = measure_fsdp_units(budget, budget.fsdp_widths, budget.fsdp_rounds)
     elif collectives and device.type == "cpu" and not quick:
-        collective_points, units = measure_gloo_collectives(budget)
+        collective_points, units, sharded_step = measure_gloo_collectives(budget)
+    if units and sharded_step > 0:
+        optimizer = {**optimizer, "adamw_fsdp": sharded_step}
     return DeviceProfile(
         device=device_name(device),
         device_kind=device.type,
@@ -557,6 +592,7 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
         collectives=tuple(collective_points),
         kernel_overhead_seconds=overhead,
         op_seconds_per_element=operators,
+        op_forward_share=forward_share,
         attention=tuple(attention),
         optimizer_seconds_per_param=optimizer,
         fsdp_unit_seconds=units,
@@ -570,11 +606,11 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
 
 
 def _mean_over_ranks(dist, points: list[GemmPoint], bandwidth: float, operators: dict[str, float],
-                     attention: list[AttentionPoint], optimizer: dict[str, float]):
+                     attention: list[AttentionPoint], optimizer: dict[str, float], forward_share: dict[str, float]):
     """Average each measurement over the ranks that made it: GEMM and attention rates per
-    shape, the bandwidth, operator and optimizer seconds per element."""
+    shape, the bandwidth, operator and optimizer seconds per element, forward shares."""
     mine = ([(p.dtype, p.m, p.n, p.k, p.flops_per_s) for p in points], bandwidth, operators,
-            [(p.dtype, p.seq, p.head_dim, p.flops_per_s) for p in attention], optimizer)
+            [(p.dtype, p.seq, p.head_dim, p.flops_per_s) for p in attention], optimizer, forward_share)
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
 
@@ -594,7 +630,8 @@ def _mean_over_ranks(dist, points: list[GemmPoint], bandwidth: float, operators:
 
     gemm = [GemmPoint(*key, rate) for key, rate in mean_rows(0).items()]
     attention_mean = [AttentionPoint(*key, rate) for key, rate in mean_rows(3).items()]
-    return gemm, statistics.fmean(rank[1] for rank in every), mean_table(2), attention_mean, mean_table(4)
+    return (gemm, statistics.fmean(rank[1] for rank in every), mean_table(2), attention_mean, mean_table(4),
+            mean_table(5))
 
 
 def default_device() -> torch.device:

@@ -26,8 +26,8 @@ parameters a rank owns.
 On a CPU with a measured profile (`flopwise calibrate`), the operators that are not GEMMs
 are timed as that profile measured them rather than as bytes over bandwidth: eager PyTorch
 on a CPU runs each norm, activation, rotary embedding and residual add as several unfused
-kernels whose cost per element the profile holds (forward + backward: 1/3 forward, 2/3
-backward), the cross-entropy per logit, the fused attention at its measured FLOP/s for the
+kernels whose cost per element the profile holds (forward + backward, and the forward's
+measured share of it, which a recomputed forward pays again), the cross-entropy per logit, the fused attention at its measured FLOP/s for the
 sequence and head size, and the optimizer step per parameter.
 
 Everything is closed-form per layer and cached by shape, so a layout search can call it
@@ -197,10 +197,11 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     mem_b = rates.memory_seconds(2.0 * T * per_token, 1.5 * kernels)
     measured = _measured_elementwise(model, rates, T, hs, f * (topk if experts > 1 else 1) / tp, (a + g) * d / tp)
     if measured is not None:
+        both, forward_part = measured
         unmeasured = per_token - _elementwise_bytes(model, hs, f * (topk if experts > 1 else 1) / tp,
                                                      (a + g) * d / tp, e)
-        mem_f = measured / 3.0 + rates.memory_seconds(T * unmeasured, 0)
-        mem_b = 2.0 * measured / 3.0 + rates.memory_seconds(2.0 * T * unmeasured, 0)
+        mem_f = forward_part + rates.memory_seconds(T * unmeasured, 0)
+        mem_b = both - forward_part + rates.memory_seconds(2.0 * T * unmeasured, 0)
 
     forward = fwd_g + attn_f + mem_f
     backward = dgrad_g + wgrad_g + attn_b + mem_b
@@ -220,18 +221,22 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     )
 
 
-def _measured_elementwise(model, rates: DeviceRates, T: int, hs: float, act: float, rope: float) -> float | None:
-    """Forward + backward seconds of one layer's norms, residual adds, activation and rotary
-    embedding from a CPU profile's per-element timings, or None when it has none of them."""
+def _measured_elementwise(model, rates: DeviceRates, T: int, hs: float, act: float,
+                          rope: float) -> tuple[float, float] | None:
+    """(forward + backward, forward) seconds of one layer's norms, residual adds, activation and
+    rotary embedding from a CPU profile's per-element timings, or None when it has none of
+    them. The forward is each operator's measured share, or a third where none was measured."""
     table = measured_cpu(rates, "op_seconds_per_element")
     act_key = "swiglu" if model.mlp == "swiglu" else "gelu"
     needed = ("norm", "add", act_key) + (("rope",) if model.position == "rope" else ())
     if not table or any(key not in table for key in needed):
         return None
-    seconds = model.norms_per_layer * hs * table["norm"] + 2 * hs * table["add"] + act * table[act_key]
+    share = measured_cpu(rates, "op_forward_share") or {}
+    elements = {"norm": model.norms_per_layer * hs, "add": 2 * hs, act_key: act}
     if model.position == "rope":
-        seconds += rope * table["rope"]
-    return T * seconds
+        elements["rope"] = rope
+    both = {key: T * count * table[key] for key, count in elements.items()}
+    return sum(both.values()), sum(seconds * share.get(key, 1.0 / 3.0) for key, seconds in both.items())
 
 
 def _elementwise_bytes(model, hs: float, act: float, rope: float, e: float) -> float:
@@ -284,14 +289,16 @@ write 80 bytes per parameter (torch.optim.adamw._multi_tensor_adamw)."""
 
 
 def optimizer_seconds(params_owned: float, grad_bytes: float, weight_bytes: float, optimizer: str,
-                      rates: DeviceRates, fused: bool = True) -> float:
+                      rates: DeviceRates, fused: bool = True, fsdp_sharded: bool = False) -> float:
     """The optimizer step over the parameters this rank updates: memory-bound.
 
     Fused AdamW (Megatron/apex, DeepSpeed): fp32 master, m, v read and written once (24 B);
     PyTorch's foreach AdamW (FSDP runs) makes eight passes (80 B). Plus the gradient read (and
     read again for the clipping norm, and written when zeroed), and the 16-bit weight written.
-    A CPU profile's measured step (foreach AdamW with clipping, per parameter) replaces this."""
-    measured = (measured_cpu(rates, "optimizer_seconds_per_param") or {}).get(optimizer)
+    A CPU profile's measured step (foreach AdamW with clipping, per parameter; over FSDP2's
+    DTensor shards when `fsdp_sharded` and the profile measured it) replaces this."""
+    table = measured_cpu(rates, "optimizer_seconds_per_param") or {}
+    measured = (fsdp_sharded and table.get(optimizer + "_fsdp")) or table.get(optimizer)
     if measured:
         return params_owned * measured
     if optimizer == "adamw":

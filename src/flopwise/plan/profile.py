@@ -15,9 +15,11 @@ the operator timings (1) or the FSDP unit costs by size (1, 2) below):
 - optionally collectives (op, world size, bytes, bus bandwidth as nccl-tests defines it);
 - optionally (CPU) the operators a step runs besides its GEMMs, each forward + backward as
   autograd runs them: seconds per element of the element-wise ones (`norm`, `swiglu`,
-  `gelu`, `add`, `rope`; `cross_entropy` per logit), the fused attention's FLOP/s per dtype
+  `gelu`, `add`, `rope`; `cross_entropy` per logit) and the forward's share of each
+  (`op_forward_share`, version 3), the fused attention's FLOP/s per dtype
   (FLOPs counted as `plan/ops.py` counts them), and the optimizer step per parameter
-  (`adamw`: the trainer's foreach AdamW plus gradient clipping);
+  (`adamw`: the trainer's foreach AdamW plus gradient clipping; `adamw_fsdp`: the same over
+  FSDP2's sharded DTensor parameters, per parameter a rank owns);
 - optionally (CPU, several processes) what one FSDP2-wrapped unit adds to a forward +
   backward, by the unit's weight bytes: the framework's per-unit work (hooks, copies into
   and out of flat buffers), its two all-gathers and one reduce-scatter, and the waits for
@@ -96,6 +98,7 @@ class DeviceProfile:
     collectives: tuple[CollectivePoint, ...] = ()
     kernel_overhead_seconds: float | None = None  # one tiny operator, start to end
     op_seconds_per_element: dict[str, float] = field(default_factory=dict, hash=False)  # forward + backward, fp32
+    op_forward_share: dict[str, float] = field(default_factory=dict, hash=False)  # the forward's share of that
     attention: tuple[AttentionPoint, ...] = ()  # fused attention, forward + backward
     optimizer_seconds_per_param: dict[str, float] = field(default_factory=dict, hash=False)  # step + clipping
     fsdp_unit_seconds: tuple[tuple[float, float], ...] = ()  # (unit weight bytes, seconds it adds per step)
@@ -227,6 +230,7 @@ class DeviceProfile:
             "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
             "kernel_overhead_seconds": self.kernel_overhead_seconds,
             "op_seconds_per_element": dict(self.op_seconds_per_element),
+            "op_forward_share": dict(self.op_forward_share),
             "attention_flops_per_s": attention,
             "optimizer_seconds_per_param": dict(self.optimizer_seconds_per_param),
             "fsdp_unit_seconds": [list(point) for point in self.fsdp_unit_seconds],
@@ -287,6 +291,9 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
     if overhead is not None and (not _number(overhead) or overhead <= 0):
         raise UserError(f"{where}: 'kernel_overhead_seconds' must be a number > 0 or null, got {overhead!r}")
     elementwise = _rates(data, "op_seconds_per_element", where, ELEMENTWISE_OPS)
+    forward_share = _rates(data, "op_forward_share", where, ELEMENTWISE_OPS)
+    if any(share > 1 for share in forward_share.values()):
+        raise UserError(f"{where}: 'op_forward_share' values must be in (0, 1]")
     attention = []
     table = data.get("attention_flops_per_s") or {}
     if not isinstance(table, dict):
@@ -298,7 +305,7 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
             if not (isinstance(row, list) and len(row) == 3 and all(_number(v) and v > 0 for v in row)):
                 raise UserError(f"{where}: attention_flops_per_s.{dtype} row {row!r} is not [seq, head_dim, flops_per_s] > 0")
             attention.append(AttentionPoint(dtype, int(row[0]), int(row[1]), float(row[2])))
-    optimizer = _rates(data, "optimizer_seconds_per_param", where, ("adamw",))
+    optimizer = _rates(data, "optimizer_seconds_per_param", where, ("adamw", "adamw_fsdp"))
     units = _fsdp_units(data.get("fsdp_unit_seconds") if version >= 3 else None, where)
     threads = data.get("threads")
     if threads is not None and not (isinstance(threads, int) and threads >= 1):
@@ -308,7 +315,7 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
         raise UserError(f"{where}: 'processes' must be an integer >= 1, got {processes!r}")
     return DeviceProfile(
         device=device, device_kind=kind, gemm=tuple(points), memory_bandwidth_bytes_per_s=float(bandwidth),
-        collectives=tuple(collectives), kernel_overhead_seconds=overhead, op_seconds_per_element=elementwise,
+        collectives=tuple(collectives), kernel_overhead_seconds=overhead, op_seconds_per_element=elementwise, op_forward_share=forward_share,
         attention=tuple(attention), optimizer_seconds_per_param=optimizer, fsdp_unit_seconds=units, threads=threads, processes=processes,
         torch_version=str(data.get("torch_version", "")), host=str(data.get("host", "")),
         created=str(data.get("created", "")), schema_version=version,

@@ -369,7 +369,8 @@ def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: D
     owned = psi / dp if (lay.zero_stage >= 1 and dp > 1) else psi
     if lay.offload not in ("optimizer", "params"):
         return ops.optimizer_seconds(owned, inputs.grad_bytes, inputs.weight_bytes, optimizer_name, rates,
-                                     fused=inputs.framework != "fsdp"), 0.0
+                                     fused=inputs.framework != "fsdp",
+                                     fsdp_sharded=inputs.framework == "fsdp" and lay.zero_stage >= 3 and dp > 1), 0.0
     copies = owned * (inputs.grad_bytes + inputs.weight_bytes) / PCIE_BYTES_PER_S
     if lay.offload == "params":
         copies += 2 * lay.grad_accum * psi * inputs.weight_bytes / max(1, dp) / PCIE_BYTES_PER_S
