@@ -41,6 +41,9 @@ def test_quick_calibration_writes_a_valid_profile(tmp_path):
     # the operators besides GEMMs, forward + backward, as the trainer runs them
     assert set(profile.op_seconds_per_element) == set(ELEMENTWISE_OPS)
     assert all(0 < v < 1e-6 for v in profile.op_seconds_per_element.values())
+    # the forward alone is part of forward + backward
+    assert set(profile.op_forward_share) == set(ELEMENTWISE_OPS)
+    assert all(0 < v <= 1 for v in profile.op_forward_share.values())
     shapes = budget_for("cpu", True).attention_shapes
     assert {(p.dtype, p.seq, p.head_dim) for p in profile.attention} == {
         (d, s, h) for d in ("fp32", "bf16") for s, h in shapes}
@@ -96,7 +99,7 @@ def test_the_trainer_measures_again_a_cache_written_before_operator_timings(tmp_
 
 def test_two_gloo_processes_started_here_time_the_collectives_and_an_fsdp_unit():
     budget = budget_for("cpu", True)
-    points, units = measure_gloo_collectives(budget)
+    points, units, optimizer = measure_gloo_collectives(budget)
     sizes = budget.collective_sizes
     assert {(c.op, c.size_bytes) for c in points} == {(op, size) for op in ("all_reduce", "all_gather",
                                                                             "reduce_scatter") for size in sizes}
@@ -104,6 +107,7 @@ def test_two_gloo_processes_started_here_time_the_collectives_and_an_fsdp_unit()
     # one cost per unit width that FSDP made slower, keyed by the unit's fp32 weight bytes
     assert units and {size for size, _ in units} <= {4.0 * (h * h + h) for h in budget.fsdp_widths}
     assert all(0 < seconds < 1.0 for _, seconds in units)
+    assert 0 < optimizer < 1e-6  # the sharded optimizer step, per parameter a rank owns
 
 
 @pytest.mark.slow

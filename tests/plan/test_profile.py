@@ -228,6 +228,26 @@ def test_a_cpu_profile_times_the_operators_it_measured():
     assert plan(spec, profile=bare).time.memory_bound_seconds != measured.memory_bound_seconds
 
 
+def test_fsdp_shards_and_recomputed_forwards_are_charged_as_measured():
+    spec, profile = cpu_spec(zero=3)
+    sharded = DeviceProfile(**{**profile.__dict__, "optimizer_seconds_per_param": {"adamw": 2e-9, "adamw_fsdp": 6e-9}})
+    params = spec_params(spec) / spec.layout.dp
+    assert plan(spec, profile=sharded).time.optimizer_seconds == pytest.approx(6e-9 * params, rel=0.05)
+    ddp, _ = cpu_spec(zero=0)
+    assert plan(ddp, profile=sharded).time.optimizer_seconds == pytest.approx(2e-9 * spec_params(ddp), rel=0.05)
+
+    def recompute_cost(share):
+        shared = DeviceProfile(**{**profile.__dict__, "op_forward_share": dict.fromkeys(profile.op_seconds_per_element,
+                                                                                        share)})
+        full, _ = cpu_spec(zero=3, recompute="full")
+        return (plan(full, profile=shared).time.memory_bound_seconds
+                - plan(spec, profile=shared).time.memory_bound_seconds)
+
+    # full recompute re-runs the element-wise operators' forward: their measured share of the time
+    assert recompute_cost(0.6) == pytest.approx(2 * recompute_cost(0.3))
+    assert recompute_cost(0.3) > 0
+
+
 def test_the_measured_collectives_are_charged_on_a_cpu():
     spec, profile = cpu_spec()
     timed = DeviceProfile(**{**profile.__dict__, "collectives": tuple(
