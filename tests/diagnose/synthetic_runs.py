@@ -33,6 +33,7 @@ def write_run_dir(
     plan_step_seconds: float | None = 0.15,
     seed: int = 0,
     hardware: str = "cpu-measured",
+    profile: dict | None = None,
 ) -> Path:
     """Write a run dir and return it.
 
@@ -117,5 +118,7 @@ def write_run_dir(
             },
             "measured_over_predicted": {"memory_activations": 1.2},
         }
+        if profile is not None:  # the device profile record the prediction used
+            pvm["profile"] = profile
         (root / "predicted_vs_measured.json").write_text(json.dumps(pvm))
     return root

@@ -49,10 +49,24 @@ def test_straggler_advice_on_a_cpu_run_is_about_cores_not_gpus(tmp_path):
     assert "nvidia-smi" not in f.next_step and "cores" in f.next_step
 
 
-def test_a_cpu_run_slower_than_planned_is_a_note_not_a_finding(tmp_path):
+def test_a_cpu_run_slower_than_an_unprofiled_plan_is_a_note_not_a_finding(tmp_path):
     d = diagnose_run_dir(write_run_dir(tmp_path / "run", plan_step_seconds=0.05))
     assert "plan_mismatch" not in kinds(d)
     assert any("not judged on a CPU" in note and "step_seconds 2.40x" in note for note in d.notes)
+
+
+def test_a_cpu_run_slower_than_its_device_profile_predicts_is_a_finding(tmp_path):
+    profile = {"path": "/tmp/p.json", "device": "cpu (Test)", "created": "2026-12-03T00:00:00+00:00",
+               "threads": 1, "processes": 2, "dtypes": ["fp32"]}
+    d = diagnose_run_dir(write_run_dir(tmp_path / "run", plan_step_seconds=0.05, profile=profile))
+    f = finding(d, "plan_mismatch")
+    assert "slower than planned" in f.message and "step_seconds 2.40x" in f.message
+    assert "uptime" in f.next_step and "flopwise calibrate" in f.next_step
+    assert not any("not judged" in note for note in d.notes)
+    # within the tolerance there is nothing to say
+    close = diagnose_run_dir(write_run_dir(tmp_path / "close", plan_step_seconds=0.11, profile=profile))
+    assert "plan_mismatch" not in kinds(close) or all("memory" in f.message for f in close.findings
+                                                      if f.kind == "plan_mismatch")
 
 
 def test_straggler_seen_from_sync_waits_alone(tmp_path):

@@ -108,6 +108,7 @@ class RunData:
     config: dict
     skipped_lines: int = 0
     hardware_key: str = ""  # the plan's device ("cpu-measured" for a CPU run); "" when no plan was written
+    profiled: bool = False  # the prediction used a measured device profile (`flopwise calibrate`)
 
     @property
     def on_cpu(self) -> bool:
@@ -219,17 +220,20 @@ def load_run(run_dir: str | Path) -> RunData:
         raise UserError(f"{root}: {names} hold no step records (lines with 'step' and 'step_seconds'); did the run get past step 1?")
     steps_by_rank = {rank: [steps[s] for s in sorted(steps)] for rank, steps in by_rank.items()}
     return RunData(root, steps_by_rank, read_plan_rows(root), read_config(config_path(root)), skipped,
-                   read_hardware_key(root))
+                   *read_plan_device(root))
 
 
-def read_hardware_key(root: Path) -> str:
-    """The catalog key of the device the plan was made for ("cpu" on a CPU run), "" when unknown."""
+def read_plan_device(root: Path) -> tuple[str, bool]:
+    """(the catalog key of the device the plan was made for, "cpu..." on a CPU run, or "" when
+    unknown; whether the prediction used a measured device profile)."""
     try:
         comparison = read_comparison(root)
     except UserError:
-        return ""
-    key = (comparison.hardware if comparison is not None else {}).get("key")
-    return key if isinstance(key, str) else ""
+        return "", False
+    if comparison is None:
+        return "", False
+    key = (comparison.hardware or {}).get("key")
+    return (key if isinstance(key, str) else ""), comparison.profile is not None
 
 
 def read_config(path: Path) -> dict:
@@ -603,16 +607,19 @@ def find_memory_imbalance(breakdown: list[RankBreakdown]) -> list[Finding]:
 SPEED_FIGURES = ("tokens_per_second", "step_seconds", "mfu")
 
 
-def find_plan_mismatch(rows: list[PlanRow], run_dir: Path, on_cpu: bool = False) -> list[Finding]:
+def find_plan_mismatch(rows: list[PlanRow], run_dir: Path, on_cpu: bool = False,
+                       profiled: bool = True) -> list[Finding]:
     """Predicted figures that reality missed by more than PLAN_TOLERANCE either way.
 
     Speed (tokens/s, step time, MFU: one fact seen three ways) and memory are separate
-    findings because they have different fixes. On a CPU the speed prediction is an
-    assumed efficiency over a timed matmul peak, not a calibrated figure, so a miss
-    there says nothing about the run: only memory is judged (`cpu_speed_note` says why).
+    findings because they have different fixes. A CPU run's speed is judged when its
+    prediction came from this machine's measured device profile (within ~15 % on an idle
+    machine, docs/planner.md); without one it is an assumed efficiency over a timed matmul
+    peak, and only memory is judged (the diagnosis notes why).
     """
     off = [r for r in rows if r.predicted > 0 and not (1 / PLAN_TOLERANCE <= r.ratio <= PLAN_TOLERANCE)]
-    speed = [] if on_cpu else [r for r in off if r.name.split(".")[-1] in SPEED_FIGURES]
+    judged = profiled or not on_cpu
+    speed = [r for r in off if r.name.split(".")[-1] in SPEED_FIGURES] if judged else []
     memory = [r for r in off if is_memory_figure(r.name)]
     findings = []
     if speed:
@@ -624,7 +631,11 @@ def find_plan_mismatch(rows: list[PlanRow], run_dir: Path, on_cpu: bool = False)
                 kind="plan_mismatch",
                 severity="warn",
                 message=f"the run is {'faster' if faster else 'slower'} than planned (measured / predicted: {text})",
-                next_step=f"run `flopwise plan --calibrate {run_dir}` so the planner uses this run's measured MFU",
+                next_step=(
+                    "the prediction comes from this machine's device profile: other processes on the cores slow a "
+                    "run but not the profile, so check the load (`uptime`); if the machine or its threads changed, "
+                    "measure it again with `flopwise calibrate --nproc N`" if on_cpu else
+                    f"run `flopwise plan --calibrate {run_dir}` so the planner uses this run's measured MFU"),
                 evidence={r.name: r.ratio for r in speed},
             )
         )
@@ -653,18 +664,18 @@ def diagnose(run: RunData) -> Diagnosis:
         + find_outlier_steps(run, breakdown)
         + find_loss_problems(run)
         + find_memory_imbalance(breakdown)
-        + find_plan_mismatch(run.plan_rows, run.run_dir, run.on_cpu)
+        + find_plan_mismatch(run.plan_rows, run.run_dir, run.on_cpu, run.profiled)
     )
     findings.sort(key=lambda f: -SEVERITIES.index(f.severity))
     steps = max(len(v) for v in run.steps_by_rank.values())
     notes = []
     missed = [r for r in run.plan_rows if r.name.split(".")[-1] in SPEED_FIGURES and r.predicted > 0
               and not (1 / PLAN_TOLERANCE <= r.ratio <= PLAN_TOLERANCE)]
-    if run.on_cpu and missed:
+    if run.on_cpu and not run.profiled and missed:
         notes.append(
             f"speed differs from the plan ({', '.join(f'{r.name} {r.ratio:.2f}x' for r in missed)}) but is not "
-            "judged on a CPU: the planner's CPU figure assumes an efficiency over a timed matmul peak, and other "
-            f"processes share the cores; `flopwise plan --calibrate {run.run_dir}` fits it to this run"
+            "judged on a CPU whose prediction had no measured device profile (it assumed an efficiency over a "
+            "timed matmul peak); `flopwise calibrate --nproc N` measures one for the next run"
         )
     if len(run.ranks) > 1 and not all("sync_wait_seconds" in b.median for b in breakdown):
         notes.append(
