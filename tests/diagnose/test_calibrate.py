@@ -25,7 +25,7 @@ from flopwise.plan.profile import ELEMENTWISE_OPS, SCHEMA_VERSION, load_profile
 def test_quick_calibration_writes_a_valid_profile(tmp_path):
     out = tmp_path / "profile.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
-    proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--threads", "1",
+    proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--threads", "1", "--nproc", "1",
                            "--out", str(out)], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {out}" in proc.stdout.replace("\n", "") and "1 thread(s)" in proc.stdout
@@ -54,12 +54,20 @@ def test_quick_calibration_writes_a_valid_profile(tmp_path):
 
 def test_default_output_is_the_per_device_cache(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--dtypes", "fp32"],
+    proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--dtypes", "fp32", "--nproc", "1"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     written = list((tmp_path / "flopwise" / "profiles").glob("cpu-*-1t.json"))
     assert len(written) == 1 and str(written[0]) in proc.stdout
     assert load_profile(written[0]).dtypes() == ("fp32",)
+
+
+def test_a_plain_calibration_on_a_cpu_measures_as_the_default_training_launch_runs():
+    from flopwise.diagnose.calibrate import TRAINER_PROCESSES, default_processes
+    from flopwise.train.config import ParallelConfig
+
+    assert TRAINER_PROCESSES == ParallelConfig().nproc_per_node
+    assert default_processes() == TRAINER_PROCESSES  # this machine has no GPU
 
 
 def test_dtypes_are_checked():

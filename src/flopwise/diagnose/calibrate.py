@@ -678,21 +678,36 @@ def profile_for_device(device: torch.device, dtype: str) -> tuple[DeviceProfile,
 # ---------------------------------------------------------------------------- the command
 
 
+TRAINER_PROCESSES = 2
+"""`flopwise train`'s default launch on a CPU: `parallel.nproc_per_node` processes (a test
+checks the two agree), one thread each. A CPU profile is kept per threads and processes,
+so a calibration launched this way is the one the default training run reads."""
+
+
+def default_processes() -> int:
+    """`--nproc` when not given: the trainer's default launch on a CPU, one process per GPU
+    measuring on its own device otherwise."""
+    return 1 if torch.cuda.is_available() else TRAINER_PROCESSES
+
+
 def run_calibration(out: Path | None, dtypes_text: str | None, quick: bool, threads: int | None,
-                    nproc: int) -> tuple[DeviceProfile, Path] | None:
-    """Measure and write a profile; starts `nproc` processes with torchrun when asked.
-    Returns (profile, path) on the process that wrote it, None on other ranks."""
+                    nproc: int | None = None) -> tuple[DeviceProfile, Path] | None:
+    """Measure and write a profile; starts `nproc` processes with torchrun when asked
+    (`default_processes()` when None). Returns (profile, path) on the process that wrote
+    it, None on other ranks."""
     if threads is not None:
         if threads < 1:
             raise UserError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+    if nproc is None:
+        nproc = default_processes()
     if nproc < 1:
         raise UserError(f"--nproc must be >= 1, got {nproc}")
+    device = default_device()
+    dtypes = parse_dtypes(dtypes_text, device.type)  # a bad --dtypes is one line before any launch
     inside = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
     if nproc > 1 and not inside:
         return _launch(out, dtypes_text, quick, threads, nproc)
-    device = default_device()
-    dtypes = parse_dtypes(dtypes_text, device.type)
     owns_group = False
     if inside and int(os.environ["WORLD_SIZE"]) > 1:
         import torch.distributed as dist

@@ -137,7 +137,7 @@ def calibrate(
     dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="Comma list of fp32, tf32, bf16, fp16. [default: fp32,bf16 on CPU; fp32,tf32,bf16,fp16 on CUDA]")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="A small grid and short timings (a few seconds).")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per process. [default: torch's, or 1 per process with --nproc]")] = None,
-    nproc: Annotated[int, typer.Option("--nproc", help="Processes measuring at once, as training ranks run (also times collectives). [default: 1]")] = 1,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Processes measuring at once, as training ranks run (also times collectives). [default: on a CPU 2, `flopwise train`'s default launch, so the default training run reads this profile; 1 on a GPU]")] = None,
     report_to: Annotated[Optional[Path], typer.Option("--report", hidden=True, help="Write where the profile went (used by the launcher).")] = None,
 ) -> None:
     """Measure this device's GEMM speed per shape and dtype, memory bandwidth, collectives and (CPU) a step's other operators; write a profile for `plan --profile` and the trainer."""
