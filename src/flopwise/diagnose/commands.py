@@ -133,11 +133,11 @@ def _render_bench(result: dict, out: Optional[Path]) -> None:
 
 
 def calibrate(
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write the profile here. [default: $XDG_CACHE_HOME/flopwise/profiles/<device>.json, ~/.cache when unset]")] = None,
-    dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="Comma list of fp32, tf32, bf16, fp16. [default: fp32,bf16 on CPU; fp32,tf32,bf16,fp16 on CUDA]")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help=r"Write the profile here. \[default: $XDG_CACHE_HOME/flopwise/profiles/<device>.json, ~/.cache when unset]")] = None,
+    dtypes: Annotated[Optional[str], typer.Option("--dtypes", help=r"Comma list of fp32, tf32, bf16, fp16. \[default: fp32,bf16 on CPU; fp32,tf32,bf16,fp16 on CUDA]")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="A small grid and short timings (a few seconds).")] = False,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per process. [default: torch's, or 1 per process with --nproc]")] = None,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Processes measuring at once, as training ranks run (also times collectives). [default: on a CPU 2, `flopwise train`'s default launch, so the default training run reads this profile; 1 on a GPU]")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help=r"torch threads per process. \[default: 1 when several processes run (OMP_NUM_THREADS if set), torch's in one]")] = None,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help=r"Processes measuring at once, as training ranks run (also times collectives). \[default: on a CPU 2, `flopwise train`'s default launch, so the default training run reads this profile; 1 on a GPU]")] = None,
     report_to: Annotated[Optional[Path], typer.Option("--report", hidden=True, help="Write where the profile went (used by the launcher).")] = None,
 ) -> None:
     """Measure this device's GEMM speed per shape and dtype, memory bandwidth, collectives and (CPU) a step's other operators; write a profile for `plan --profile` and the trainer."""
