@@ -26,13 +26,12 @@ Sources:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
 from pathlib import Path
 
-from validate_planner import Row
+from validate_planner import Row, tables, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -175,15 +174,7 @@ def render(rows: list[Row]) -> str:
         f"- median |error| {100 * statistics.median(errors):.1f} %, worst {100 * max(errors):.1f} %",
         "",
     ]
-    group = None
-    for r in rows:
-        if r.group != group:
-            group = r.group
-            lines += ["", f"## {group}", "", "| figure | predicted | published | unit | error | layout / note |",
-                      "|---|---:|---:|---|---:|---|"]
-        lines.append(f"| {r.figure} | {r.predicted:,.4g} | {r.published:,.4g} | {r.unit} | {100 * r.error:+.1f} % "
-                     f"| {r.note} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + tables(rows)) + "\n"
 
 
 def main() -> None:
@@ -195,9 +186,7 @@ def main() -> None:
     args.out.write_text(render(rows))
     errors = [abs(r.error) for r in rows]
     summary = {"rows": len(rows), "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors)}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"summary": summary, "rows": [dict(dataclasses.asdict(r), error=r.error)
-                                                                  for r in rows]}, indent=2) + "\n")
+    write_json(args.json, summary, rows)
     print(json.dumps(summary))
     print(f"wrote {args.out}", file=sys.stderr)
 

@@ -248,8 +248,13 @@ def render(rows: list[Row]) -> str:
         "Memory rows check the formulas of `plan/memory.py` against the figures they reproduce.",
         "",
     ]
+    return "\n".join(lines + tables(rows)) + "\n"
+
+
+def tables(rows: list[Row]) -> list[str]:
+    """Markdown lines: one table per group, groups in order of first appearance."""
     order = {g: i for i, g in reversed(list(enumerate(r.group for r in rows)))}
-    group = None
+    lines, group = [], None
     for r in sorted(rows, key=lambda r: order[r.group]):
         if r.group != group:
             group = r.group
@@ -257,7 +262,14 @@ def render(rows: list[Row]) -> str:
                       "|---|---:|---:|---|---:|---|"]
         lines.append(f"| {r.figure} | {r.predicted:,.4g} | {r.published:,.4g} | {r.unit} | {100 * r.error:+.1f} % "
                      f"| {r.note} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def write_json(path: Path, summary: dict, rows: list[Row]) -> None:
+    """The summary and every row with its error, as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"summary": summary, "rows": [dict(dataclasses.asdict(r), error=r.error)
+                                                             for r in rows]}, indent=2) + "\n")
 
 
 def main() -> None:
@@ -273,9 +285,7 @@ def main() -> None:
     summary = {"rows": len(rows), "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
                "timing_rows": len(timing), "timing_median_abs_error": statistics.median(timing),
                "timing_worst_abs_error": max(timing)}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"summary": summary, "rows": [dict(dataclasses.asdict(r), error=r.error)
-                                                                  for r in rows]}, indent=2) + "\n")
+    write_json(args.json, summary, rows)
     print(json.dumps(summary))
     print(f"wrote {args.out}", file=sys.stderr)
 
