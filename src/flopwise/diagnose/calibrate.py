@@ -162,15 +162,20 @@ def time_call(fn, device: torch.device, seconds: float, min_calls: int, max_call
             end.synchronize()
             samples.append(begin.elapsed_time(end) / 1e3)
         else:
-            threads = torch.get_num_threads()
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            samples.append(min(wall, cpu / threads) if cpu > 0 else wall)
+            samples.append(cpu_call_seconds(fn))
         if len(samples) >= 1000:
             break
     samples.sort()
     return samples[int(quantile * (len(samples) - 1))]
+
+
+def cpu_call_seconds(fn) -> float:
+    """Seconds of one `fn()` on a CPU: the smaller of its wall time and the process's CPU time
+    over its threads, so time the scheduler gives other processes is not counted."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return min(wall, cpu / torch.get_num_threads()) if cpu > 0 else wall
 
 
 CACHE_FLUSH_BYTES = 64 * 2**20
@@ -190,7 +195,7 @@ def time_in_turn(calls: dict, seconds: float, min_rounds: int, max_call_seconds:
     are no longer in the caches the way they are when one call repeats: repeating one call
     measures warm caches (on this project's 2-core test machine, GEMMs 10-20 % and
     element-wise operators up to 2x faster than inside a training step). A call's time is
-    the smaller of its wall time and the process's CPU time over its threads, as in `time_call`."""
+    `cpu_call_seconds`."""
     flush = torch.empty(CACHE_FLUSH_BYTES // 4)
     kept = {}
     for key, fn in calls.items():
@@ -199,16 +204,12 @@ def time_in_turn(calls: dict, seconds: float, min_rounds: int, max_call_seconds:
         if time.perf_counter() - start <= max_call_seconds:
             kept[key] = fn
     samples: dict = {key: [] for key in kept}
-    threads = torch.get_num_threads()
     deadline = time.perf_counter() + seconds
     rounds = 0
     while kept and (rounds < min_rounds or time.perf_counter() < deadline) and rounds < 1000:
         for key, fn in kept.items():
             flush.fill_(float(rounds))
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            samples[key].append(min(wall, cpu / threads) if cpu > 0 else wall)
+            samples[key].append(cpu_call_seconds(fn))
         rounds += 1
     return {key: sorted(times)[int(quantile * (len(times) - 1))] for key, times in samples.items()}
 
