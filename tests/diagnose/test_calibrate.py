@@ -131,3 +131,14 @@ def test_two_processes_measure_at_once_and_time_collectives(tmp_path):
     assert all(c.world_size == 2 and c.bus_bytes_per_s > 0 for c in profile.collectives)
     assert profile.collective_bus_bytes_per_s > 0
     assert profile.fsdp_unit_seconds and all(seconds > 0 for _, seconds in profile.fsdp_unit_seconds)
+
+
+@pytest.mark.parametrize("out, fragment", [("a_directory", "is a directory"), ("file/p.json", "cannot create")])
+def test_a_bad_out_is_one_line_before_anything_is_measured(tmp_path, out, fragment):
+    (tmp_path / "a_directory").mkdir()
+    (tmp_path / "file").write_text("not a directory")
+    proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--out", str(tmp_path / out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: --out:") and fragment in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

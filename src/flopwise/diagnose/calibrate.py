@@ -705,7 +705,9 @@ def run_calibration(out: Path | None, dtypes_text: str | None, quick: bool, thre
     if nproc < 1:
         raise UserError(f"--nproc must be >= 1, got {nproc}")
     device = default_device()
-    dtypes = parse_dtypes(dtypes_text, device.type)  # a bad --dtypes is one line before any launch
+    dtypes = parse_dtypes(dtypes_text, device.type)  # a bad --dtypes or --out is one line before any launch
+    if out is not None:
+        check_writable(out)
     inside = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
     if nproc > 1 and not inside:
         return _launch(out, dtypes_text, quick, threads, nproc)
@@ -732,6 +734,18 @@ def run_calibration(out: Path | None, dtypes_text: str | None, quick: bool, thre
     return profile, path
 
 
+def check_writable(path: Path) -> None:
+    """UserError naming `--out` when a profile cannot be written there (checked before measuring)."""
+    if path.is_dir():
+        raise UserError(f"--out: {path} is a directory; give a file name such as {path / 'profile.json'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out: cannot create {path.parent} ({err.strerror or err})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"--out: {path.parent} is not writable")
+
+
 def _launch(out: Path | None, dtypes_text: str | None, quick: bool, threads: int | None,
             nproc: int) -> tuple[DeviceProfile, Path]:
     """Run the calibration in `nproc` local processes (torchrun --standalone)."""
@@ -751,7 +765,11 @@ def _launch(out: Path | None, dtypes_text: str | None, quick: bool, threads: int
             cmd += ["--threads", str(threads)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0 or not result.exists():
-            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            said = [line for line in lines if line.startswith("error: ")]  # a rank's own one-line error
+            if said:
+                raise UserError(said[0].removeprefix("error: "))
+            tail = " | ".join(lines[-3:])
             raise UserError(f"flopwise calibrate: torchrun exited with {proc.returncode}: {tail[-400:]}")
         path = Path(json.loads(result.read_text())["path"])
     return load_profile(path), path
