@@ -20,6 +20,7 @@ from flopwise.train.config import RunConfig
 
 SEED = 20261203
 NON_FINITE = [".inf", "-.inf", ".nan", "1e400", "-1e400"]
+YAML_BOOLEANS = ["on", "yes", "no", "true"]  # booleans in YAML, never a number
 HUGE_INTS = ["99999999999999999999", "18446744073709551616", "1" + "0" * 300, "-1" + "0" * 40]
 
 
@@ -62,7 +63,7 @@ def _bad_values(field, rng: random.Random) -> list[str]:
     bounds = _constraints(field)
     bad: list[str] = []
     if types & {int, float} and bool not in types:
-        bad += ["'12'x", "[1, 2]", "{a: 1}", "abc"]
+        bad += ["'12'x", "[1, 2]", "{a: 1}", "abc", *YAML_BOOLEANS]
         if "ge" in bounds:
             bad.append(repr(bounds["ge"] - (1 if isinstance(bounds["ge"], int) else 1e-3 * max(1, abs(bounds["ge"])))))
         if "gt" in bounds:

@@ -86,6 +86,33 @@ def test_bad_values_give_one_line_naming_the_key(overrides, expected):
     assert message.startswith("override '")
 
 
+@pytest.mark.parametrize("text, key", [
+    ("training: {max_steps: on}\n", "training.max_steps"),
+    ("training: {lr: yes}\n", "training.lr"),
+    ("training: {warmup_steps: no}\n", "training.warmup_steps"),
+    ("model: {n_heads: true}\n", "model.n_heads"),
+    ("parallel: {nproc_per_node: on}\n", "parallel.nproc_per_node"),
+    ("compress: {lr: yes}\n", "compress.lr"),
+])
+def test_a_yaml_boolean_is_not_a_number(tmp_path, text, key):
+    from flopwise.compress.config import parse_compress_config
+    from flopwise.train.config_loading import load_train_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        load_train_config(str(path), [], parse_compress_config)
+    message = str(err.value)
+    assert "\n" not in message and f"{key}: must be a number" in message and "Value error" not in message
+
+
+def test_numbers_stay_numbers_and_boolean_fields_keep_booleans(tmp_path):
+    cfg = load_config(None, ["training.max_steps=200", "training.lr='0.01'", "training.gradient_checkpointing=true",
+                             "training.gradient_checkpointing=2"])
+    assert cfg.training.max_steps == 200 and cfg.training.lr == 0.01 and cfg.training.checkpoint_every == 2
+    assert load_config(None, ["training.gradient_checkpointing=on"]).training.checkpoint_every == 1
+
+
 def test_file_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("training:\n  max_steps: [1\n")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from flopwise.errors import UserError
+from flopwise.train.config import refuse_booleans_for_numbers
 
 METHODS = ("int8-static", "int8-dynamic", "qat", "prune", "2:4", "int8-weight-only", "int4-weight-only", "w8a8-dynamic")
 LLM_METHODS = ("int8-weight-only", "int4-weight-only", "w8a8-dynamic")  # compress/methods/: HF folders out
@@ -49,6 +50,12 @@ class CompressConfig(BaseModel):
     compile: bool = True
     task: Literal["lm", "digits-cnn", "digits-mlp"] | None = None
     out: Path | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value, info: ValidationInfo):
+        """Numbers refuse YAML booleans, as in the run config's sections."""
+        return refuse_booleans_for_numbers(cls, value, info)
 
     @field_validator("out", mode="after")
     @classmethod
@@ -98,7 +105,8 @@ def describe_error(err: ValidationError) -> str:
         return f"compress.{key}: unknown key (allowed: {allowed})"
     if first["type"] == "literal_error":
         return f"compress.{key}: {_short(first['input'])} is not allowed ({first['msg'].replace('Input should be ', 'expected ')})"
-    return f"compress.{key}: {first['msg']} (got {_short(first['input'])})"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"compress.{key}: {message} (got {_short(first['input'])})"
 
 
 def _short(value) -> str:

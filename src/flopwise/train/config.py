@@ -6,10 +6,14 @@ reported as one line naming the key path and what is allowed.
 
 from __future__ import annotations
 
+import functools
+import typing
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator, model_validator,
+)
 
 # Practical ceilings: far above any real run, low enough that no value reaches torch or the
 # allocator as an absurd size. Seeds must fit numpy's and torch's 32-bit seeding.
@@ -25,10 +29,41 @@ MAX_LR = 10.0
 from flopwise.plan.precision_mode import precision_of
 
 
+@functools.lru_cache(maxsize=None)
+def _accepted_types(annotation) -> frozenset:
+    """The plain types an annotation admits (`int | None` -> {int, NoneType}), through Annotated and unions."""
+    if isinstance(annotation, type):
+        return frozenset({annotation})
+    found: set = set()
+    for arg in typing.get_args(annotation):
+        found |= _accepted_types(arg)
+    return frozenset(found)
+
+
+def refuse_booleans_for_numbers(model: type[BaseModel], value, info: ValidationInfo):
+    """A YAML boolean (`on`, `yes`, `no`, `true`) given for a number field is a mistake, not 1 or 0.
+
+    pydantic's lax mode reads `True` as 1 for `int` and `float` fields, so `max_steps: on`
+    trained one step and exited 0. Fields that admit a boolean themselves
+    (`gradient_checkpointing: bool | int`) keep it.
+    """
+    if isinstance(value, bool) and info.field_name is not None:
+        types = _accepted_types(model.model_fields[info.field_name].annotation)
+        if types & {int, float} and bool not in types:
+            raise ValueError("must be a number; yes/no, on/off and true/false are booleans in YAML")
+    return value
+
+
 class Section(BaseModel):
     """Base for config sections: unknown keys are errors, values are validated on assignment."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value, info: ValidationInfo):
+        """Numbers refuse YAML booleans (`refuse_booleans_for_numbers`)."""
+        return refuse_booleans_for_numbers(cls, value, info)
 
     @field_validator("*", mode="after")
     @classmethod
