@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flopwise.errors import UserError
+from flopwise.safe_write import write_file
 
 SCHEMA_VERSION = 1
 
@@ -175,12 +176,8 @@ class Comparison:
 
 
 def write_comparison(run_dir: str | Path, comparison: Comparison) -> Path:
-    """Write `predicted_vs_measured.json` atomically (tmp + rename)."""
-    path = comparison_path(run_dir)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(comparison), indent=2))
-    tmp.replace(path)
-    return path
+    """Write `predicted_vs_measured.json` atomically (tmp + rename, never through a link)."""
+    return write_file(comparison_path(run_dir), json.dumps(asdict(comparison), indent=2))
 
 
 def read_comparison(run_dir: str | Path) -> Comparison | None:

@@ -5,6 +5,7 @@ schema). Real files, real processes, real (tiny) training runs on one process.""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import socket
@@ -22,6 +23,7 @@ from flopwise.train.checkpoint.checks import latest_valid_or_stop, prune_keeping
 from flopwise.train.config_loading import load_config
 from flopwise.train.launch import launch
 from flopwise.train.run_directory import LOCK_FILE, acquire_lock, claim_run_directory, release_lock
+from tests.train import lock_takers
 
 TINY = [
     "model.n_layers=1", "model.hidden=32", "model.n_heads=2", "model.max_seq_len=64",
@@ -91,25 +93,71 @@ def test_a_second_trainer_on_a_locked_run_directory_is_refused_with_one_line(cor
         holder.wait()
 
 
-def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+TAKERS = 4
+TRIALS = 100
+
+
+def test_concurrent_takers_of_a_stale_lock_end_with_exactly_one_owner(tmp_path):
+    """The race that gave two owners in 3-8 of 40 trials with a pid-file lock: four processes
+    start together on the record a killed trainer left; in every trial exactly one owns the lock."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "started": "x"}))
-    notes = []
-    lock = acquire_lock(tmp_path, report=notes.append)
-    assert json.loads(lock.read_text())["pid"] == os.getpid()
-    assert "stale lock" in notes[0]
+    for trial in range(TRIALS):
+        lock_takers.plant_stale_lock(tmp_path / f"trial-{trial}", dead.pid)
+    context = multiprocessing.get_context("spawn")
+    start, done, results = context.Barrier(TAKERS), context.Barrier(TAKERS), context.Queue()
+    takers = [context.Process(target=lock_takers.race, args=(str(tmp_path), TRIALS, start, done, results))
+              for _ in range(TAKERS)]
+    for taker in takers:
+        taker.start()
+    outcomes = [results.get(timeout=120) for _ in range(TAKERS * TRIALS)]
+    for taker in takers:
+        taker.join(timeout=60)
+        assert taker.exitcode == 0
+    owners = {trial: [pid for t, pid, took in outcomes if t == trial and took] for trial in range(TRIALS)}
+    assert [t for t, pids in owners.items() if len(pids) != 1] == []
+    for trial, (pid,) in owners.items():  # the record names the process that held it
+        assert json.loads((tmp_path / f"trial-{trial}" / LOCK_FILE).read_text() or "{}").get("pid") in (pid, None)
+
+
+def test_a_killed_owner_releases_the_lock_to_the_next_taker(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from pathlib import Path; "
+                               "from flopwise.train.run_directory import acquire_lock; "
+                               "acquire_lock(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)",
+                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert f"pid {holder.pid} on {socket.gethostname()}" in one_line(lambda: acquire_lock(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = acquire_lock(tmp_path)  # the kernel released it with the dead holder's descriptors
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
     release_lock(lock)
-    assert not lock.exists()
 
 
-def test_a_lock_from_another_host_is_never_taken(tmp_path):
+def test_a_record_left_without_a_holder_is_taken_whatever_host_it_names(tmp_path):
     (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "t"}))
-    assert "in use by another trainer (pid 1 on elsewhere" in one_line(lambda: acquire_lock(tmp_path))
+    lock = acquire_lock(tmp_path)
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] == socket.gethostname()
+    release_lock(lock)
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / LOCK_FILE).symlink_to(target)
+    assert "is a symbolic link" in one_line(lambda: acquire_lock(run_dir))
+    assert target.read_text() == "keep me"
 
 
 def test_the_lock_is_released_when_the_run_ends(trained):
-    assert not (trained / LOCK_FILE).exists()
+    lock = acquire_lock(trained)  # the in-process run let it go: taking it again works at once
+    release_lock(lock)
+    assert (trained / LOCK_FILE).read_text() == ""
 
 
 # ------------------------------------------------------------------------------ reuse and config
@@ -128,6 +176,51 @@ def test_overwrite_moves_the_old_run_aside(corpus, trained, tmp_path):
     assert len(aside) == 1 and [s for s, _ in ckpt.published_steps(aside[0])] == [1, 2, 3, 4]
     assert [s for s, _ in ckpt.published_steps(run_dir)] == [1, 2]
     assert len((run_dir / "metrics.rank0.jsonl").read_text().splitlines()) == 2
+
+
+def test_overwrite_through_dot_dot_moves_the_whole_run_beside_it(corpus, trained, tmp_path):
+    """`run_dir=used/sub/..` once named the aside folder `used/sub/...old-<time>`, inside the tree being
+    moved, and stopped with a traceback after moving half the run: the path is normalised first."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    train(corpus, run_dir / "checkpoints" / "..", "checkpoint.resume=false", "checkpoint.overwrite=true",
+          "training.max_steps=2")
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
+    assert len(aside) == 1 and [s for s, _ in ckpt.published_steps(aside[0])] == [1, 2, 3, 4]
+    assert [s for s, _ in ckpt.published_steps(run_dir)] == [1, 2]
+    assert not [p for p in run_dir.rglob("*") if ".old-" in p.name]
+
+
+def test_overwrite_puts_back_what_it_moved_when_one_entry_fails(trained, tmp_path, monkeypatch):
+    from flopwise.train import run_directory
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    before = sorted(p.name for p in run_dir.iterdir())
+    real_rename, calls = os.rename, []
+
+    def failing_third_rename(src, dst):
+        calls.append(src)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(run_directory.os, "rename", failing_third_rename)
+    assert "No space left on device" in one_line(lambda: run_directory.move_aside(run_dir))
+    monkeypatch.undo()
+    assert sorted(p.name for p in run_dir.iterdir()) == before
+    assert not [p for p in tmp_path.iterdir() if ".old-" in p.name]
+
+
+@pytest.mark.parametrize("run_dir, expected", [
+    ("/proc/flopwise-run", "logging.run_dir: cannot create /proc/flopwise-run"),
+    ("{file}", "is a file, not a folder"),
+    ("", "logging.run_dir: must name a folder"),
+])
+def test_a_run_dir_that_cannot_be_one_is_one_line(corpus, tmp_path, run_dir, expected):
+    (tmp_path / "a-file").write_text("x")
+    run_dir = run_dir.format(file=tmp_path / "a-file")
+    assert expected in one_line(lambda: train(corpus, run_dir))
 
 
 def test_resuming_with_a_different_config_names_the_keys(corpus, trained):

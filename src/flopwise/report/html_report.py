@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from flopwise.diagnose.analyze import COMPONENT_LABELS, COMPONENTS, Diagnosis, RunData, is_memory_figure
+from flopwise.safe_write import write_file
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1000px;
@@ -33,7 +34,7 @@ def write_html_report(run: RunData, diagnosis: Diagnosis, figures: dict[str, Pat
                       summary: list[tuple[str, str]]) -> Path:
     """Write RUN_DIR/report.html from the same facts as report.md; returns its path."""
     path = run.run_dir / "report.html"
-    path.write_text(render_html(run, diagnosis, figures, summary), encoding="utf-8")
+    write_file(path, render_html(run, diagnosis, figures, summary))
     return path
 
 

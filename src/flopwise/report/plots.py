@@ -7,6 +7,7 @@ run without validation has no val-loss line; one without memory fields no memory
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -24,6 +25,7 @@ from flopwise.diagnose.analyze import (  # noqa: E402
     is_memory_figure,
 )
 from flopwise.runrecord import TIME_COMPONENTS  # noqa: E402
+from flopwise.safe_write import make_folder, write_file  # noqa: E402
 
 COMPONENT_COLORS = {
     "data_seconds": "#d62728",
@@ -36,11 +38,12 @@ DPI = 110
 
 
 def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=DPI, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
-    return path
+    return write_file(path, image.getvalue())  # never through a link planted in the run directory
 
 
 def validation_losses(run: RunData) -> list[tuple[int, float]]:

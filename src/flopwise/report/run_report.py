@@ -21,6 +21,7 @@ from flopwise.diagnose.analyze import (
 from flopwise.report import plots
 from flopwise.report.html_report import write_html_report
 from flopwise.runrecord import REPORT_FILE, TIME_COMPONENTS
+from flopwise.safe_write import write_file
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def write_report(run_dir: str | Path) -> ReportFiles:
         "Memory": plots.plot_memory(diagnosis, plot_dir / "memory.png"),
     }
     path = run.run_dir / REPORT_FILE
-    path.write_text(render_markdown(run, diagnosis, figures), encoding="utf-8")
+    write_file(path, render_markdown(run, diagnosis, figures))
     page = write_html_report(run, diagnosis, figures, summary_rows(run, diagnosis))
     return ReportFiles(path, [p for p in figures.values() if p is not None], page)
 

@@ -7,6 +7,7 @@ reported as one line naming the key path and what is allowed.
 from __future__ import annotations
 
 import functools
+import os
 import typing
 from pathlib import Path
 from typing import Annotated, Literal
@@ -272,6 +273,18 @@ class LoggingConfig(Section):
     wandb: bool = False
     wandb_project: str = "flopwise"
     progress: bool = True
+
+    @field_validator("run_dir", mode="before")
+    @classmethod
+    def _normalised_folder(cls, value):
+        """An empty path is refused (it would train into the current folder); `a/b/..` becomes `a`,
+        so the lock, the reuse checks and moving an old run aside all see the folder the OS means."""
+        if isinstance(value, (str, Path)):
+            if not str(value).strip():
+                raise ValueError("must name a folder, not an empty path")
+            if "\x00" not in str(value):
+                return Path(os.path.normpath(str(value)))
+        return value
 
 
 class RunConfig(Section):

@@ -13,6 +13,8 @@ import socket
 import sys
 from pathlib import Path
 
+from flopwise.safe_write import make_folder, write_file
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "DS_ACCELERATOR")
 
 
@@ -59,6 +61,6 @@ def write_environment(run_dir: str | Path) -> Path:
     """Rank 0 writes RUN_DIR/environment.json (other ranks return the path untouched)."""
     path = Path(run_dir) / "environment.json"
     if int(os.environ.get("RANK", "0")) == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(describe_environment(), indent=2) + "\n", encoding="utf-8")
+        make_folder(path.parent)
+        write_file(path, json.dumps(describe_environment(), indent=2) + "\n")
     return path

@@ -128,10 +128,13 @@ def _launch(cfg: RunConfig, one_rank: bool) -> None:
     if world_size_of(cfg) == 1:
         _run_here_with_restarts(cfg)
         return
-    run_dir = Path(cfg.logging.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from flopwise.runrecord import config_path
+    from flopwise.safe_write import write_file
+    from flopwise.train.run_directory import prepare_run_directory
+
+    run_dir = prepare_run_directory(Path(cfg.logging.run_dir))
     if cfg.parallel.node_rank == 0:
-        (run_dir / "config.yaml").write_text(dump_config(cfg))  # the run's record, before any rank starts
+        write_file(config_path(run_dir), dump_config(cfg))  # the run's record, before any rank starts
     _prepare_data_once(cfg)
     _run_torchrun_with_restarts(cfg)
 

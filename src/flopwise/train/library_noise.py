@@ -19,6 +19,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from flopwise.safe_write import make_folder, open_for_append
+
 VERBOSE_ENV = "FLOPWISE_VERBOSE"
 LIBRARY_LOGGERS = ("deepspeed", "DeepSpeed", "torchao", "torch", "transformers", "datasets", "py.warnings")
 # torch._logging re-installs its own console handler on "torch" when torch.compile starts, so
@@ -46,14 +48,14 @@ def route_library_noise(folder: Path | str, verbose: bool | None = None) -> Path
     """
     verbose = verbose_requested() if verbose is None else verbose
     path = log_path_for(Path(folder))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     for key in ("handler", "console"):
         previous = _installed.pop(key, None)
         if isinstance(previous, logging.Handler):
             previous.close()
             for name in LIBRARY_LOGGERS:
                 logging.getLogger(name).removeHandler(previous)
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8", delay=True)
+    handler = _NoFollowFileHandler(path, mode="a", encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
     _installed["handler"] = handler
     _installed["verbose"] = verbose
@@ -81,7 +83,7 @@ def route_library_noise(folder: Path | str, verbose: bool | None = None) -> Path
     original = _installed.setdefault("showwarning", warnings.showwarning)
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        with path.open("a", encoding="utf-8") as log:
+        with _append_text(path) as log:
             log.write(warnings.formatwarning(message, category, filename, lineno, line))
         if verbose:
             original(message, category, filename, lineno, file, line)
@@ -102,8 +104,20 @@ def library_prints_to_log():
     if _installed.get("verbose", True) or not isinstance(handler, logging.FileHandler):
         yield
         return
-    with open(handler.baseFilename, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+    with _append_text(Path(handler.baseFilename)) as log, contextlib.redirect_stdout(log):
         yield
+
+
+def _append_text(path: Path):
+    """The library log opened for appending text, never through a link planted in the run directory."""
+    return os.fdopen(open_for_append(path), "a", encoding="utf-8")
+
+
+class _NoFollowFileHandler(logging.FileHandler):
+    """logging's FileHandler, opening its file with `_append_text`."""
+
+    def _open(self):
+        return _append_text(Path(self.baseFilename))
 
 
 class _ToLogFile(logging.Filter):

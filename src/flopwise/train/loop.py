@@ -11,7 +11,6 @@ checkpointing (save/resume) and other strategies plug in without touching the lo
 from __future__ import annotations
 
 import math
-import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from flopwise.train.prepare import prepare_data
 from flopwise.train.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier, data_parallel_shape
 from flopwise.train.checkpoint.policy import StepBoundary
 from flopwise.runrecord import MemoryBytes, StepRecord, config_path, write_comparison
+from flopwise.safe_write import copy_file, make_folder, write_file
 from flopwise.train.metrics import MetricsWriter, RunDisplay
 from flopwise.train.precision import make_grad_scaler
 from flopwise.train.step import Strategy, StepHooks, train_step
@@ -141,8 +141,8 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     """
     run_dir = Path(cfg.logging.run_dir)
     if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config_path(run_dir).write_text(dump_config(cfg))
+        make_folder(run_dir)
+        write_file(config_path(run_dir), dump_config(cfg))
 
     # Rank 0 tokenizes and caches; the others wait, then load the cache.
     prepared = prepare_data(cfg.data) if env.is_main else None
@@ -150,7 +150,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     if prepared is None:
         prepared = prepare_data(cfg.data)
     if env.is_main and prepared.tokenizer_path is not None:  # `flopwise export` / `generate` read it here
-        shutil.copyfile(prepared.tokenizer_path, run_dir / "tokenizer.json")
+        copy_file(prepared.tokenizer_path, run_dir / "tokenizer.json")
 
     _, dp_size, micro_per_pass = data_parallel_shape(cfg.parallel, env)
     global_batch, grad_accum = batch_layout(cfg.training, dp_size, micro_per_pass)

@@ -12,6 +12,7 @@ backward, measured with `torch.autograd.graph.saved_tensors_hooks` over unique s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from contextlib import contextmanager
@@ -21,7 +22,9 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from flopwise.errors import UserError
 from flopwise.runrecord import MemoryBytes, json_line, metrics_path
+from flopwise.safe_write import make_folder, open_for_append, write_through_descriptor
 from flopwise.train.distributed import local_tensor
 
 
@@ -172,24 +175,37 @@ def measure_memory(
 
 
 class MetricsWriter:
-    """One JSON line per step in this rank's file, flushed so a crash loses nothing.
+    """One JSON line per step in this rank's file, written whole or not at all.
 
-    A fresh run truncates the file; a resumed run (`append=True`) continues it.
+    A fresh run truncates the file; a resumed run (`append=True`) continues it. Each line
+    is built first and handed to the kernel in one `os.write` (no buffer, so a crash loses
+    nothing); when the disk is full or the file too large, whatever part of the line got
+    in is cut off again and the run stops with one line. The file is opened without
+    following links (`safe_write.open_for_append`).
     """
 
     def __init__(self, run_dir: Path, rank: int, append: bool = False):
         self.path = metrics_path(run_dir, rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        make_folder(self.path.parent)
+        self._fd = open_for_append(self.path, truncate=not append)
 
     def write(self, record: dict) -> None:
-        """Write a record; non-finite floats become null so every line stays valid JSON."""
-        self._file.write(json_line(record))
-        self._file.flush()
+        """Append a record's line; non-finite floats become null so every line stays valid JSON."""
+        line = json_line(record).encode("utf-8")
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            write_through_descriptor(self._fd, line)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, end)  # no half line: the file ends with the last whole step
+            raise UserError(f"{self.path}: cannot append step {record.get('step')}'s metrics "
+                            f"({err.strerror or err}); the file keeps every whole line before it") from None
 
     def close(self) -> None:
         """Close the file."""
-        self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class RunDisplay:

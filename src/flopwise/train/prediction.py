@@ -32,6 +32,7 @@ from flopwise.plan.from_config import model_spec_from_config, notes_for, runspec
 from flopwise.plan.planner import plan
 from flopwise.plan.precision_mode import precision_of
 from flopwise.runrecord import MEMORY_COMPONENTS, Comparison, plan_path
+from flopwise.safe_write import make_folder, write_file
 from flopwise.train.config import RunConfig
 from flopwise.train.distributed import DistEnv, all_reduce_mean
 
@@ -197,9 +198,9 @@ def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
     )
     if env.is_main:
         path = plan_path(cfg.logging.run_dir)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
         payload = plan_dict if plan_dict is not None else {"error": plan_error}
-        path.write_text(json.dumps(payload, indent=2, default=str))
+        write_file(path, json.dumps(payload, indent=2, default=str))
     return forecast
 
 

@@ -2,13 +2,20 @@
 
 Before any process starts, `claim_run_directory(cfg)`:
 
-1. takes `run.lock` (pid, host, start time of the launching process). A lock whose pid is
-   dead on this host is stale and taken over; a live one, or one from another host, stops
-   the second trainer with one line. The launcher holds it until it exits.
-2. refuses to start over in a used directory (`checkpoint.resume=false` where checkpoints
+1. takes `run.lock` with a kernel lock (`flock`, exclusive) held on an open descriptor
+   for the run's life by the process that leads the run: the launcher that starts
+   torchrun (node 0's on several nodes), or global rank 0 when an outside launcher
+   started each rank. Exactly one process holds it at a time by construction, and a
+   holder that dies (kill -9, OOM killer, a preempted Slurm job) releases it with its
+   descriptors, so there is no stale lock to detect or take over. The file also says who
+   holds it (pid, host, start time) for the one-line refusal a second trainer gets; the
+   file itself is never removed (removing a locked file lets a newcomer lock a fresh one
+   beside the old holder);
+2. refuses a run directory whose entries are symbolic links (`safe_write.refuse_links`);
+3. refuses to start over in a used directory (`checkpoint.resume=false` where checkpoints
    or metrics exist) unless `checkpoint.overwrite=true`, which moves the old run aside to
-   `<run_dir>.old-<time>`;
-3. refuses to resume with a config that differs from the one the directory was trained
+   `<run_dir>.old-<time>`, all of it or none;
+4. refuses to resume with a config that differs from the one the directory was trained
    with, naming the keys (keys that may change on a resume are ignored).
 
 No torch here: every check runs before torchrun starts.
@@ -17,6 +24,8 @@ No torch here: every check runs before torchrun starts.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import socket
@@ -27,91 +36,113 @@ from typing import Iterator
 import yaml
 
 from flopwise.errors import UserError
+from flopwise.safe_write import refuse_links, write_through_descriptor
 
 LOCK_FILE = "run.lock"
 # Keys a resumed run may change: lengths, logging, checkpoint policy, process layout (DCP reshards).
 RESUMABLE_PREFIXES = ("logging.", "checkpoint.", "parallel.", "compress")
 RESUMABLE_KEYS = {"training.max_steps", "training.eval_every", "training.eval_batches",
-                  "training.measure_sync_wait", "data.prefetch", "data.cache_dir"}
+                  "training.measure_sync_wait", "training.stall_seconds", "data.prefetch", "data.cache_dir"}
 
 
 # --------------------------------------------------------------------------- the lock
 
 
-def _process_start_ticks(pid: int) -> int | None:
-    """The kernel's start time of `pid` (clock ticks since boot), to tell a reused pid apart; None off Linux."""
+class RunLock:
+    """An exclusive `flock` on `run_dir/run.lock`, held while the descriptor is open."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path = path
+        self.fd = fd
+        self.holds = 1  # nested acquisitions by this process (a restart inside the same launcher)
+
+    def release(self) -> None:
+        """Let go once; the last release empties the holder record and closes the descriptor (unlocking)."""
+        self.holds -= 1
+        if self.holds > 0 or self.fd < 0:
+            return
+        _HELD.pop(self.path, None)
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)  # still locked here: nobody reads a half-cleared record
+        os.close(self.fd)
+        self.fd = -1
+
+
+_HELD: dict[Path, RunLock] = {}
+
+
+def _holder_record() -> bytes:
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                       "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode()
+
+
+def prepare_run_directory(run_dir: Path) -> Path:
+    """Create `run_dir` (and parents) or say in one line why it cannot be a run directory."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"logging.run_dir: {run_dir} is a file, not a folder; set logging.run_dir to a folder")
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"logging.run_dir: cannot create {run_dir} ({err.strerror or err})") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise UserError(f"logging.run_dir: {run_dir} is not writable by this user")
+    return run_dir
 
 
-def _alive(pid: int, start_ticks: int | None) -> bool:
+def acquire_lock(run_dir: Path) -> RunLock:
+    """Lock `run_dir/run.lock` for this process, or refuse in one line naming the live holder."""
+    run_dir = prepare_run_directory(Path(run_dir))
+    path = (run_dir / LOCK_FILE).absolute()
+    held = _HELD.get(path)
+    if held is not None:
+        held.holds += 1
+        return held
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if start_ticks is not None:
-        now = _process_start_ticks(pid)
-        return now is None or now == start_ticks
-    return True
-
-
-def _read_lock(path: Path) -> dict | None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symbolic link; a run lock is never written through a link "
+                            "(remove it, or set another logging.run_dir)") from None
+        raise UserError(f"{path}: cannot open the run lock ({err.strerror or err})") from None
     try:
-        holder = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-    return holder if isinstance(holder, dict) else {}
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise UserError(f"{run_dir} is in use by another trainer (pid {holder.get('pid', '?')} on "
+                        f"{holder.get('host', '?')}, since {holder.get('started', '?')}); wait for it to end "
+                        "or set another logging.run_dir") from None
+    except OSError as err:  # a file system without locks (e.g. Lustre mounted without -o flock)
+        os.close(fd)
+        raise UserError(f"{path}: this file system does not support file locks ({err.strerror or err}); "
+                        "put logging.run_dir on one that does (a local disk, NFSv4, Lustre with -o flock)") from None
+    try:
+        os.ftruncate(fd, 0)
+        write_through_descriptor(fd, _holder_record())
+    except OSError as err:
+        os.close(fd)
+        raise UserError(f"{path}: cannot write the run lock ({err.strerror or err})") from None
+    lock = _HELD[path] = RunLock(path, fd)
+    return lock
 
 
-def acquire_lock(run_dir: Path, report=print) -> Path:
-    """Create `run_dir/run.lock` for this process; take over a stale one; refuse a live one in one line."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_FILE
-    mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "start_ticks": _process_start_ticks(os.getpid())}
-    for _ in range(50):
+def _read_holder(fd: int) -> dict:
+    """The holder record another process wrote (a moment's wait if it is being written right now)."""
+    for _ in range(5):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            holder = _read_lock(path)
-            if holder is None:
-                continue  # released between our two calls
-            if not holder:  # being written right now by another trainer, or garbage
-                time.sleep(0.1)
-                holder = _read_lock(path)
-                if holder is None:
-                    continue
-                if not holder:
-                    raise UserError(f"{path}: unreadable run lock; if no trainer uses {run_dir}, delete it")
-            pid, host = holder.get("pid"), holder.get("host")
-            if host == mine["host"] and isinstance(pid, int) and not _alive(pid, holder.get("start_ticks")):
-                report(f"note: {path}: stale lock of pid {pid} (no longer running), taken over")
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                continue
-            if pid == mine["pid"] and host == mine["host"]:
-                return path  # this process already holds it (a restart inside the same launcher)
-            raise UserError(f"{run_dir} is in use by another trainer (pid {pid} on {host}, since "
-                            f"{holder.get('started')}); wait for it to end or set another logging.run_dir")
-        with os.fdopen(fd, "w") as handle:
-            json.dump(mine, handle)
-        return path
-    raise UserError(f"{path}: could not take the run lock (another trainer keeps taking it)")
+            os.lseek(fd, 0, os.SEEK_SET)
+            holder = json.loads(os.read(fd, 4096) or b"null")
+        except (OSError, ValueError):
+            holder = None
+        if isinstance(holder, dict):
+            return holder
+        time.sleep(0.05)
+    return {}
 
 
-def release_lock(path: Path) -> None:
-    """Remove the lock if it is still ours."""
-    holder = _read_lock(path)
-    if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+def release_lock(lock: RunLock) -> None:
+    """Release the lock taken by `acquire_lock`."""
+    lock.release()
 
 
 # --------------------------------------------------------------------------- reuse and config
@@ -125,17 +156,36 @@ def is_used(run_dir: Path) -> bool:
 
 
 def move_aside(run_dir: Path, keep: str = LOCK_FILE) -> Path:
-    """Move everything in `run_dir` (but the lock) to `<run_dir>.old-<time>`; returns that folder."""
+    """Move everything in `run_dir` (but the lock) to `<run_dir>.old-<time>`, all or nothing; returns that folder.
+
+    The folder is named after the resolved path, so `used/sub/..` moves `used` beside itself,
+    not into a hidden folder inside the tree being moved. When one entry cannot be moved,
+    the ones already moved go back and the error is one line.
+    """
+    run_dir = Path(run_dir).resolve()
+    if run_dir.parent == run_dir:
+        raise UserError(f"logging.run_dir: {run_dir} is a file system root; a run needs a folder of its own")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = run_dir.with_name(f"{run_dir.name}.old-{stamp}")
     n = 1
     while aside.exists():
         aside = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{n}")
         n += 1
-    aside.mkdir(parents=True)
-    for entry in run_dir.iterdir():
-        if entry.name != keep:
-            entry.rename(aside / entry.name)
+    moved: list[str] = []
+    try:
+        aside.mkdir()
+        for entry in sorted(run_dir.iterdir()):
+            if entry.name != keep:
+                os.rename(entry, aside / entry.name)
+                moved.append(entry.name)
+    except OSError as err:
+        for name in reversed(moved):
+            with contextlib.suppress(OSError):
+                os.rename(aside / name, run_dir / name)
+        with contextlib.suppress(OSError):
+            aside.rmdir()
+        raise UserError(f"checkpoint.overwrite: could not move the old run in {run_dir} aside to {aside} "
+                        f"({err.strerror or err}); nothing was moved") from None
     return aside
 
 
@@ -195,10 +245,11 @@ def check_reuse(cfg, report=print) -> None:
 
 @contextlib.contextmanager
 def claim_run_directory(cfg, holds_lock: bool = True, report=print) -> Iterator[None]:
-    """Lock the run directory for this launcher (when `holds_lock`), check its reuse, release at exit."""
+    """Lock the run directory for this launcher (when `holds_lock`), check its entries and reuse, release at exit."""
     run_dir = Path(cfg.logging.run_dir)
-    lock = acquire_lock(run_dir, report) if holds_lock else None
+    lock = acquire_lock(run_dir) if holds_lock else None
     try:
+        refuse_links(run_dir)
         check_reuse(cfg, report)
         yield
     finally:

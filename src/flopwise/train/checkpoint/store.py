@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from flopwise.errors import UserError
 from flopwise.runrecord import checkpoints_dir
+from flopwise.safe_write import fsync_folder, make_folder, write_file
 from flopwise.train.distributed import DistEnv, barrier
 
 FORMAT_VERSION = 1
@@ -167,8 +168,7 @@ def save_checkpoint(state, ctx: SaveContext, env: DistEnv, verify: bool = True) 
     previous = _previous_name(ctx.run_dir)
     failure = ""
     if env.is_main:
-        failure = _attempt(lambda: (root.mkdir(parents=True, exist_ok=True), shutil.rmtree(tmp, ignore_errors=True),
-                                    tmp.mkdir()))
+        failure = _attempt(lambda: (make_folder(root), shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir()))
     failure = _agree_failure(failure, env)
     if not failure:
         failure = _attempt(lambda: state.strategy.save_state(state, tmp))
@@ -206,14 +206,14 @@ def _publish(tmp: Path, final: Path, step: int, state, ctx: SaveContext, env: Di
         "files": files,
     }
     _write_json(tmp / MANIFEST, manifest)
-    _fsync_dir(tmp)
+    fsync_folder(tmp)
     if final.exists():  # an earlier, unverifiable attempt at the same step: replace it
         trash = final.with_name(f".trash-{final.name}")
         shutil.rmtree(trash, ignore_errors=True)
         os.rename(final, trash)
         shutil.rmtree(trash, ignore_errors=True)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_folder(final.parent)
     problem = verify_checkpoint(final) if verify else None
     if problem is not None:
         raise OSError(errno.EIO, f"verification after writing failed: {problem}")
@@ -353,28 +353,12 @@ def _sha256(path: Path) -> str:
 
 
 def _write_json(path: Path, value: dict) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(value, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+    write_file(path, json.dumps(value), durable=True)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Replace `path` durably (fsynced file and folder), never through a link."""
+    write_file(path, text, durable=True)
 
 
 def _jsonable(value):

@@ -1,0 +1,137 @@
+"""Writing into a run directory that someone else may also write: never through a symbolic link.
+
+A run directory can sit on a shared scratch or be a colleague's copy. A link planted there
+(`config.yaml -> ~/.bashrc`, `checkpoints -> /elsewhere`) must not make a run overwrite
+the file it points to. Every entry flopwise writes goes through this module:
+
+- whole files (`write_file`): a fresh temporary file in the same folder, opened with
+  `O_CREAT | O_EXCL | O_NOFOLLOW`, then renamed over the name. A rename replaces a link
+  itself, never its target, and a reader sees the old file or the new one, never half;
+- files that grow (`open_for_append`, metrics lines and logs): `O_NOFOLLOW`, a regular file only;
+- folders (`make_folder`) and the run directory as a whole (`refuse_links`): a link is refused
+  in one line. `logging.run_dir` itself may be a link (a run directory on a larger disk);
+  the entries inside it may not.
+
+Torch-free; imports only errors, so the run record and the trainer share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from flopwise.errors import UserError
+
+# Folders of a run directory whose entries are checked as well as the top level.
+CHECKED_FOLDERS = ("checkpoints",)
+
+
+def link_refusal(path: Path) -> UserError:
+    """The one line for a link found where a run directory entry should be."""
+    try:
+        target = f" (to {os.readlink(path)})"
+    except OSError:
+        target = ""
+    return UserError(f"{path} is a symbolic link{target}; flopwise never writes through a link inside a run "
+                     "directory: remove it, or set another logging.run_dir")
+
+
+def refuse_link(path: Path) -> None:
+    """One line if `path` is a symbolic link."""
+    if os.path.islink(path):
+        raise link_refusal(Path(path))
+
+
+def refuse_links(run_dir: Path) -> None:
+    """Refuse a run directory with a symbolic link among its entries (or those of `checkpoints/`)."""
+    run_dir = Path(run_dir)
+    for folder in [run_dir] + [run_dir / name for name in CHECKED_FOLDERS]:
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as err:
+            raise UserError(f"{folder}: cannot list the run directory ({err.strerror or err})") from None
+        for entry in entries:
+            if entry.is_symlink():
+                raise link_refusal(Path(entry.path))
+
+
+def make_folder(path: Path) -> Path:
+    """Create `path` (parents too); refuse it when it is a link."""
+    path = Path(path)
+    refuse_link(path)
+    path.mkdir(parents=True, exist_ok=True)
+    refuse_link(path)  # planted between the check and mkdir: mkdir then found it "existing"
+    return path
+
+
+def write_through_descriptor(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` (os.write may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_file(path: Path, data: bytes | str, durable: bool = False, mode: int = 0o644) -> Path:
+    """Replace `path` with `data` atomically, without following a link at `path`; `durable` fsyncs file and folder.
+
+    An OSError (disk full, permission) leaves `path` as it was and no temporary file behind.
+    """
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
+    fd = _open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        try:
+            write_through_descriptor(fd, payload)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_folder(path.parent)
+    return path
+
+
+def copy_file(source: Path, target: Path) -> Path:
+    """Copy `source` (read as data) to `target` with `write_file`'s guarantees."""
+    return write_file(target, Path(source).read_bytes())
+
+
+def open_for_append(path: Path, truncate: bool = False) -> int:
+    """A descriptor appending to `path` (created if missing, emptied when `truncate`); refuses a link or a non-file."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if truncate else 0)
+    fd = _open_no_follow(Path(path), flags, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file; flopwise appends only to plain files in a run directory")
+    return fd
+
+
+def fsync_folder(path: Path) -> None:
+    """Make a rename inside `path` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_no_follow(path: Path, flags: int, mode: int) -> int:
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise link_refusal(path) from None
+        raise
