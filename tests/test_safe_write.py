@@ -19,7 +19,7 @@ import pytest
 
 from flopwise.errors import UserError
 from flopwise.runrecord import Comparison, write_comparison
-from flopwise.safe_write import copy_file, make_folder, open_for_append, refuse_links, write_file
+from flopwise.safe_write import copy_file, make_entry_folder, open_for_append, refuse_links, write_file
 
 ENTRIES = ["config.yaml", "plan.json", "environment.json", "tokenizer.json", "predicted_vs_measured.json",
            "metrics.rank0.jsonl", "library.log", "report.md", "run.lock", "checkpoints"]
@@ -162,7 +162,7 @@ def test_the_library_log_refuses_a_link(tmp_path, victim):
 def test_a_folder_that_is_a_link_is_refused(tmp_path, victim):
     plant(tmp_path / "run", "checkpoints", victim)
     with pytest.raises(UserError, match="checkpoints is a symbolic link"):
-        make_folder(tmp_path / "run" / "checkpoints")
+        make_entry_folder(tmp_path / "run" / "checkpoints")
 
 
 def test_a_checkpoint_pointer_replaces_the_link_not_its_target(tmp_path, victim):

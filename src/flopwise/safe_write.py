@@ -8,7 +8,7 @@ the file it points to. Every entry flopwise writes goes through this module:
   `O_CREAT | O_EXCL | O_NOFOLLOW`, then renamed over the name. A rename replaces a link
   itself, never its target, and a reader sees the old file or the new one, never half;
 - files that grow (`open_for_append`, metrics lines and logs): `O_NOFOLLOW`, a regular file only;
-- folders (`make_folder`) and the run directory as a whole (`refuse_links`): a link is refused
+- folders inside it (`make_entry_folder`) and the run directory as a whole (`refuse_links`): a link is refused
   in one line. `logging.run_dir` itself may be a link (a run directory on a larger disk);
   the entries inside it may not.
 
@@ -28,6 +28,18 @@ from flopwise.errors import UserError
 
 # Folders of a run directory whose entries are checked as well as the top level.
 CHECKED_FOLDERS = ("checkpoints",)
+
+
+class WriteFailed(UserError, OSError):
+    """A write that failed (disk full, file too large, permission): one line for the person, and still an
+    OSError (errno, strerror, filename) for code that reports root causes, like a failed checkpoint save."""
+
+    def __init__(self, err: OSError, path: Path, message: str):
+        OSError.__init__(self, err.errno, err.strerror, str(path))
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def link_refusal(path: Path) -> UserError:
@@ -62,10 +74,25 @@ def refuse_links(run_dir: Path) -> None:
 
 
 def make_folder(path: Path) -> Path:
-    """Create `path` (parents too); refuse it when it is a link."""
+    """Create `path` (parents too), or say in one line why it cannot be a folder. A link to a folder is fine:
+    this is for folders the user names (`logging.run_dir`, `export --out`); see `make_entry_folder`."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"{path}: cannot create this folder ({err.strerror or err})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{path}: this folder is not writable")
+    return path
+
+
+def make_entry_folder(path: Path) -> Path:
+    """Create a folder inside a run directory (`checkpoints/`, `plots/`); refuse it when it is a link."""
     path = Path(path)
     refuse_link(path)
-    path.mkdir(parents=True, exist_ok=True)
+    make_folder(path)
     refuse_link(path)  # planted between the check and mkdir: mkdir then found it "existing"
     return path
 
@@ -81,38 +108,50 @@ def write_through_descriptor(fd: int, data: bytes) -> None:
 def write_file(path: Path, data: bytes | str, durable: bool = False, mode: int = 0o644) -> Path:
     """Replace `path` with `data` atomically, without following a link at `path`; `durable` fsyncs file and folder.
 
-    An OSError (disk full, permission) leaves `path` as it was and no temporary file behind.
+    A failure (disk full, file too large, permission) leaves `path` as it was and no temporary
+    file behind, and is one line.
     """
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
-    fd = _open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
+        fd = _open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:
-            write_through_descriptor(fd, payload)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if durable:
-        fsync_folder(path.parent)
+            try:
+                write_through_descriptor(fd, payload)
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        if durable:
+            fsync_folder(path.parent)
+    except OSError as err:
+        raise WriteFailed(err, path, f"{path}: cannot write ({err.strerror or err}); "
+                                     "the previous file, if any, is unchanged") from None
     return path
 
 
 def copy_file(source: Path, target: Path) -> Path:
     """Copy `source` (read as data) to `target` with `write_file`'s guarantees."""
-    return write_file(target, Path(source).read_bytes())
+    try:
+        data = Path(source).read_bytes()
+    except OSError as err:
+        raise UserError(f"{source}: cannot read ({err.strerror or err})") from None
+    return write_file(target, data)
 
 
 def open_for_append(path: Path, truncate: bool = False) -> int:
     """A descriptor appending to `path` (created if missing, emptied when `truncate`); refuses a link or a non-file."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if truncate else 0)
-    fd = _open_no_follow(Path(path), flags, 0o644)
+    try:
+        fd = _open_no_follow(Path(path), flags, 0o644)
+    except OSError as err:
+        raise WriteFailed(err, path, f"{path}: cannot open for writing ({err.strerror or err})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UserError(f"{path} is not a regular file; flopwise appends only to plain files in a run directory")

@@ -112,7 +112,7 @@ SYNTAX = ["training", "=5", "training.=5", ".max_steps=5", "training..max_steps=
           "training.betas=[0.9]", "training.betas=[0.9, 0.9, 0.9]", "checkpoint.pin=[1, 'two']",
           "data.paths=[1, 2]", "data.paths=[[a]]", "training.gradient_checkpointing=-1",
           "training.gradient_checkpointing=1e30", "compress=[1, 2]", "compress.out=" + "x" * 5000,
-          "logging.run_dir=" + "r" * 5000, "training.max_steps=" + "[" * 3000 + "]" * 3000]
+          "logging.run_dir=" + "r" * 5000, "logging.run_dir=", "logging.run_dir=' '", "training.max_steps=" + "[" * 3000 + "]" * 3000]
 
 FILES = [
     "training:\n  lr: 0.1\n  lr: 0.2\n",
@@ -180,6 +180,41 @@ def _cli_cases(rng: random.Random) -> list[Case]:
     return cases
 
 
+# Inputs that reach past the config into a command: `{tmp}` is a folder `write_input_files` filled.
+HF_CONFIGS = {
+    "hf_zero_heads.json": {"num_attention_heads": 0},
+    "hf_heads_do_not_divide.json": {"hidden_size": 64, "num_attention_heads": 5},
+    "hf_four_terabytes.json": {"hidden_size": 65536, "num_attention_heads": 64, "intermediate_size": 262144,
+                               "num_hidden_layers": 15},  # ~1e12 parameters: 4 TB of fp32 weights
+}
+ONE_PROCESS = ("parallel.nproc_per_node=1", "parallel.strategy=single", "logging.run_dir={tmp}/run")
+COMMANDS = [
+    *[("train", "model.kind=hf", f"model.hf_config={{tmp}}/{name}", *ONE_PROCESS) for name in HF_CONFIGS],
+    ("train", "parallel.nproc_per_node=1", "parallel.strategy=single", "logging.run_dir=/proc/flopwise-fuzz"),
+    ("train", "parallel.nproc_per_node=1", "parallel.strategy=single", "logging.run_dir={tmp}/a-file"),
+    ("train", "parallel.nproc_per_node=1", "parallel.strategy=single", "logging.run_dir="),
+    ("export", "{tmp}", "--out", "/proc/flopwise-fuzz/x"),
+    ("export", "{tmp}", "--out", "{tmp}/a-file"),
+    *[("generate", "{tmp}", "-p", "x", flag, value) for flag, value in
+      (("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "-1"), ("--top-p", "nan"),
+       ("--top-p", "0"), ("--max-new-tokens", "0"), ("--top-k", "-1"))],
+    ("plan", "--hardware", ""), ("plan", "--hardware", " "), ("plan", "--hardware", "", "--json"),
+    ("plan", "--model", ""), ("compare", "--hardware", ""),
+]
+
+
+def write_input_files(folder) -> None:
+    """The files COMMANDS name under `{tmp}`: HF configs that no model can have, and a plain file."""
+    import json
+
+    base = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+            "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 4096,
+            "max_position_embeddings": 256}
+    for name, changes in HF_CONFIGS.items():
+        (folder / name).write_text(json.dumps({**base, **changes}))
+    (folder / "a-file").write_text("not a folder\n")
+
+
 def generate(min_cases: int = 1000) -> list[Case]:
     """At least `min_cases` distinct invalid inputs, the same ones for the same SEED."""
     rng = random.Random(SEED)
@@ -193,6 +228,7 @@ def generate(min_cases: int = 1000) -> list[Case]:
     cases += [Case("override", (item,)) for item in SYNTAX]
     cases += [Case("file", (text,)) for text in FILES]
     cases += _cli_cases(rng)
+    cases += [Case("cli", command) for command in COMMANDS]
     # random combinations of a valid override with an invalid one, until there are enough
     singles = [c.payload[0] for c in cases if c.kind == "override" and len(c.payload) == 1]
     valid = ["training.max_steps=20", "model.hidden=64", "data.seq_len=64", "training.lr=0.001",

@@ -22,7 +22,7 @@ from flopwise.cli import app
 from flopwise.errors import UserError
 from flopwise.compress.config import parse_compress_config
 from flopwise.train.config_loading import load_train_config
-from tests.fuzz.bad_inputs import Case, generate
+from tests.fuzz.bad_inputs import Case, generate, write_input_files
 
 CASE_LIMIT_SECONDS = 30  # a hang guard, not a speed claim: a valid plan on this CPU takes ~1 s
 
@@ -74,7 +74,7 @@ def run_case(case: Case, tmp_path) -> str | None:
             out, err = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 try:
-                    main(list(case.payload))
+                    main([part.replace("{tmp}", str(tmp_path)) for part in case.payload])
                 except SystemExit as stop:
                     code = stop.code
                 else:
@@ -100,6 +100,7 @@ def test_the_generator_is_seeded_and_large_enough():
 
 
 def test_every_invalid_input_is_refused_with_one_line(tmp_path):
+    write_input_files(tmp_path)
     failures = []
     for case in CASES:
         problem = run_case(case, tmp_path)

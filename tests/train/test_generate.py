@@ -34,6 +34,11 @@ def test_bad_sampling_options_are_one_line_errors(folder):
         generate_text(model, tokenizer, "x", Sampling(top_p=1.5))
     with pytest.raises(UserError, match="--max-new-tokens"):
         generate_text(model, tokenizer, "x", Sampling(max_new_tokens=0))
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(UserError, match="--temperature"):
+            generate_text(model, tokenizer, "x", Sampling(temperature=bad))
+    with pytest.raises(UserError, match="--top-p"):
+        generate_text(model, tokenizer, "x", Sampling(top_p=float("nan")))
 
 
 def test_a_folder_that_is_neither_model_nor_run_is_refused(tmp_path):

@@ -40,3 +40,39 @@ def test_forward_backward_in_turn_peaks_at_one_micro_batch_in_flight():
         for out in outs:
             out.sum().backward()
     assert meter.bytes == 2 * single.bytes
+
+
+FILE_TOO_LARGE = """
+import json, resource, signal, sys
+from pathlib import Path
+from flopwise.errors import UserError
+from flopwise.train.metrics import MetricsWriter
+
+run_dir, limit = Path(sys.argv[1]), int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+writer = MetricsWriter(run_dir, 0)
+try:
+    for step in range(1, 1000):
+        writer.write({"step": step, "loss": 2.0, "note": "x" * 90})
+except UserError as err:
+    print(str(err))
+"""
+
+
+def test_a_metrics_line_is_written_whole_or_not_at_all_when_the_file_cannot_grow(tmp_path):
+    """RLIMIT_FSIZE (file too large), as a full disk would do: the line that does not fit is cut off again."""
+    import json
+    import subprocess
+    import sys
+
+    limit = 1000  # bytes: a line crosses it part-way
+    done = subprocess.run([sys.executable, "-c", FILE_TOO_LARGE, str(tmp_path), str(limit)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    text = (tmp_path / "metrics.rank0.jsonl").read_text()
+    steps = [json.loads(line)["step"] for line in text.splitlines()]
+    assert text.endswith("\n") and steps == list(range(1, len(steps) + 1)) and len(text) < limit
+    assert len(text) + len(text) // len(steps) > limit  # the next line would have crossed it
+    message = done.stdout.strip()
+    assert "\n" not in message and f"cannot append step {len(steps) + 1}'s metrics (File too large)" in message

@@ -213,7 +213,7 @@ def test_overwrite_puts_back_what_it_moved_when_one_entry_fails(trained, tmp_pat
 
 
 @pytest.mark.parametrize("run_dir, expected", [
-    ("/proc/flopwise-run", "logging.run_dir: cannot create /proc/flopwise-run"),
+    ("/proc/flopwise-run", "logging.run_dir: /proc/flopwise-run: cannot create this folder"),
     ("{file}", "is a file, not a folder"),
     ("", "logging.run_dir: must name a folder"),
 ])

@@ -291,6 +291,9 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     name = path.resolve().parent.name or model_type
     spec = ModelSpec(key=name.lower(), name=name, source=f"HuggingFace config {path}", **values)
     validate_spec(spec, str(path))
+    if spec.arch != "cnn" and not spec.head_dim and spec.hidden % spec.n_heads:  # transformers refuses it too
+        raise UserError(f"{path}: hidden size {spec.hidden} is not a multiple of the {spec.n_heads} attention heads "
+                        "(without head_dim, each head gets hidden / heads dimensions)")
     return spec
 
 
@@ -514,3 +517,8 @@ _READERS = {
     "bloom": _read_bloom,
     "falcon": _read_falcon,
 }
+
+
+def reads_hf_model_type(model_type: object) -> bool:
+    """Whether `from_hf_config` knows this `model_type` (transformers may know more)."""
+    return isinstance(model_type, str) and model_type in _READERS

@@ -51,9 +51,12 @@ COUNT_BOUNDS = {"tokens": 1e17, "batch_tokens": 2.0**40}
 
 
 def check_flag_values(values: dict) -> None:
-    """Raise a one-line UserError for the first known numeric flag that is non-finite or out of range."""
+    """Raise a one-line UserError for the first empty text flag, or known numeric flag that is non-finite or out of range."""
     from flopwise.plan.planner import parse_count
 
+    for name, value in values.items():  # `--hardware ''` once planned the default device and exited 0
+        if isinstance(value, str) and not value.strip():
+            raise UserError(f"--{name.replace('_', '-')}: empty; give a value (see --help)")
     for name, high in COUNT_BOUNDS.items():
         text = values.get(name)
         if text is not None:

@@ -25,7 +25,7 @@ from flopwise.diagnose.analyze import (  # noqa: E402
     is_memory_figure,
 )
 from flopwise.runrecord import TIME_COMPONENTS  # noqa: E402
-from flopwise.safe_write import make_folder, write_file  # noqa: E402
+from flopwise.safe_write import make_entry_folder, write_file  # noqa: E402
 
 COMPONENT_COLORS = {
     "data_seconds": "#d62728",
@@ -38,7 +38,7 @@ DPI = 110
 
 
 def _save(fig, path: Path) -> Path:
-    make_folder(path.parent)
+    make_entry_folder(path.parent)
     fig.tight_layout()
     image = io.BytesIO()
     fig.savefig(image, dpi=DPI, format=path.suffix.lstrip(".") or "png")

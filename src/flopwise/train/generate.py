@@ -9,11 +9,15 @@ again after further training).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from flopwise.errors import UserError
+
+MAX_NEW_TOKENS = 1 << 20
+MAX_TEMPERATURE = 100.0  # far above any useful value; keeps nan/inf and absurd sizes out of torch
 
 
 @dataclass
@@ -25,6 +29,19 @@ class Sampling:
     top_k: int | None = 50
     top_p: float | None = 0.95
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Each flag in its range, as one line (transformers raises a ValueError deep in `generate`)."""
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise UserError(f"--max-new-tokens: {self.max_new_tokens} is outside 1 to {MAX_NEW_TOKENS}")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):
+            raise UserError(f"--temperature: {self.temperature} is outside 0 (greedy) to {MAX_TEMPERATURE:g}")
+        if self.top_k is not None and self.top_k < 0:
+            raise UserError(f"--top-k: {self.top_k} is below 0 (0 = all tokens)")
+        if self.top_p is not None and not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise UserError(f"--top-p: {self.top_p} is outside (0, 1]")
+        if not 0 <= self.seed < 2**63:
+            raise UserError(f"--seed: {self.seed} is outside 0 to 2^63-1")
 
 
 @dataclass
@@ -80,12 +97,6 @@ def generate_text(model, tokenizer, prompt: str, sampling: Sampling, folder: Pat
     """Continue `prompt` with `model.generate` (KV cache), seeded; returns the text and its speed."""
     import torch
 
-    if sampling.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens: {sampling.max_new_tokens} must be >= 1")
-    if sampling.temperature < 0:
-        raise UserError(f"--temperature: {sampling.temperature} must be >= 0 (0 = greedy)")
-    if sampling.top_p is not None and not 0 < sampling.top_p <= 1:
-        raise UserError(f"--top-p: {sampling.top_p} must be in (0, 1]")
     encoded = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
     input_ids = encoded.input_ids
     if input_ids.shape[1] == 0:

@@ -33,10 +33,10 @@ def register_generate(app: typer.Typer) -> None:
 
         from flopwise.train.generate import Sampling, generate_text, load_for_generation, resolve_hf_folder
 
+        sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or None,
+                            top_p=top_p, seed=seed)  # a bad flag is one line before the model loads
         folder = resolve_hf_folder(Path(target))
         model, tokenizer = load_for_generation(folder)
-        sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or None,
-                            top_p=top_p, seed=seed)
         result = generate_text(model, tokenizer, prompt, sampling, folder)
         if as_json:
             print(json.dumps({"folder": str(folder), "prompt": prompt, "text": result.text,

@@ -50,21 +50,44 @@ def check_process_count(cfg) -> None:
                         f"without a GPU (allowed here: at most {most}, {RANKS_PER_CORE} per core)")
 
 
+def hf_parameters(cfg) -> int | None:
+    """Parameters of the `model.kind: hf` model, from its config.json read as plain JSON (catalog/models.py).
+
+    A config the catalog reads is checked here, before any process starts (heads, sizes: one
+    line naming the file); one of a family only transformers knows is left to transformers
+    (None), whose errors `train/model.py: load_hf_config` turns into one line.
+    """
+    import json
+
+    from flopwise.catalog.models import from_hf_config, reads_hf_model_type
+    from flopwise.plan.from_config import hf_config_path
+    from flopwise.plan.params import count_params
+
+    path = hf_config_path(cfg.model)
+    try:
+        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None  # train/model.py says what is wrong with the file
+    if not reads_hf_model_type(model_type):
+        return None
+    return count_params(from_hf_config(path, seq_len=cfg.data.seq_len)).total
+
+
 def check_fits_this_machine(cfg) -> None:
     """One UserError line when the processes, or the lower bound of their memory, exceed this machine."""
     check_process_count(cfg)
-    if cfg.model.kind == "hf":
-        return
+    parameters = hf_parameters(cfg) if cfg.model.kind == "hf" else parameter_lower_bound(cfg)
     total = machine_memory_bytes()
-    if total is None:
+    if total is None or parameters is None:
         return
     procs = cfg.parallel.nproc_per_node
-    weights = 4 * parameter_lower_bound(cfg)
+    weights = 4 * parameters
     logits = 4 * cfg.training.micro_batch_size * cfg.data.seq_len * cfg.data.vocab_size
     need = procs * (weights + logits)
     if need > total:
         raise UserError(
             f"model/training: this run needs at least {need / GIB:,.1f} GiB on this machine ({procs} process(es) x "
             f"({weights / GIB:,.1f} GiB of fp32 weights + {logits / GIB:,.1f} GiB of fp32 logits for "
-            f"micro_batch_size x seq_len x vocab_size)), more than its {total / GIB:,.1f} GiB; make model.hidden/"
-            "n_layers, training.micro_batch_size or data.seq_len smaller")
+            f"micro_batch_size x seq_len x vocab_size)), more than its {total / GIB:,.1f} GiB; make "
+            f"{'the model in model.hf_config' if cfg.model.kind == 'hf' else 'model.hidden/n_layers'}, "
+            "training.micro_batch_size or data.seq_len smaller")

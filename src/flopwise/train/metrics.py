@@ -22,9 +22,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from flopwise.errors import UserError
 from flopwise.runrecord import MemoryBytes, json_line, metrics_path
-from flopwise.safe_write import make_folder, open_for_append, write_through_descriptor
+from flopwise.safe_write import WriteFailed, make_folder, open_for_append, write_through_descriptor
 from flopwise.train.distributed import local_tensor
 
 
@@ -198,8 +197,8 @@ class MetricsWriter:
         except OSError as err:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, end)  # no half line: the file ends with the last whole step
-            raise UserError(f"{self.path}: cannot append step {record.get('step')}'s metrics "
-                            f"({err.strerror or err}); the file keeps every whole line before it") from None
+            raise WriteFailed(err, self.path, f"{self.path}: cannot append step {record.get('step')}'s metrics "
+                              f"({err.strerror or err}); the file keeps every whole line before it") from None
 
     def close(self) -> None:
         """Close the file."""

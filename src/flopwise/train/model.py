@@ -216,9 +216,17 @@ def load_hf_config(cfg: ModelConfig):
             )
         raw.pop("auto_map", None)
         return AutoConfig.for_model(raw.pop("model_type"), **raw)
-    except (ValueError, KeyError, TypeError, OSError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"model.hf_config: {path} cannot be read by transformers: {first_line}") from None
+    except Exception as exc:  # noqa: BLE001  (transformers' checks raise what they like: ZeroDivisionError, ...)
+        raise UserError(f"model.hf_config: {path} cannot be read by transformers: {root_cause(exc)}") from None
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost cause's first line (transformers wraps its validators' ValueErrors), with its kind."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def build_hf_model(cfg: ModelConfig, vocab_size: int) -> HFCausalLM:
@@ -236,9 +244,8 @@ def build_hf_model(cfg: ModelConfig, vocab_size: int) -> HFCausalLM:
         hf_model = AutoModelForCausalLM.from_config(
             hf_config, trust_remote_code=cfg.trust_remote_code, dtype=torch.float32
         )
-    except ValueError as exc:
-        first_line = str(exc).strip().splitlines()[0]
-        raise UserError(f"model.hf_config: cannot build a causal LM from it: {first_line}") from None
+    except (ValueError, TypeError, ZeroDivisionError, RuntimeError) as exc:  # RuntimeError: the allocator
+        raise UserError(f"model.hf_config: cannot build a causal LM from it: {root_cause(exc)}") from None
     return HFCausalLM(hf_model)
 
 

@@ -36,7 +36,7 @@ from typing import Iterator
 import yaml
 
 from flopwise.errors import UserError
-from flopwise.safe_write import refuse_links, write_through_descriptor
+from flopwise.safe_write import make_folder, refuse_links, write_through_descriptor
 
 LOCK_FILE = "run.lock"
 # Keys a resumed run may change: lengths, logging, checkpoint policy, process layout (DCP reshards).
@@ -78,15 +78,10 @@ def _holder_record() -> bytes:
 
 def prepare_run_directory(run_dir: Path) -> Path:
     """Create `run_dir` (and parents) or say in one line why it cannot be a run directory."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"logging.run_dir: {run_dir} is a file, not a folder; set logging.run_dir to a folder")
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"logging.run_dir: cannot create {run_dir} ({err.strerror or err})") from None
-    if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise UserError(f"logging.run_dir: {run_dir} is not writable by this user")
-    return run_dir
+        return make_folder(run_dir)
+    except UserError as err:
+        raise UserError(f"logging.run_dir: {err}") from None
 
 
 def acquire_lock(run_dir: Path) -> RunLock:

@@ -28,7 +28,7 @@ from flopwise.train.checkpoint.store import (
 from flopwise.train.config import CheckpointConfig
 from flopwise.train.distributed import DistEnv, agree_max, barrier
 from flopwise.runrecord import metrics_path
-from flopwise.safe_write import make_folder
+from flopwise.safe_write import make_entry_folder
 
 RESUMED_FROM = "resumed_from.json"
 RESHARD_SEED = 1_000_003  # per-rank torch seeds after a world-size change: distinct, reproducible
@@ -105,7 +105,7 @@ def resume_from_done(run_dir: Path, spec: str) -> bool:
 
 def mark_resume_from_done(run_dir: Path, spec: str) -> None:
     """Record that `checkpoint.resume_from` was honoured (see `resume_from_done`)."""
-    make_folder(checkpoints_dir(run_dir))
+    make_entry_folder(checkpoints_dir(run_dir))
     write_text_atomic(checkpoints_dir(run_dir) / RESUMED_FROM, json.dumps({"spec": str(spec)}))
 
 

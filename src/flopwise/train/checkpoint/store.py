@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from flopwise.errors import UserError
 from flopwise.runrecord import checkpoints_dir
-from flopwise.safe_write import fsync_folder, make_folder, write_file
+from flopwise.safe_write import fsync_folder, make_entry_folder, write_file
 from flopwise.train.distributed import DistEnv, barrier
 
 FORMAT_VERSION = 1
@@ -168,7 +168,7 @@ def save_checkpoint(state, ctx: SaveContext, env: DistEnv, verify: bool = True) 
     previous = _previous_name(ctx.run_dir)
     failure = ""
     if env.is_main:
-        failure = _attempt(lambda: (make_folder(root), shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir()))
+        failure = _attempt(lambda: (make_entry_folder(root), shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir()))
     failure = _agree_failure(failure, env)
     if not failure:
         failure = _attempt(lambda: state.strategy.save_state(state, tmp))
