@@ -295,3 +295,29 @@ def test_loader_refuses_mismatched_state_and_short_splits(counting_tokens):
         TokenLoader(counting_tokens, "val", 256, 2)
     with pytest.raises(UserError, match="allowed: train, val"):
         TokenLoader(counting_tokens, "test", 8, 2)
+
+
+def test_data_with_reordered_windows_is_refused_on_resume(tmp_path):
+    """Same size, same number of windows, other order: only the fingerprint tells them apart."""
+    path = tmp_path / "count.bin"
+    tokens = np.arange(4001, dtype=np.uint16)
+    tokens.tofile(path)
+    config = _config(tmp_path, [str(path)], vocab_size=5000, val_fraction=0.05)
+    before = prepare_data(config)
+    meta = json.loads((before.path / "meta.json").read_text())
+    assert meta["sha256"]["train"] == before.sha256("train")  # stored when the entry was built
+    loader = TokenLoader(before, "train", 8, 2, prefetch=0)
+    next(loader)
+    state = loader.state_dict()
+    assert state["sha256"] == meta["sha256"]["train"]
+
+    windows = tokens[:4000].reshape(-1, 8)
+    np.concatenate([windows[::-1].ravel(), tokens[4000:]]).tofile(path)  # windows reversed, same size
+    after = prepare_data(config)
+    resumed = TokenLoader(after, "train", 8, 2, prefetch=0)
+    assert resumed.num_windows == loader.num_windows
+    with pytest.raises(UserError) as err:
+        resumed.load_state_dict(state)
+    assert "\n" not in str(err.value) and "the train data changed since the checkpoint" in str(err.value)
+    del state["sha256"]  # a checkpoint written before the fingerprint existed still resumes
+    resumed.load_state_dict(state)

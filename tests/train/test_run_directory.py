@@ -299,3 +299,21 @@ def test_corrupt_checkpoints_hold_no_keep_last_slot(trained, tmp_path):
     deleted = prune_keeping_valid(run_dir, keep_last=1, pin=[])
     assert sorted(p.name for p in deleted) == ["step-1", "step-3", "step-4"]
     assert [s for s, _ in ckpt.published_steps(run_dir)] == [2]
+
+
+def test_resuming_on_data_whose_windows_were_reordered_is_refused_with_one_line(tmp_path):
+    import numpy as np
+
+    data = tmp_path / "tokens.bin"
+    tokens = (np.arange(3201) % 300).astype(np.uint16)
+    tokens.tofile(data)
+    on_tokens = [f"data.paths=[{data}]", "data.format=tokens", f"data.cache_dir={tmp_path / 'cache'}",
+                 f"logging.run_dir={tmp_path / 'run'}"]
+    launch(load_config(None, [*TINY, *on_tokens, "training.max_steps=2"]))
+    rng = np.random.default_rng(0)
+    windows = tokens[:3200].reshape(-1, 32)
+    np.concatenate([windows[rng.permutation(len(windows))].ravel(), tokens[3200:]]).tofile(data)  # same size
+    metrics = (tmp_path / "run" / "metrics.rank0.jsonl").read_text()
+    message = one_line(lambda: launch(load_config(None, [*TINY, *on_tokens, "training.max_steps=4"])))
+    assert "the train data changed since the checkpoint" in message
+    assert (tmp_path / "run" / "metrics.rank0.jsonl").read_text() == metrics

@@ -41,6 +41,7 @@ from flopwise.train.shards import (
     new_staging_dir,
     open_shard,
     publish,
+    shards_sha256,
     token_dtype_for,
 )
 from flopwise.train.tokenizer import end_of_text_id, load_tokenizer, train_bpe
@@ -72,6 +73,13 @@ class PreparedData:
     cache_hit: bool  # loaded an existing entry instead of building it
     meta: dict = field(default_factory=dict, repr=False)
 
+    def sha256(self, split: str) -> str:
+        """The split's fingerprint: stored in meta.json when the entry was built (hashed here for older entries)."""
+        stored = self.meta.setdefault("sha256", {})
+        if split not in stored:
+            stored[split] = shards_sha256(self.shards(split))
+        return stored[split]
+
     def shards(self, split: str) -> list[Path]:
         """The shard files of 'train' or 'val'."""
         if split == "train":
@@ -99,7 +107,7 @@ def prepare_file_data(cfg: DataConfig) -> PreparedData:
         else:
             meta = _build_from_text(inputs, cfg, staging)
         meta.update(version=CACHE_VERSION, key=key, input_files=len(inputs))
-        _write_json(staging / META_FILE, meta)
+        write_meta(staging, meta)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -126,7 +134,7 @@ def cache_key(inputs: list[InputFile], cfg: DataConfig) -> str:
     else:
         settings["text_field"] = cfg.text_field
         if cfg.tokenizer is not None:
-            settings["tokenizer_sha256"] = _file_sha256(_existing_tokenizer_path(cfg.tokenizer))
+            settings["tokenizer_sha256"] = shards_sha256([_existing_tokenizer_path(cfg.tokenizer)])
         else:
             settings["tokenizer_train_bytes"] = cfg.tokenizer_train_bytes
     blob = json.dumps(settings, sort_keys=True).encode()
@@ -363,12 +371,11 @@ def _describe(inputs: list[InputFile]) -> str:
     return str(first) if len(inputs) == 1 else f"{len(inputs)} files from {first}"
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def write_meta(staging: Path, meta: dict) -> None:
+    """meta.json of an entry being built, with each split's sha256, so a resume checks its data for free."""
+    meta["sha256"] = {split: shards_sha256([staging / name for name in meta[f"{split}_shards"]])
+                      for split in ("train", "val")}
+    _write_json(staging / META_FILE, meta)
 
 
 def _write_json(path: Path, value: dict) -> None:
@@ -410,6 +417,7 @@ class TokenLoader:
         self.world_size = world_size
         self.seed = seed
         self.prefetch = prefetch
+        self._prepared = prepared  # its sha256 goes into the state: a resume on other data is refused
         # Page-locked batches let `.to(cuda, non_blocking=True)` overlap the copy with compute.
         self.pin_memory = _cuda_available() if pin_memory is None else pin_memory
         self._shards = [open_shard(p, prepared.token_dtype) for p in prepared.shards(split)]
@@ -526,6 +534,7 @@ class TokenLoader:
             "seed": self.seed,
             "seq_len": self.seq_len,
             "num_windows": self.num_windows,
+            "sha256": self._prepared.sha256(self.split),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -546,6 +555,13 @@ class TokenLoader:
             raise UserError(
                 f"the {self.split} data changed since the checkpoint ({num_windows} windows then, "
                 f"{self.num_windows} now); resume with the same data settings"
+            )
+        saved, now = state.get("sha256"), self._prepared.sha256(self.split)
+        if saved is not None and saved != now:  # checkpoints from before the fingerprint have none
+            raise UserError(
+                f"the {self.split} data changed since the checkpoint: the same {num_windows} windows, but other "
+                f"tokens (sha256 {str(saved)[:12]}... then, {now[:12]}... now); resume on the data the run was "
+                "trained on, or start a fresh logging.run_dir"
             )
         self._stop_thread()
         self.seed = seed

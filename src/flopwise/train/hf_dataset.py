@@ -31,7 +31,7 @@ KEY_VERSION = 1
 
 def prepare_hf_dataset(cfg: DataConfig):
     """Build (once) or load the shards of `cfg.hf_dataset`; same result type as `data.prepare_data`."""
-    from flopwise.train.data import META_FILE, _load_entry, _write_json, build_text_shards
+    from flopwise.train.data import META_FILE, _load_entry, build_text_shards, write_meta
 
     source = cfg.hf_dataset
     fmt = source_format(source)
@@ -52,7 +52,7 @@ def prepare_hf_dataset(cfg: DataConfig):
 
         meta.update(version=CACHE_VERSION, key=key, input_files=len(source_files(source.path, fmt)),
                     hf_dataset=source.model_dump(mode="json"))
-        _write_json(staging / META_FILE, meta)
+        write_meta(staging, meta)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -99,7 +99,8 @@ def source_files(path: Path, fmt: str) -> list[Path]:
 
 def cache_key(cfg: DataConfig, fmt: str) -> str:
     """Hash of the source files (path, size, mtime), the hf_dataset settings and the tokenizer settings."""
-    from flopwise.train.data import CACHE_VERSION, _file_sha256
+    from flopwise.train.data import CACHE_VERSION
+    from flopwise.train.shards import shards_sha256
 
     files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in source_files(cfg.hf_dataset.path, fmt)]
     settings = {
@@ -113,7 +114,7 @@ def cache_key(cfg: DataConfig, fmt: str) -> str:
         "vocab_size": cfg.vocab_size,
     }
     if cfg.tokenizer is not None:
-        settings["tokenizer_sha256"] = _file_sha256(Path(cfg.tokenizer).expanduser())
+        settings["tokenizer_sha256"] = shards_sha256([Path(cfg.tokenizer).expanduser()])
     else:
         settings["tokenizer_train_bytes"] = cfg.tokenizer_train_bytes
     return "hf-" + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:20]

@@ -8,6 +8,7 @@ place, so a reader sees either nothing or a complete entry.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -62,6 +63,16 @@ class ShardWriter:
         self._handle = open(path, "wb")
         self.paths.append(path)
         self._in_current = 0
+
+
+def shards_sha256(paths: list[Path]) -> str:
+    """sha256 of the token stream the shards hold, in order: what a resumed run must read again."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 24):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def open_shard(path: Path, dtype: str) -> np.ndarray:
