@@ -156,6 +156,8 @@ class ParallelConfig(Section):
     pipeline_virtual_stages: int = Field(1, ge=1, le=1024)
     zero3_persistence_threshold: int = Field(100_000, ge=0, le=2**62)  # DeepSpeed: smaller parameters stay whole on every rank
     timeout_minutes: float = Field(10.0, gt=0, le=7 * 24 * 60)  # a week
+    # a rank whose heartbeat is this old is stalled (stopped, hung): the job ends with one line (train/heartbeat.py)
+    stall_seconds: float = Field(300.0, ge=2, le=7 * 24 * 3600)
     max_restarts: int = Field(0, ge=0, le=1000)
     # The mesh (train/mesh.py): pp x dp_replicate x dp_shard x tp = processes; dp_shard -1 = what is left.
     tp: int = Field(1, ge=1, le=MAX_COUNT)

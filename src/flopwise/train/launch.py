@@ -24,6 +24,7 @@ does it. Each start resumes from the latest valid checkpoint (docs/checkpoints.m
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -35,6 +36,7 @@ from flopwise.errors import UserError
 from flopwise.train.config import RunConfig
 from flopwise.train.config_loading import dump_config
 from flopwise.errors import PREEMPTED_EXIT_CODE, Preempted
+from flopwise.train.heartbeat import HEARTBEAT_DIR_ENV, STALLED_EXIT_CODE, StallWatch
 
 ERROR_FILE_ENV = "FLOPWISE_ERROR_FILE"
 LAUNCHER_PID_ENV = "FLOPWISE_LAUNCHER_PID"  # the workers watch this pid and stop when it is gone
@@ -49,6 +51,43 @@ class StoppedBySignal(Preempted):
     Exit code 75 like any preemption, but never restarted here: the job itself is being
     stopped, so the scheduler requeues it (or not).
     """
+
+
+class RankStalled(UserError):
+    """A rank stopped beating for `parallel.stall_seconds` (train/heartbeat.py); this node's ranks were ended."""
+
+    exit_code = STALLED_EXIT_CODE
+
+
+def ignore_stop_signals() -> None:
+    """The run is stopping on a signal: more Ctrl-Cs (or SIGTERMs) must neither cut the save or the
+    message short nor kill the exit (Python puts the default handlers back while it shuts down,
+    but leaves an ignored signal ignored)."""
+    for sig in _signals(FORWARDED_SIGNALS):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def first_signal_only():
+    """torchrun's handler raises SignalException at every stop signal, so a second Ctrl-C interrupted its
+    shutdown (which forwards the first and waits for the ranks to save): the ranks' messages were lost,
+    the command said nothing was saved and exited 130. Here only the first signal raises; later ones wait."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    original = api._terminate_process_handler
+    seen: list[int] = []
+
+    def once(signum, frame):
+        if seen:
+            return
+        seen.append(signum)
+        original(signum, frame)
+
+    api._terminate_process_handler = once  # read by PContext.start() when torchrun installs its handlers
+    try:
+        yield
+    finally:
+        api._terminate_process_handler = original
 
 
 def world_size_of(cfg: RunConfig) -> int:
@@ -107,11 +146,15 @@ def launch(cfg: RunConfig) -> None:
     check_strategy(cfg.parallel)
     check_fits_this_machine(cfg)  # an impossible size is one line now, not an allocator traceback per rank
     one_rank = started_as_one_rank(cfg)
-    if _leads_run(cfg, one_rank):
-        with claim_run_directory(cfg):
+    try:
+        if _leads_run(cfg, one_rank):
+            with claim_run_directory(cfg):
+                _launch(cfg, one_rank)
+        else:
             _launch(cfg, one_rank)
-    else:
-        _launch(cfg, one_rank)
+    except Preempted:
+        ignore_stop_signals()  # saved and stopping: a Ctrl-C now must not turn exit 75 into 130
+        raise
 
 
 def _leads_run(cfg: RunConfig, one_rank: bool) -> bool:
@@ -193,7 +236,7 @@ def _run_torchrun_with_restarts(cfg: RunConfig) -> None:
             return
         except StoppedBySignal:
             raise  # the job itself is being stopped: exit 75 and leave the restart to the scheduler
-        except Preempted as stop:
+        except (Preempted, RankStalled) as stop:
             if attempt == restarts:
                 raise
             print(f"{stop}; restart {attempt + 1} of {restarts}", file=sys.stderr, flush=True)
@@ -240,11 +283,19 @@ def _run_torchrun(cfg: RunConfig) -> None:
         config_path.write_text(dump_config(cfg))
         os.environ[ERROR_FILE_ENV] = str(node_dir / "error")
         os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+        os.environ[HEARTBEAT_DIR_ENV] = str(node_dir)
+        stopped_by_signal = False
         try:
-            run(get_args_parser().parse_args(torchrun_args(cfg, config_path)))
+            with first_signal_only(), StallWatch(node_dir, cfg.parallel.stall_seconds) as watch:
+                try:
+                    run(get_args_parser().parse_args(torchrun_args(cfg, config_path)))
+                except ChildFailedError:
+                    if watch.message:  # the watch ended the ranks: its line, not theirs
+                        raise RankStalled(watch.message) from None
+                    raise
         except SignalException as stopped:  # torchrun forwarded it and waited for the workers to save
-            for sig in handlers:
-                signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
+            stopped_by_signal = True
+            ignore_stop_signals()  # kept until the exit: later Ctrl-Cs change nothing
             message = _first_user_error(node_dir)
             if message and message.startswith("preempted"):
                 raise StoppedBySignal(message) from None
@@ -267,10 +318,11 @@ def _run_torchrun(cfg: RunConfig) -> None:
             print(f"error: rank {rank} failed{how}; see its output above", file=sys.stderr)
             raise SystemExit(1) from None
         finally:
-            os.environ.pop(ERROR_FILE_ENV, None)
-            os.environ.pop(LAUNCHER_PID_ENV, None)
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
+            for name in (ERROR_FILE_ENV, LAUNCHER_PID_ENV, HEARTBEAT_DIR_ENV):
+                os.environ.pop(name, None)
+            if not stopped_by_signal:
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
 
 
 def culprit_rank(exitcodes: dict[int, int], first: int) -> int:

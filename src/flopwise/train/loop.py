@@ -26,6 +26,7 @@ from flopwise.train.build import BuiltModel, build_strategy, build_training_mode
 from flopwise.train.config import RunConfig, TrainingConfig
 from flopwise.train.config_loading import dump_config
 from flopwise.train.data import TokenLoader
+from flopwise.train.heartbeat import note_step
 from flopwise.train.prepare import prepare_data
 from flopwise.train.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier, data_parallel_shape
 from flopwise.train.checkpoint.policy import StepBoundary
@@ -210,6 +211,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
             result.train_losses.append(step.loss)
             result.memory = step.memory
             result.steps = state.step
+            note_step(state.step)  # carried by this rank's heartbeat (train/heartbeat.py)
             # saves when due; stops on a signal, a NaN loss or endless fp16 overflows
             boundary.after_step(state, step.loss, step.skipped, step.loss_scale)
         boundary.finish(state)

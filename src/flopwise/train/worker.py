@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 
-from flopwise.errors import UserError
+from flopwise.errors import Preempted, UserError
 
 
 
@@ -25,12 +25,16 @@ def main(argv: list[str] | None = None) -> None:
     torn down during interpreter finalization, which would turn a finished run into a
     failed rank.
     """
+    from flopwise.train.heartbeat import start_beating, stop_beating
     from flopwise.train.launch import LAUNCHER_PID_ENV
     from flopwise.train.parent_watch import die_with_parent
 
     launcher = os.environ.get(LAUNCHER_PID_ENV)
     die_with_parent(int(launcher) if launcher and launcher.isdigit() else None)  # no orphans if the launcher dies
+    rank = int(os.environ.get("RANK", "0"))
+    start_beating(rank)  # the launcher ends the job when this rank stops beating (train/heartbeat.py)
     code = run(sys.argv[1:] if argv is None else argv)
+    stop_beating(rank)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -49,8 +53,14 @@ def run(args: list[str]) -> int:
 
         run_here(load_config(args[0]))
     except UserError as err:
+        if isinstance(err, Preempted):
+            from flopwise.train.launch import ignore_stop_signals
+
+            ignore_stop_signals()  # saved: a further signal must not turn the report into a traceback
         _report(str(err))
         return err.exit_code
+    except KeyboardInterrupt:  # SIGINT before the run took over the stop signals: the launcher says it
+        return 130
     except ModuleNotFoundError as err:  # an optional extra (deepspeed, transformers, ...) is missing
         from flopwise.extras import missing_extra_message
 
@@ -82,10 +92,13 @@ def _report(message: str) -> None:
     error_file = os.environ.get("FLOPWISE_ERROR_FILE")
     rank = os.environ.get("RANK", "0")
     if error_file:
-        with open(f"{error_file}.rank{int(rank):05d}", "w", encoding="utf-8") as handle:
-            handle.write(message)
-    else:
-        print(f"error: {message}", file=sys.stderr)
+        try:
+            with open(f"{error_file}.rank{int(rank):05d}", "w", encoding="utf-8") as handle:
+                handle.write(message)
+            return
+        except OSError:  # the launcher's folder is gone (it stopped first): say it here instead
+            pass
+    print(f"error: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":
