@@ -48,7 +48,8 @@ def slurm(tmp_path_factory):
     """A running two-node cluster for this test session; stopped at its end."""
     missing = missing_programs()
     if missing:
-        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing; Debian: apt-get install slurmctld slurmd slurm-client munge)")
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing; "
+                    "Debian: apt-get install slurmctld slurmd slurm-client munge)")
     if os.geteuid() != 0:
         pytest.skip("slurmd must run as root to start jobs")
     cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
