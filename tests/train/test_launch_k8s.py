@@ -1,5 +1,11 @@
-"""`flopwise launch k8s`: the manifest loads as YAML, has what the Kubeflow Training Operator requires,
-and its pods' command lines, with the variables the operator sets, are valid `flopwise train` calls."""
+"""`flopwise launch k8s`: the manifest loads as YAML, passes the PyTorchJob CRD's own schema, has what the
+Kubeflow Training Operator requires, and its pods' command lines, with the variables the operator sets,
+are valid `flopwise train` calls.
+
+The schema is the training-operator's CRD, vendored unmodified in tests/train/kubeflow/ (release
+v1.9.0; README there), checked with `jsonschema` after its Kubernetes extensions are translated
+(tests/train/crd_schema.py): the whole PyTorchJob, not chosen fields.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +19,20 @@ import yaml
 from flopwise.cli import main
 from flopwise.train.config_loading import load_config
 from flopwise.train.launch_k8s import job_name_for
+from tests.train.crd_schema import crd_validator
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI_NODE = ROOT / "configs" / "multi_node.yaml"
+PYTORCHJOB_CRD = Path(__file__).parent / "kubeflow" / "kubeflow.org_pytorchjobs.yaml"
+
+
+@pytest.fixture(scope="module")
+def pytorchjob_schema():
+    return crd_validator(PYTORCHJOB_CRD, "v1")
+
+
+def schema_errors(validator, document: dict) -> list[str]:
+    return [f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in validator.iter_errors(document)]
 
 
 def manifest(tmp_path: Path, monkeypatch, *flags: str) -> list[dict]:
@@ -32,6 +49,38 @@ def manifest(tmp_path: Path, monkeypatch, *flags: str) -> list[dict]:
 def expand(text: str, env: dict) -> str:
     """Kubernetes' $(VAR) expansion in command and args."""
     return re.sub(r"\$\(([A-Z_]+)\)", lambda m: env[m.group(1)], text)
+
+
+@pytest.mark.parametrize("flags", [
+    [],
+    ["--nodes", "1"],  # a Master alone, no Worker replicas
+    ["--nodes", "4", "--gpus-per-node", "4", "--pvc", "datasets", "--mount", "/data", "--namespace", "ml-team"],
+])
+def test_the_pytorchjob_passes_the_crd_schema(tmp_path, monkeypatch, pytorchjob_schema, flags):
+    _, job = manifest(tmp_path, monkeypatch, *flags)
+    assert schema_errors(pytorchjob_schema, job) == []
+
+
+@pytest.mark.parametrize("change, error", [
+    (lambda job: job["spec"].update(nprocPerNod="8"), "Additional properties are not allowed ('nprocPerNod'"),
+    (lambda job: job["spec"].update(nprocPerNode=8), "8 is not of type 'string'"),
+    (lambda job: job["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas="one"), "'one' is not of type 'integer'"),
+    (lambda job: master_container(job).update(env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110"}), "is not of type 'array'"),
+    (lambda job: master_container(job)["ports"].append(dict(master_container(job)["ports"][0])), "duplicate entry"),
+    (lambda job: master_container(job)["resources"]["limits"].update(cpu=[4]), "[4] is not valid under any"),
+    (lambda job: job["spec"].pop("pytorchReplicaSpecs"), "'pytorchReplicaSpecs' is a required property"),
+    (lambda job: job["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2**31), "is not a 'int32'"),
+])
+def test_the_crd_schema_refuses_what_the_api_server_would(tmp_path, monkeypatch, pytorchjob_schema, change, error):
+    """The check can fail: unknown fields, wrong types, list-map keys, int-or-string, int32 are all seen."""
+    _, job = manifest(tmp_path, monkeypatch)
+    change(job)
+    errors = schema_errors(pytorchjob_schema, job)
+    assert len(errors) == 1 and error in errors[0], errors
+
+
+def master_container(job: dict) -> dict:
+    return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
 
 
 def test_the_pytorchjob_has_what_the_operator_requires(tmp_path, monkeypatch):
@@ -76,6 +125,7 @@ def test_job_names_follow_kubernetes_rules():
     (["--image", "x", "--name", "Bad_Name"], "error: --name: 'Bad_Name' is not a job name"),
     (["--image", "x", "--gpus-per-node", "0"], "error: override 'parallel.nproc_per_node=0'"),
     (["--image", "x", "model.n_layerz=3"], "error: "),
+    (["--image", "x", "parallel.backend=gloo"], "error: parallel.backend: gloo is the CPU backend"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(flags, message, capsys):
     with pytest.raises(SystemExit) as done:

@@ -32,17 +32,26 @@ def write_script(tmp_path: Path, monkeypatch, *flags: str) -> Path:
 
 
 def fake_slurm(tmp_path: Path) -> Path:
-    """`srun` runs its command once per node (SLURM_NODEID 0 and 1); `scontrol` and `flopwise` record their calls."""
+    """`srun` runs its command once per node (task = node 0 and 1); `scontrol` and `flopwise` record their calls.
+
+    `scontrol show node` answers as Slurm 22.05 does, with a NodeAddr other than the node's name.
+    """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(
         '#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
-        'rc=0\nfor node in 0 1; do SLURM_NODEID=$node "$@" || rc=$?; done\nexit $rc\n')
+        'rc=0\nfor node in 0 1; do SLURM_NODEID=$node SLURM_PROCID=$node SLURM_NTASKS=2 "$@" || rc=$?; done\n'
+        'exit $rc\n')
     (bin_dir / "scontrol").write_text(
         '#!/bin/bash\nif [ "$1 $2" = "show hostnames" ]; then printf "gpu-a17\\ngpu-a18\\n"; exit 0; fi\n'
+        'if [ "$1 $2" = "show node" ]; then\n'
+        '  printf "NodeName=$3 Arch=x86_64 CoresPerSocket=48\\n"\n'
+        '  printf "   NodeAddr=10.1.0.17 NodeHostName=$3 Version=22.05.8\\n"\n'
+        '  exit 0\nfi\n'
         'echo "$@" >> "$CALLS/scontrol"\n')
     (bin_dir / "flopwise").write_text(
-        '#!/bin/bash\nprintf "%s\\n" "$@" > "$CALLS/flopwise.node$SLURM_NODEID"\nexit "$FAKE_EXIT"\n')
+        '#!/bin/bash\nprintf "%s\\n" "$@" > "$CALLS/flopwise.node$SLURM_NODEID"\n'
+        'echo "${SLURM_PROCID-unset}" > "$CALLS/procid.node$SLURM_NODEID"\nexit "$FAKE_EXIT"\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     return bin_dir
@@ -80,22 +89,34 @@ def test_each_node_runs_flopwise_train_with_its_rank_and_exit_75_requeues(tmp_pa
     for node in (0, 1):
         args = (calls / f"flopwise.node{node}").read_text().splitlines()
         assert args[0] == "train"
-        assert args[2:] == [f"parallel.node_rank={node}", "parallel.rdzv_endpoint=gpu-a17:29500",
+        assert args[2:] == [f"parallel.node_rank={node}", "parallel.rdzv_endpoint=10.1.0.17:29500",
                             "parallel.rdzv_id=slurm-4242"]
         cfg = load_config(args[1], args[2:])  # the config the script wrote, with this node's overrides
         assert cfg.parallel.nnodes == 2 and cfg.parallel.nproc_per_node == 8 and cfg.parallel.node_rank == node
         assert cfg.logging.run_dir == tmp_path / "run"
+        # the task is the node's launcher, never one rank (as 1 process per node would make it)
+        assert (calls / f"procid.node{node}").read_text().strip() == "unset"
         assert cfg.model == load_config(MULTI_NODE).model
     crashed = run_script(script, tmp_path, 1)
     assert crashed.returncode == 1
     assert not (tmp_path / "calls-1" / "scontrol").exists()  # a crash is not requeued
 
 
+def test_a_gloo_config_is_a_cpu_job_and_the_rendezvous_port_is_the_configs(tmp_path, monkeypatch):
+    script = write_script(tmp_path, monkeypatch, "parallel.backend=gloo", "--gpus-per-node", "2",
+                          "parallel.rdzv_endpoint=node0:31000")
+    lines = script.read_text().splitlines()
+    assert "#SBATCH --cpus-per-task=2" in lines and not [line for line in lines if line.startswith("#SBATCH --gpus")]
+    assert any(line.startswith("srun --kill-on-bad-exit=0 --cpus-per-task=2 ") for line in lines)
+    run_script(script, tmp_path, 0)
+    args = (tmp_path / "calls-0" / "flopwise.node1").read_text().splitlines()
+    assert "parallel.rdzv_endpoint=10.1.0.17:31000" in args
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--time", "3h"], "error: --time: '3h' is not a Slurm time"),
     (["--nodes", "0"], "error: override 'parallel.nnodes=0': parallel.nnodes"),
     (["--hardware", "h900"], "error: unknown hardware 'h900'"),
-    (["parallel.backend=gloo"], "error: parallel.backend: gloo is the CPU backend"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(flags, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as done:

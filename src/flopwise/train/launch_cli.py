@@ -70,6 +70,8 @@ def register_launch(app: typer.Typer) -> None:
         from flopwise.train.launch_plan import forecast_node
 
         cfg = _job_config(args, nodes, gpus_per_node)
+        if cfg.parallel.backend == "gloo":
+            raise UserError("parallel.backend: gloo is the CPU backend; the PyTorchJob asks for GPUs (nccl or auto)")
         job = KubernetesJob(name=name or job_name_for(Path(cfg.logging.run_dir).name), image=image,
                             namespace=namespace, volume_claim=pvc, volume_mount=mount)
         _emit(pytorchjob_manifest(cfg, job, forecast_node(cfg, hardware), _this_command()), out, "kubectl apply -f")
@@ -85,10 +87,7 @@ def _job_config(args: list[str] | None, nodes: int | None, gpus_per_node: int | 
         overrides.append(f"parallel.nnodes={nodes}")
     if gpus_per_node is not None:
         overrides.append(f"parallel.nproc_per_node={gpus_per_node}")
-    cfg = load_config(config_path, overrides)
-    if cfg.parallel.backend == "gloo":
-        raise UserError("parallel.backend: gloo is the CPU backend; a GPU job needs nccl or auto")
-    return cfg
+    return load_config(config_path, overrides)
 
 
 def _this_command() -> str:

@@ -2,10 +2,14 @@
 
 Every node runs one srun task, `flopwise train` with this node's `parallel.node_rank`, which
 starts torchrun for the node's GPUs; the nodes meet in torchrun's c10d rendezvous on the
-first node of the allocation (`scontrol show hostnames`). Slurm's warning signal (SIGUSR1,
-`--signal=USR1@S`, sent to every task) reaches torchrun, which passes it to the ranks
-(`--signals-to-handle`); they save a checkpoint and exit 75, and the script then requeues
-the job (`--requeue`, `scontrol requeue`), which resumes from the latest checkpoint.
+first node of the allocation (`scontrol show hostnames`), at the address Slurm itself uses to
+reach that node (its NodeAddr, which may differ from the node's name) and the port of
+`parallel.rdzv_endpoint`. Slurm's warning signal (SIGUSR1, `--signal=USR1@S`, sent to every
+task) reaches torchrun, which passes it to the ranks (`--signals-to-handle`); they save a
+checkpoint and exit 75, and the script then requeues the job (`--requeue`, `scontrol
+requeue`), which resumes from the latest checkpoint. `parallel.backend: gloo` writes a CPU job
+(no GPUs asked for, one CPU per process), the way tests/train/test_slurm_cluster.py runs the
+script under a real Slurm.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from flopwise.train.config import RunConfig
 from flopwise.train.config_loading import dump_config
 from flopwise.train.launch_plan import NodeForecast, forecast_lines
 
-RDZV_PORT = 29500
 SLURM_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
 CONFIG_END = "FLOPWISE_CONFIG_END"
 
@@ -49,8 +52,14 @@ def sbatch_script(cfg: RunConfig, job: SlurmJob, forecast: NodeForecast, command
     check_slurm_job(job)
     p = cfg.parallel
     run_dir = str(cfg.logging.run_dir)
+    rdzv_port = p.rdzv_endpoint.rpartition(":")[2]
     shutdown = job.warning_seconds - 10
     partition = f"#SBATCH --partition={job.partition}\n" if job.partition else ""
+    cpu_job = p.backend == "gloo"
+    # srun does not inherit sbatch's --cpus-per-task (Slurm >= 22.05, srun(1)): the step asks again.
+    resources = f"--cpus-per-task={p.nproc_per_node}" if cpu_job else f"--gpus-per-node={p.nproc_per_node}"
+    srun_cpus = f" --cpus-per-task={p.nproc_per_node}" if cpu_job else ""
+    devices = f"{p.nproc_per_node} CPU process(es)" if cpu_job else f"{p.nproc_per_node} GPU(s)"
     forecast_text = "\n".join(f"# {line}".rstrip() for line in forecast_lines(forecast))
     config_text = dump_config(cfg).rstrip("\n")
     if CONFIG_END in config_text:
@@ -63,14 +72,14 @@ def sbatch_script(cfg: RunConfig, job: SlurmJob, forecast: NodeForecast, command
 #
 {forecast_text}
 #
-# One srun task per node runs `flopwise train`, which starts torchrun for the node's {p.nproc_per_node} GPU(s);
+# One srun task per node runs `flopwise train`, which starts torchrun for the node's {devices};
 # the nodes meet in torchrun's c10d rendezvous on the first node. {job.warning_seconds} s before the time limit
 # Slurm sends SIGUSR1 to every task: the ranks save a checkpoint and exit 75, and this script requeues
 # the job, which resumes from the latest checkpoint (docs/checkpoints.md, docs/strategies.md).
 #SBATCH --job-name={job.name}
 #SBATCH --nodes={p.nnodes}
 #SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node={p.nproc_per_node}
+#SBATCH {resources}
 #SBATCH --time={job.time}
 {partition}#SBATCH --requeue
 #SBATCH --open-mode=append
@@ -87,13 +96,18 @@ cat > "$config" <<'{CONFIG_END}'
 {CONFIG_END}
 
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+# The address Slurm reaches the first node at (NodeAddr; the node's name when none is configured).
+head_addr=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
 # After a signal torchrun waits this long for the ranks' checkpoint before it kills them.
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={shutdown}
 
 # No --kill-on-bad-exit: after a preemption a node that exits first must not kill rank 0 while it
 # publishes the checkpoint; a lost node ends the others after parallel.timeout_minutes.
-srun --kill-on-bad-exit=0 bash -c "exec flopwise train '$config' parallel.node_rank=\\$SLURM_NODEID \\
-    parallel.rdzv_endpoint=$head_node:{RDZV_PORT} parallel.rdzv_id=slurm-$SLURM_JOB_ID"
+# Each task is its node's launcher and starts torchrun. Without SLURM_PROCID flopwise never takes
+# it for one rank of an srun-per-process launch, which it would when a node runs one process.
+srun --kill-on-bad-exit=0{srun_cpus} bash -c "exec env -u SLURM_PROCID flopwise train '$config' \\
+    parallel.node_rank=\\$SLURM_NODEID parallel.rdzv_endpoint=${{head_addr:-$head_node}}:{rdzv_port} \\
+    parallel.rdzv_id=slurm-$SLURM_JOB_ID"
 rc=$?
 if [ "$rc" -eq 75 ]; then  # preempted, checkpoint saved
     echo "flopwise: preempted (exit 75); requeueing job $SLURM_JOB_ID, which resumes from the latest checkpoint"
