@@ -70,7 +70,9 @@ def _bad_values(field, rng: random.Random) -> list[str]:
             bad.append(repr(bounds["gt"]))
         if "le" in bounds:
             high = bounds["le"]
-            bad += [repr(high * 10 + 1 if high > 0 else high + 1), rng.choice(HUGE_INTS)]
+            low = bounds.get("ge", bounds.get("gt", float("-inf")))
+            huge = [v for v in HUGE_INTS if not low <= int(v) <= high]  # 2^64 is inside a bound of 2^64
+            bad += [repr(high * 10 + 1 if high > 0 else high + 1), rng.choice(huge)]
         if "lt" in bounds:
             bad.append(repr(bounds["lt"]))
         if float in types:
