@@ -74,7 +74,10 @@ def first_signal_only():
     the command said nothing was saved and exited 130. Here only the first signal raises; later ones wait."""
     from torch.distributed.elastic.multiprocessing import api
 
-    original = api._terminate_process_handler
+    original = getattr(api, "_terminate_process_handler", None)  # torch 2.13's name; another torch: no change
+    if original is None:
+        yield
+        return
     seen: list[int] = []
 
     def once(signum, frame):
