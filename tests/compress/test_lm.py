@@ -11,6 +11,7 @@ import torch
 from flopwise.compress.config import CompressConfig
 from flopwise.compress.run import compress_task
 from flopwise.compress.tasks import lm_task
+from flopwise.train.run_signature import signed_config_text
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def exported_run(tmp_path_factory):
         optimizer.step()
     (run_dir / "export").mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(run_dir / "export" / "model.safetensors"))
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    (run_dir / "config.yaml").write_text(signed_config_text(dump_config(cfg)))  # as the run records it
     return run_dir
 
 

@@ -24,9 +24,15 @@ def tiny_train_command(tmp_path: Path, run_dir: Path, *extra: str) -> tuple[list
 
 
 def rehash(folder: Path) -> None:
-    """Rewrite the checkpoint's manifest so every (forged) file's size and sha256 match."""
+    """Rewrite the checkpoint's manifest so every (forged) file's size and sha256 match, and sign it again.
+
+    Signing needs the user's key, which the attacker lacks (an unsigned manifest is refused first:
+    test_remote_code_from_files.py); re-signing here tests the reader behind that check on its own.
+    """
+    from flopwise.train.run_signature import sign_manifest
+
     manifest = json.loads((folder / "manifest.json").read_text())
     for name in manifest["files"]:
         data = (folder / name).read_bytes()
         manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(sign_manifest(manifest)))

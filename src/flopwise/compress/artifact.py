@@ -93,13 +93,17 @@ def save_compressed(out: Path, model: nn.Module, *, manifest: dict, example: tor
     return weights
 
 
-def rebuild_float_model(path: Path, rebuild: dict) -> nn.Module:
-    """The untrained float architecture described by a manifest's `rebuild` entry."""
+def rebuild_float_model(path: Path, rebuild: dict, trust_remote_code: bool = False) -> nn.Module:
+    """The untrained float architecture described by a manifest's `rebuild` entry.
+
+    config.yaml never switches on remote code (`config_loading.config_from_mapping`); only the caller's flag does.
+    """
     if rebuild["task"] == "lm":
         from flopwise.train.config_loading import load_config
         from flopwise.train.model import build_model
 
-        return build_model(load_config(path / "config.yaml").model, rebuild["vocab_size"])
+        overrides = ["model.trust_remote_code=true"] if trust_remote_code else []
+        return build_model(load_config(path / "config.yaml", overrides).model, rebuild["vocab_size"])
     from flopwise.compress.models import build_network
 
     return build_network(rebuild["task"], **rebuild.get("network_kwargs", {}))
@@ -116,7 +120,8 @@ def register_quantized_ops() -> None:
     import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers the ops on import)
 
 
-def load_compressed(path: str | Path, compile: bool = False, trust: bool = False) -> nn.Module:
+def load_compressed(path: str | Path, compile: bool = False, trust: bool = False,
+                    trust_remote_code: bool = False) -> nn.Module:
     """Load a model written by `flopwise compress` for inference.
 
     INT8 graphs come back as the exported q/dq program (correct in eager mode);
@@ -127,7 +132,9 @@ def load_compressed(path: str | Path, compile: bool = False, trust: bool = False
     Trust boundary: the folder's files must match the SHA-256 recorded at save time, and
     the record must carry this user's signature; `trust=True` accepts a folder written
     elsewhere (its hashes are still checked when present). Loading a `.pt2` can run code
-    stored in it, so pass `trust=True` only for sources you would run code from.
+    stored in it, so pass `trust=True` only for sources you would run code from. A language
+    model's config.yaml never runs the Python files of an HF config (auto_map) unless
+    `trust_remote_code=True`, even in a trusted folder.
     """
     path = Path(path)
     manifest_path = path / MANIFEST
@@ -149,7 +156,7 @@ def load_compressed(path: str | Path, compile: bool = False, trust: bool = False
         with safe_open(str(path / "model.safetensors"), framework="pt") as handle:
             metadata = handle.metadata() or {}
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        model = rebuild_float_model(path, manifest["rebuild"])
+        model = rebuild_float_model(path, manifest["rebuild"], trust_remote_code)
         model.load_state_dict(dense_state_dict(tensors, metadata))
         model.eval()
         requantize = manifest.get("requantize")

@@ -4,7 +4,7 @@
 file can run code written into it. A compressed folder therefore records, in
 `compressed.json`, the SHA-256 of every file it ships and an HMAC-SHA256 over that
 record made with a key private to this user on this machine
-(`$XDG_CONFIG_HOME/flopwise/artifact.key`, mode 0600, created on first use).
+(`flopwise.user_key`: `$XDG_CONFIG_HOME/flopwise/artifact.key`, mode 0600).
 
 On load:
 - a file whose SHA-256 differs from the record is always refused (changed or corrupt);
@@ -18,34 +18,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
-import secrets
 from pathlib import Path
 
 from flopwise.errors import UserError
+from flopwise.user_key import key_path, user_key
 
-KEY_FILE = "artifact.key"
 HASH_CHUNK = 1 << 20
-
-
-def key_path() -> Path:
-    """This user's signing key: $XDG_CONFIG_HOME/flopwise/artifact.key (default ~/.config)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "flopwise" / KEY_FILE
-
-
-def signing_key() -> bytes:
-    """The local key, created (32 random bytes, owner-only) the first time an artifact is written."""
-    path = key_path()
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return path.read_bytes()  # another process created it first
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(secrets.token_bytes(32))
-    return path.read_bytes()
 
 
 def sha256_of(path: Path) -> str:
@@ -66,7 +44,7 @@ def seal(folder: Path, manifest: dict, names: list[str]) -> dict:
     """`manifest` plus the SHA-256 of each named file and this user's signature over both."""
     record = {**manifest, "files": {name: sha256_of(folder / name) for name in sorted(names)}}
     record.pop("signature", None)
-    return {**record, "signature": _signature(record, signing_key())}
+    return {**record, "signature": _signature(record, user_key())}
 
 
 def verify(folder: Path, manifest: dict, *, trust: bool) -> None:
@@ -88,7 +66,7 @@ def verify(folder: Path, manifest: dict, *, trust: bool) -> None:
     if trust:
         return
     record = {k: v for k, v in manifest.items() if k != "signature"}
-    if not hmac.compare_digest(str(manifest.get("signature", "")), _signature(record, signing_key())):
+    if not hmac.compare_digest(str(manifest.get("signature", "")), _signature(record, user_key())):
         raise UserError(f"{folder}: not signed by this user's flopwise key ({key_path()}), so it was written "
                         "elsewhere or edited; loading it can run code stored in the file — pass trust=True "
                         "(--trust) only if you trust its source")

@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from flopwise.errors import UserError
+from flopwise.train.trust_options import ACCEPT_RUN_OPTION, TRUST_REMOTE_CODE_OPTION
 
 BUILTIN_TASKS = ("digits-cnn", "digits-mlp")
 
@@ -49,13 +50,14 @@ def resolve_config(target: Optional[str], options: dict):
     return cfg.model_copy(update={"task": "lm"}), Path(target)
 
 
-def build_task(cfg, source):
+def build_task(cfg, source, *, trust_remote_code: bool = False, accept_run: bool = False):
     """The Task to compress: a built-in digits task, or the LM of an exported run."""
     from flopwise.compress.tasks import digits_task, lm_task
 
     if cfg.task in BUILTIN_TASKS:
         return digits_task(cfg.task)
-    return lm_task(Path(source), eval_batches=cfg.eval_batches, batch_size=min(cfg.batch_size, 8))
+    return lm_task(Path(source), eval_batches=cfg.eval_batches, batch_size=min(cfg.batch_size, 8),
+                   trust_remote_code=trust_remote_code, accept_run=accept_run)
 
 
 def default_out(cfg, source) -> Path:
@@ -93,6 +95,8 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", help="output folder"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="also show library warnings and logs (kept in OUT/library.log)"),
+        trust_remote_code: bool = TRUST_REMOTE_CODE_OPTION,
+        accept_run: bool = ACCEPT_RUN_OPTION,
     ) -> None:
         """Compress a model (INT8 PTQ/QAT, pruning, 2:4) and report what was measured before and after."""
         options = dict(
@@ -120,7 +124,8 @@ def register(app: typer.Typer) -> None:
 
             batch = latency_batch or (cfg.latency_batch if "latency_batch" in cfg.model_fields_set else 1)
             result = compress_llm_run(Path(source), cfg, Path(out_dir), latency_batch=batch,
-                                      new_tokens=cfg.new_tokens,
+                                      new_tokens=cfg.new_tokens, trust_remote_code=trust_remote_code,
+                                      accept_run=accept_run,
                                       report=lambda line: print(line, flush=True, file=sys.stderr if as_json else sys.stdout))
             if as_json:
                 print(json.dumps(result, indent=2))
@@ -131,7 +136,8 @@ def register(app: typer.Typer) -> None:
         from flopwise.compress.report import print_table, write_report
         from flopwise.compress.run import compress_task
 
-        result = compress_task(build_task(cfg, source), cfg, Path(out_dir),
+        task = build_task(cfg, source, trust_remote_code=trust_remote_code, accept_run=accept_run)
+        result = compress_task(task, cfg, Path(out_dir),
                                progress=lambda line: print(line, flush=True, file=sys.stderr if as_json else sys.stdout))
         result["report"] = write_report(result, Path(out_dir))
         if as_json:

@@ -29,8 +29,13 @@ FILE_MODE = 0o644
 
 
 def compress_llm_run(run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_tokens: int = 32,
-                     min_run_time: float = 2.0, report: Callable[[str], None] = print) -> dict:
-    """Quantize the run's model with `cfg.method`, save it in `out`, and return the measurements."""
+                     min_run_time: float = 2.0, report: Callable[[str], None] = print, *,
+                     trust_remote_code: bool = False, accept_run: bool = False) -> dict:
+    """Quantize the run's model with `cfg.method`, save it in `out`, and return the measurements.
+
+    The run's config.yaml is read only with this user's signature (or `accept_run`); the HF
+    folders are loaded with remote code only when `trust_remote_code` (the command line's flag).
+    """
     from flopwise.compress.llm_timing import pin_threads
     from flopwise.compress.methods import get_method
     from flopwise.train.generate import load_for_generation, resolve_hf_folder
@@ -41,19 +46,20 @@ def compress_llm_run(run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_
     run_dir = Path(run_dir)
     threads = pin_threads(cfg.threads)
     report(f"threads: {threads} (intra-op, pinned for every timing)")
-    baseline_folder = resolve_hf_folder(run_dir)
-    held_out = held_out_tokens(run_dir)
-    seq_len = _seq_len(run_dir)
+    run_config = run_config_of(run_dir, accept_run=accept_run)
+    baseline_folder = resolve_hf_folder(run_dir, trust_remote_code=trust_remote_code, accept_run=accept_run)
+    held_out = held_out_tokens(run_config)
+    seq_len = run_config.data.seq_len
     device_type = "cpu"  # loaded, quantized and measured on the CPU; a GPU path is not wired yet
     note = method.note(device_type)
     report(f"quantizing {baseline_folder} with {method.name}{f' ({note})' if note else ''} ...")
-    quantize_folder(baseline_folder, Path(out), method.torchao_config(device_type))
+    quantize_folder(baseline_folder, Path(out), method.torchao_config(device_type), trust_remote_code=trust_remote_code)
 
     measurements = {}
     for label, folder in (("before", baseline_folder), ("after", Path(out))):
         report(f"measuring {label} ({folder}): perplexity on {_windows(held_out, seq_len, cfg)} held-out windows, "
                f"generation at batch {latency_batch} x {new_tokens} tokens ...")
-        model, tokenizer = load_for_generation(folder)
+        model, tokenizer = load_for_generation(folder, trust_remote_code=trust_remote_code)
         measurements[label] = measure_llm(model, tokenizer, folder, held_out, seq_len, cfg, threads,
                                           latency_batch, new_tokens, min_run_time)
         del model
@@ -64,7 +70,7 @@ def compress_llm_run(run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_
     return result
 
 
-def quantize_folder(source: Path, out: Path, torchao_config) -> Path:
+def quantize_folder(source: Path, out: Path, torchao_config, *, trust_remote_code: bool = False) -> Path:
     """Load `source` quantized by torchao and save it (safetensors + quantization_config) with its tokenizer."""
     import shutil
 
@@ -73,12 +79,17 @@ def quantize_folder(source: Path, out: Path, torchao_config) -> Path:
     quiet_hf_libraries()
     from transformers import AutoModelForCausalLM, AutoTokenizer, TorchAoConfig
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(source), quantization_config=TorchAoConfig(torchao_config), local_files_only=True,
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(source), quantization_config=TorchAoConfig(torchao_config), local_files_only=True,
+            trust_remote_code=trust_remote_code,
+        )
+    except ValueError as exc:  # e.g. an auto_map without --trust-remote-code: transformers refuses to run it
+        raise UserError(f"{source}: transformers cannot load the model ({str(exc).splitlines()[0][:200]})") from None
     shutil.rmtree(out, ignore_errors=True)
     model.save_pretrained(str(out), safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(source), local_files_only=True).save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(source), local_files_only=True,
+                                  trust_remote_code=trust_remote_code).save_pretrained(str(out))
     for path in Path(out).rglob("*"):
         if path.is_file():
             os.chmod(path, FILE_MODE)
@@ -87,28 +98,26 @@ def quantize_folder(source: Path, out: Path, torchao_config) -> Path:
     return Path(out)
 
 
-def held_out_tokens(run_dir: Path):
-    """The run's validation-split token ids (numpy), read from its data cache (built again if gone)."""
-    import numpy as np
-
-    from flopwise.train.config import RunConfig
-    from flopwise.train.config_loading import load_config
-    from flopwise.train.data import open_shard
-    from flopwise.train.prepare import prepare_data
+def run_config_of(run_dir: Path, *, accept_run: bool = False):
+    """The run's recorded config (signature checked: `train/run_signature.py`)."""
+    from flopwise.train.run_signature import read_run_config
 
     config_path = Path(run_dir) / "config.yaml"
     if not config_path.is_file():
         raise UserError(f"{run_dir}: no config.yaml; compress an LLM from a run directory written by flopwise train")
-    cfg: RunConfig = load_config(config_path, [])
+    return read_run_config(config_path, accept_run=accept_run, trust_remote_code=False)
+
+
+def held_out_tokens(cfg):
+    """The run's validation-split token ids (numpy), read from its data cache (built again if gone)."""
+    import numpy as np
+
+    from flopwise.train.data import open_shard
+    from flopwise.train.prepare import prepare_data
+
     prepared = prepare_data(cfg.data)
     arrays = [np.asarray(open_shard(p, prepared.token_dtype)) for p in prepared.val_shards]
     return np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, dtype=np.int64)
-
-
-def _seq_len(run_dir: Path) -> int:
-    from flopwise.train.config_loading import load_config
-
-    return load_config(Path(run_dir) / "config.yaml", []).data.seq_len
 
 
 def _windows(tokens, seq_len: int, cfg) -> int:

@@ -99,12 +99,16 @@ def find_export(source: Path) -> tuple[Path, Path]:
     return weights, config
 
 
-def lm_task(source: Path, eval_batches: int = 8, batch_size: int = 8, model: nn.Module | None = None, run_config=None) -> Task:
+def lm_task(source: Path, eval_batches: int = 8, batch_size: int = 8, model: nn.Module | None = None, run_config=None,
+            *, trust_remote_code: bool = False, accept_run: bool = False) -> Task:
     """The trainer's language model from an exported run; quality = held-out validation loss and perplexity.
 
-    `model` and `run_config` let a caller pass an in-memory model instead of an export.
+    `model` and `run_config` let a caller pass an in-memory model instead of an export. The
+    run's config.yaml is read only with this user's signature (or `accept_run`), and rebuilds
+    the model with remote code only when `trust_remote_code` (`train/run_signature.py`).
     """
-    from flopwise.train.config_loading import dump_config, load_config
+    from flopwise.train.config_loading import dump_config
+    from flopwise.train.run_signature import read_run_config
     from flopwise.train.data import TokenLoader
     from flopwise.train.prepare import prepare_data
     from flopwise.train.model import build_model
@@ -112,7 +116,7 @@ def lm_task(source: Path, eval_batches: int = 8, batch_size: int = 8, model: nn.
     config_path = None
     if model is None:
         weights, config_path = find_export(source)
-        run_config = load_config(config_path)
+        run_config = read_run_config(config_path, accept_run=accept_run, trust_remote_code=trust_remote_code)
     prepared = prepare_data(run_config.data)
     if model is None:
         from safetensors.torch import load_file

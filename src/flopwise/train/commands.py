@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from flopwise.errors import UserError
+from flopwise.train.trust_options import ACCEPT_RUN_OPTION, TRUST_REMOTE_CODE_OPTION
 
 TRAIN_HELP = (
     "Train a model from a YAML config, with `key=value` overrides.\n\n"
@@ -98,6 +99,8 @@ def register_export(app: typer.Typer) -> None:
         out: Optional[str] = typer.Option(None, "--out", help="Output folder (default: RUN_DIR/export)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show library warnings and logs."),
+        trust_remote_code: bool = TRUST_REMOTE_CODE_OPTION,
+        accept_run: bool = ACCEPT_RUN_OPTION,
     ) -> None:
         """Verify and consolidate one checkpoint."""
         import json
@@ -109,7 +112,7 @@ def register_export(app: typer.Typer) -> None:
         route_library_noise(Path(out) if out else Path(run_dir) / "export", verbose)
         from flopwise.train.export import export_checkpoint
 
-        result = export_checkpoint(run_dir, step, out)
+        result = export_checkpoint(run_dir, step, out, trust_remote_code=trust_remote_code, accept_run=accept_run)
         if as_json:
             print(json.dumps({"checkpoint": str(result.checkpoint), "out": str(result.out), "step": result.step,
                               "tensors": result.tensors, "parameters": result.parameters,

@@ -45,8 +45,19 @@ def safe_load_unique(text: str):
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Build the run config from an optional YAML file plus overrides; schema defaults fill the rest."""
-    source = DEFAULT_CONFIG_NAME if path is None else str(path)
     data = {} if path is None else read_yaml(Path(path))
+    return config_from_mapping(data, path, overrides)
+
+
+def config_from_mapping(data: dict, path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+                        source: str | None = None) -> RunConfig:
+    """The run config from the mapping a YAML file (`path`) held, plus the command line's overrides.
+
+    A file never switches on remote code: `model.trust_remote_code` in `data` is dropped, and
+    only an override (the command line of the person running it) can set it.
+    """
+    source = source or (DEFAULT_CONFIG_NAME if path is None else str(path))
+    drop_remote_code_switch(data)
     override_keys: dict[tuple[str, ...], str] = {}
     for item in overrides:
         keys, value = parse_override(item)
@@ -58,6 +69,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise UserError(describe_validation_error(err, source, override_keys)) from None
+
+
+def drop_remote_code_switch(data: dict) -> None:
+    """Remove `model.trust_remote_code` from a mapping read from a file (see `config_from_mapping`)."""
+    model = data.get("model") if isinstance(data, dict) else None
+    if isinstance(model, dict):
+        model.pop("trust_remote_code", None)
 
 
 def default_run_dir(data: dict, path: Path) -> None:
@@ -76,7 +94,16 @@ def read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise UserError(f"{path}: not a file (expected a YAML config)")
     try:
-        data = safe_load_unique(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read config ({err.__class__.__name__})") from None
+    return parse_yaml_mapping(text, path)
+
+
+def parse_yaml_mapping(text: str, path: Path) -> dict:
+    """Safe-load YAML text read from `path` as a mapping; a syntax error or non-mapping is a UserError."""
+    try:
+        data = safe_load_unique(text)
     except RecursionError:
         raise UserError(f"{path}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as err:
@@ -84,8 +111,6 @@ def read_yaml(path: Path) -> dict:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or "malformed YAML"
         raise UserError(f"{path}: invalid YAML{where}: {problem}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: cannot read config ({err.__class__.__name__})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -35,8 +35,13 @@ class ExportResult:
     hf_folder: Path | None = None
 
 
-def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None = None) -> ExportResult:
-    """Export the latest valid checkpoint of `run_dir` (or step `step`) as safetensors into `out`."""
+def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None = None, *,
+                      trust_remote_code: bool = False, accept_run: bool = False) -> ExportResult:
+    """Export the latest valid checkpoint of `run_dir` (or step `step`) as safetensors into `out`.
+
+    The manifest must carry this user's signature unless `accept_run`; the model is rebuilt
+    from its config with remote code only when `trust_remote_code` (the command line's flag).
+    """
     from safetensors.torch import save_file
 
     # torch loads only when an export runs, not when the CLI starts
@@ -44,8 +49,9 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     from flopwise.train.checkpoint.store import (
         latest_valid, quiet_single_process_notice, read_manifest, resolve_checkpoint,
     )
-    from flopwise.train.config import RunConfig
+    from flopwise.safe_write import write_file
     from flopwise.train.config_loading import dump_config
+    from flopwise.train.run_signature import check_manifest, manifest_config, signed_config_text
     from flopwise.train.hf_logging import quiet_hf_libraries
     from flopwise.train.model import build_model
 
@@ -63,7 +69,8 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
                 "(train with checkpoint.at_end=true or checkpoint.every_steps=N)"
             )
     manifest = read_manifest(path)
-    cfg = RunConfig.model_validate(manifest["config"])
+    check_manifest(path / "manifest.json", manifest, accept_run=accept_run)
+    cfg = manifest_config(path / "manifest.json", manifest, trust_remote_code=trust_remote_code)
     model = build_model(cfg.model, int(manifest["vocab_size"]))
     if manifest.get("state_format", "dcp") == "deepspeed":  # the engine's own files, ZeRO partitions merged
         from flopwise.train.checkpoint.deepspeed_state import consolidated_fp32_state
@@ -89,10 +96,10 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     tmp = out / ".model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata=metadata)
     tmp.replace(out / "model.safetensors")
-    config_text = dump_config(cfg)
-    (out / "config.yaml").write_text(config_text)
+    config_text = signed_config_text(dump_config(cfg))
+    write_file(out / "config.yaml", config_text)
     if not (run_dir / "config.yaml").exists():
-        (run_dir / "config.yaml").write_text(config_text)
+        write_file(run_dir / "config.yaml", config_text)
     from flopwise.train.export_hf import write_hf_folder
 
     hf_folder = write_hf_folder(model, cfg, run_tokenizer(run_dir, cfg), out / "hf")

@@ -59,7 +59,7 @@ class Generation:
         return self.new_tokens / self.seconds if self.seconds > 0 else float("inf")
 
 
-def resolve_hf_folder(target: Path) -> Path:
+def resolve_hf_folder(target: Path, *, trust_remote_code: bool = False, accept_run: bool = False) -> Path:
     """The HF folder for `target`: itself if it holds config.json, else a run's export (made if absent)."""
     target = Path(target)
     if (target / "config.json").is_file():
@@ -69,25 +69,32 @@ def resolve_hf_folder(target: Path) -> Path:
     if (target / "checkpoints").is_dir():
         from flopwise.train.export import export_checkpoint
 
-        result = export_checkpoint(target)
+        result = export_checkpoint(target, trust_remote_code=trust_remote_code, accept_run=accept_run)
         print(f"exported {result.checkpoint} to {result.hf_folder}", flush=True)
         return result.hf_folder
     raise UserError(f"{target}: neither an HF folder (config.json) nor a run directory (checkpoints/)")
 
 
-def load_for_generation(folder: Path):
-    """(model, tokenizer) from an HF folder, offline, in eval mode."""
+def load_for_generation(folder: Path, *, trust_remote_code: bool = False):
+    """(model, tokenizer) from an HF folder, offline, in eval mode.
+
+    The folder's files never switch on remote code (an `auto_map` in config.json or
+    tokenizer_config.json): transformers is told `trust_remote_code` explicitly, which is
+    the command line's `--trust-remote-code`, so it neither runs the code nor asks.
+    """
     from flopwise.train.hf_logging import quiet_hf_libraries
 
     quiet_hf_libraries()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                                  trust_remote_code=trust_remote_code)
     except Exception as exc:
         raise UserError(f"{folder}: no tokenizer transformers can load ({str(exc).splitlines()[0][:160]})") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True,
+                                                     trust_remote_code=trust_remote_code)
     except Exception as exc:
         raise UserError(f"{folder}: transformers cannot load the model ({str(exc).splitlines()[0][:160]})") from None
     return model.eval(), tokenizer

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from flopwise.train.trust_options import ACCEPT_RUN_OPTION, TRUST_REMOTE_CODE_OPTION
+
 
 GENERATE_HELP = (
     "Sample text from a trained run (exported on first use), an HF folder, or a compressed LLM folder, "
@@ -26,6 +28,8 @@ def register_generate(app: typer.Typer) -> None:
         top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling: the smallest set holding this probability."),
         seed: int = typer.Option(0, "--seed", help="Random state for sampling (same value, same text)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        trust_remote_code: bool = TRUST_REMOTE_CODE_OPTION,
+        accept_run: bool = ACCEPT_RUN_OPTION,
     ) -> None:
         """Load the model and print the prompt with its continuation."""
         import json
@@ -35,8 +39,8 @@ def register_generate(app: typer.Typer) -> None:
 
         sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or None,
                             top_p=top_p, seed=seed)  # a bad flag is one line before the model loads
-        folder = resolve_hf_folder(Path(target))
-        model, tokenizer = load_for_generation(folder)
+        folder = resolve_hf_folder(Path(target), trust_remote_code=trust_remote_code, accept_run=accept_run)
+        model, tokenizer = load_for_generation(folder, trust_remote_code=trust_remote_code)
         result = generate_text(model, tokenizer, prompt, sampling, folder)
         if as_json:
             print(json.dumps({"folder": str(folder), "prompt": prompt, "text": result.text,

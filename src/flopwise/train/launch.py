@@ -117,6 +117,8 @@ def torchrun_args(cfg: RunConfig, config_path: Path) -> list[str]:
     restarts = p.max_restarts if p.nnodes > 1 else 0
     args += [f"--max-restarts={restarts}", f"--signals-to-handle={FORWARDED_SIGNALS}",
              "-m", "flopwise.train.worker", str(config_path)]
+    if cfg.model.trust_remote_code:  # the file cannot carry it (config_loading.config_from_mapping)
+        args.append("model.trust_remote_code=true")
     return args
 
 
@@ -176,11 +178,12 @@ def _launch(cfg: RunConfig, one_rank: bool) -> None:
         return
     from flopwise.runrecord import config_path
     from flopwise.safe_write import write_file
+    from flopwise.train.run_signature import signed_config_text
     from flopwise.train.run_directory import prepare_run_directory
 
     run_dir = prepare_run_directory(Path(cfg.logging.run_dir))
     if cfg.parallel.node_rank == 0:
-        write_file(config_path(run_dir), dump_config(cfg))  # the run's record, before any rank starts
+        write_file(config_path(run_dir), signed_config_text(dump_config(cfg)))  # the run's record, before any rank starts
     _prepare_data_once(cfg)
     _run_torchrun_with_restarts(cfg)
 

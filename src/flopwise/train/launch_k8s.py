@@ -122,7 +122,9 @@ def _replica(count: int, cfg: RunConfig, job: KubernetesJob, ports: list[dict] |
         "command": ["flopwise", "train", f"{CONFIG_MOUNT}/config.yaml"],
         # $(VAR) is expanded by Kubernetes from the variables the operator sets in every pod
         "args": ["parallel.node_rank=$(PET_NODE_RANK)", "parallel.rdzv_endpoint=$(MASTER_ADDR):$(MASTER_PORT)",
-                 f"parallel.rdzv_id={job.name}"],
+                 f"parallel.rdzv_id={job.name}",
+                 # a file never switches on remote code (config_loading.py): the container's command line does
+                 *(["model.trust_remote_code=true"] if cfg.model.trust_remote_code else [])],
         "env": [{"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(job.grace_seconds - 10)}],
         "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
         "volumeMounts": mounts,

@@ -62,6 +62,8 @@ def sbatch_script(cfg: RunConfig, job: SlurmJob, forecast: NodeForecast, command
     devices = f"{p.nproc_per_node} CPU process(es)" if cpu_job else f"{p.nproc_per_node} GPU(s)"
     forecast_text = "\n".join(f"# {line}".rstrip() for line in forecast_lines(forecast))
     config_text = dump_config(cfg).rstrip("\n")
+    # A file never switches on remote code (config_loading.py): the command line in this script does.
+    remote_code = " model.trust_remote_code=true" if cfg.model.trust_remote_code else ""
     if CONFIG_END in config_text:
         raise UserError(f"the config contains the text {CONFIG_END}, which ends the script's embedded copy")
     return f"""#!/bin/bash
@@ -107,7 +109,7 @@ export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={shutdown}
 # it for one rank of an srun-per-process launch, which it would when a node runs one process.
 srun --kill-on-bad-exit=0{srun_cpus} bash -c "exec env -u SLURM_PROCID flopwise train '$config' \\
     parallel.node_rank=\\$SLURM_NODEID parallel.rdzv_endpoint=${{head_addr:-$head_node}}:{rdzv_port} \\
-    parallel.rdzv_id=slurm-$SLURM_JOB_ID"
+    parallel.rdzv_id=slurm-$SLURM_JOB_ID{remote_code}"
 rc=$?
 if [ "$rc" -eq 75 ]; then  # preempted, checkpoint saved
     echo "flopwise: preempted (exit 75); requeueing job $SLURM_JOB_ID, which resumes from the latest checkpoint"

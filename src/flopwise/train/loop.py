@@ -28,6 +28,7 @@ from flopwise.train.config_loading import dump_config
 from flopwise.train.data import TokenLoader
 from flopwise.train.heartbeat import note_step
 from flopwise.train.prepare import prepare_data
+from flopwise.train.run_signature import signed_config_text
 from flopwise.train.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier, data_parallel_shape
 from flopwise.train.checkpoint.policy import StepBoundary
 from flopwise.runrecord import MemoryBytes, StepRecord, config_path, write_comparison
@@ -143,7 +144,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     run_dir = Path(cfg.logging.run_dir)
     if env.is_main:
         make_folder(run_dir)
-        write_file(config_path(run_dir), dump_config(cfg))
+        write_file(config_path(run_dir), signed_config_text(dump_config(cfg)))
 
     # Rank 0 tokenizes and caches; the others wait, then load the cache.
     prepared = prepare_data(cfg.data) if env.is_main else None

@@ -206,7 +206,8 @@ def load_hf_config(cfg: ModelConfig):
     if raw["model_type"] not in CONFIG_MAPPING and raw.get("auto_map") and not cfg.trust_remote_code:
         raise UserError(
             f"model.hf_config: {path} needs its own code (model_type {raw['model_type']!r}, auto_map); "
-            "set model.trust_remote_code=true to run the Python files next to it"
+            "to run the Python files next to it, say so on the command line: model.trust_remote_code=true for "
+            "`flopwise train`, --trust-remote-code for export / compress / generate (a file cannot switch it on)"
         )
     try:
         if raw.get("auto_map") and cfg.trust_remote_code:

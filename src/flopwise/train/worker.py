@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: list[str]) -> int:
     """This rank's work; returns its exit code (0, 2 for a user error, 75 preempted, 3 diverged)."""
-    if len(args) != 1:
-        print("usage: python -m flopwise.train.worker CONFIG.yaml", file=sys.stderr)
+    if not args or any("=" not in item for item in args[1:]):
+        print("usage: python -m flopwise.train.worker CONFIG.yaml [KEY=VALUE ...]", file=sys.stderr)
         return 2
     _clear_report()  # a message left by an earlier attempt (before a restart) is not this one's
     try:
@@ -51,7 +51,7 @@ def run(args: list[str]) -> int:
         from flopwise.train.config_loading import load_config
         from flopwise.train.launch import run_here
 
-        run_here(load_config(args[0]))
+        run_here(load_config(args[0], args[1:]))
     except UserError as err:
         if isinstance(err, Preempted):
             from flopwise.train.launch import ignore_stop_signals

@@ -6,7 +6,8 @@ Layout of `run_dir/checkpoints/`:
       .metadata, __0_0.distcp, __1_0.distcp, ...   model + optimizer, torch.distributed.checkpoint (DCP)
       (DeepSpeed: deepspeed/*.pt, the engine's own files, instead)
       trainer.rank00000.json  step, tokens, loader position, RNGs, scheduler, scaler (per rank; JSON)
-      manifest.json           config, world size, vocab, and bytes + sha256 of every file above
+      manifest.json           config, world size, vocab, and bytes + sha256 of every file above,
+                              signed with this user's key (`run_signature.py`)
     .tmp-step-140/            being written; never read
     latest                    "step-120", replaced atomically after step-120 was verified
 
@@ -54,6 +55,7 @@ from flopwise.errors import UserError
 from flopwise.runrecord import checkpoints_dir
 from flopwise.safe_write import fsync_folder, make_entry_folder, write_file
 from flopwise.train.distributed import DistEnv, barrier
+from flopwise.train.run_signature import sign_manifest
 
 FORMAT_VERSION = 1
 LATEST = "latest"
@@ -205,7 +207,7 @@ def _publish(tmp: Path, final: Path, step: int, state, ctx: SaveContext, env: Di
         "config": ctx.config,
         "files": files,
     }
-    _write_json(tmp / MANIFEST, manifest)
+    _write_json(tmp / MANIFEST, sign_manifest(manifest))  # export reads it back only with this user's signature
     fsync_folder(tmp)
     if final.exists():  # an earlier, unverifiable attempt at the same step: replace it
         trash = final.with_name(f".trash-{final.name}")
