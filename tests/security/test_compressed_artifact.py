@@ -133,3 +133,64 @@ def test_a_listed_path_outside_the_folder_is_refused(genuine, tmp_path):
     manifest["files"]["../../etc/passwd"] = "0" * 64
     (folder / MANIFEST).write_text(json.dumps(manifest))
     assert "not a plain file name" in _one_line_error(lambda: load_compressed(folder, trust=True))
+
+
+@pytest.fixture(scope="module")
+def other_program(tmp_path_factory, key_home):
+    """Another valid INT8 program (different weights): what an attacker swaps in."""
+    torch.manual_seed(1)
+    model = TinyNet().eval()
+    x = torch.randn(8, 16)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CONFIG_HOME", str(key_home))
+        graph = quantize_static(model, x[:4], [x])
+        out = tmp_path_factory.mktemp("other")
+        save_compressed(out, graph, manifest={"method": "int8-static", "backend": "pt2e-x86", "format": "pt2",
+                                              "rebuild": {}}, example=x[:2])
+    return out / "model.pt2"
+
+
+def test_swapping_the_file_after_the_check_wins_under_the_stock_order(genuine, other_program, tmp_path):
+    """The stock order (hash the file by name, close it, `torch.export.load` by name) loads the swapped program."""
+    from flopwise.compress.artifact import register_quantized_ops
+
+    folder = _copy(genuine[0], tmp_path / "stock")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert sha256_of(folder / "model.pt2") == manifest["files"]["model.pt2"]  # the check passes...
+    shutil.copyfile(other_program, folder / "model.pt2")  # ...then the file changes
+    register_quantized_ops()
+    model = torch.export.load(str(folder / "model.pt2")).module()
+    with torch.no_grad():
+        assert not torch.allclose(model(genuine[1]), genuine[2], atol=1e-3)
+
+
+def test_a_file_swapped_after_the_check_is_never_loaded(genuine, other_program, tmp_path, monkeypatch):
+    """load_compressed loads the bytes it verified: a swap between the check and the load changes nothing."""
+    import flopwise.compress.artifact as artifact
+
+    folder = _copy(genuine[0], tmp_path / "swapped")
+    real_register = artifact.register_quantized_ops
+    swapped = []
+
+    def swap_then_register():  # runs after the hash check, before torch.export.load
+        shutil.copyfile(other_program, folder / "model.pt2")
+        swapped.append(True)
+        real_register()
+
+    monkeypatch.setattr(artifact, "register_quantized_ops", swap_then_register)
+    model = load_compressed(folder)
+    assert swapped and (folder / "model.pt2").read_bytes() == other_program.read_bytes()
+    with torch.no_grad():
+        assert torch.allclose(model(genuine[1]), genuine[2], atol=1e-6)
+
+
+def test_a_listed_file_that_is_a_link_or_a_fifo_is_refused(genuine, tmp_path):
+    import os
+
+    folder = _copy(genuine[0], tmp_path / "link")
+    (folder / "model.pt2").rename(tmp_path / "real.pt2")
+    (folder / "model.pt2").symlink_to(tmp_path / "real.pt2")
+    assert "not a plain file name" in _one_line_error(lambda: load_compressed(folder))
+    (folder / "model.pt2").unlink()
+    os.mkfifo(folder / "model.pt2")
+    assert "not a regular file" in _one_line_error(lambda: load_compressed(folder))

@@ -12,19 +12,22 @@ A compressed model is a folder:
 
 `compressed.json` also records the SHA-256 of the files above and this user's signature
 (flopwise.compress.artifact_trust); `load_compressed` checks both before reading a byte
-of the model, because `torch.export.load` unpickles.
+of the model, because `torch.export.load` unpickles. Each file is read once into memory,
+hashed, and loaded from those same bytes: a file swapped after the check is never read.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import struct
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from flopwise.compress.artifact_trust import seal, verify
+from flopwise.compress.artifact_trust import read_plain_file, seal, verified_files
 from flopwise.errors import UserError
 
 MANIFEST = "compressed.json"
@@ -93,20 +96,35 @@ def save_compressed(out: Path, model: nn.Module, *, manifest: dict, example: tor
     return weights
 
 
-def rebuild_float_model(path: Path, rebuild: dict, trust_remote_code: bool = False) -> nn.Module:
+def rebuild_float_model(path: Path, rebuild: dict, trust_remote_code: bool = False,
+                        config_text: bytes | None = None) -> nn.Module:
     """The untrained float architecture described by a manifest's `rebuild` entry.
 
-    config.yaml never switches on remote code (`config_loading.config_from_mapping`); only the caller's flag does.
+    A language model's architecture comes from `config_text` (the verified bytes of its
+    config.yaml), which never switches on remote code (`config_loading.config_from_mapping`);
+    only the caller's flag does.
     """
     if rebuild["task"] == "lm":
-        from flopwise.train.config_loading import load_config
+        from flopwise.train.config_loading import config_from_mapping, parse_yaml_mapping
         from flopwise.train.model import build_model
 
+        config_path = path / "config.yaml"
+        text = config_text if config_text is not None else read_plain_file(path, "config.yaml")
+        try:
+            data = parse_yaml_mapping(text.decode("utf-8"), config_path)
+        except UnicodeDecodeError:
+            raise UserError(f"{config_path}: not UTF-8 text") from None
         overrides = ["model.trust_remote_code=true"] if trust_remote_code else []
-        return build_model(load_config(path / "config.yaml", overrides).model, rebuild["vocab_size"])
+        return build_model(config_from_mapping(data, config_path, overrides).model, rebuild["vocab_size"])
     from flopwise.compress.models import build_network
 
     return build_network(rebuild["task"], **rebuild.get("network_kwargs", {}))
+
+
+def safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors file held in memory (8-byte header length, then a JSON header)."""
+    (length,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8:8 + length]).get("__metadata__") or {}
 
 
 def register_quantized_ops() -> None:
@@ -146,17 +164,22 @@ def load_compressed(path: str | Path, compile: bool = False, trust: bool = False
         raise UserError(f"{manifest_path}: not valid JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") not in ("pt2", "safetensors"):
         raise UserError(f"{manifest_path}: 'format' must be 'pt2' or 'safetensors'")
-    verify(path, manifest, trust=trust)
-    if manifest["format"] == "pt2":
-        register_quantized_ops()
-        model = torch.export.load(str(path / "model.pt2")).module()
-    else:
-        from safetensors import safe_open
+    contents = verified_files(path, manifest, trust=trust)  # loaded from these bytes, never by name again
 
-        with safe_open(str(path / "model.safetensors"), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        model = rebuild_float_model(path, manifest["rebuild"], trust_remote_code)
+    def content(name: str) -> bytes:
+        return contents[name] if name in contents else read_plain_file(path, name)
+
+    if manifest["format"] == "pt2":
+        data = content("model.pt2")
+        register_quantized_ops()
+        model = torch.export.load(io.BytesIO(data)).module()
+    else:
+        from safetensors.torch import load as load_safetensors
+
+        data = content("model.safetensors")
+        tensors, metadata = load_safetensors(data), safetensors_metadata(data)
+        config = content("config.yaml") if manifest["rebuild"].get("task") == "lm" else None
+        model = rebuild_float_model(path, manifest["rebuild"], trust_remote_code, config)
         model.load_state_dict(dense_state_dict(tensors, metadata))
         model.eval()
         requantize = manifest.get("requantize")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import stat
 from pathlib import Path
 
 from flopwise.errors import UserError
@@ -47,26 +49,45 @@ def seal(folder: Path, manifest: dict, names: list[str]) -> dict:
     return {**record, "signature": _signature(record, user_key())}
 
 
-def verify(folder: Path, manifest: dict, *, trust: bool) -> None:
-    """Raise a one-line UserError unless every recorded file matches and (without trust) the signature is ours."""
+def verified_files(folder: Path, manifest: dict, *, trust: bool) -> dict[str, bytes]:
+    """The bytes of every file the record lists, each read once and checked against its SHA-256.
+
+    The caller loads from these bytes, never from the names again: a file swapped after the
+    check is never read (verify and load the same bytes). Without `trust` the record must also
+    carry this user's signature. A one-line UserError otherwise.
+    """
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         if trust:
-            return
+            return {}
         raise UserError(f"{folder}: compressed.json records no file hashes (written elsewhere or by an older "
                         "flopwise); loading it can run code stored in the file — pass trust=True (--trust) "
                         "only if you trust its source")
+    if not trust:
+        record = {k: v for k, v in manifest.items() if k != "signature"}
+        if not hmac.compare_digest(str(manifest.get("signature", "")), _signature(record, user_key())):
+            raise UserError(f"{folder}: not signed by this user's flopwise key ({key_path()}), so it was written "
+                            "elsewhere or edited; loading it can run code stored in the file — pass trust=True "
+                            "(--trust) only if you trust its source")
+    contents = {}
     for name, expected in files.items():
-        target = folder / name
-        if Path(name).name != name or not target.is_file():
-            raise UserError(f"{folder}: {name!r} listed in compressed.json is missing or not a plain file name")
-        if not hmac.compare_digest(sha256_of(target), str(expected)):
-            raise UserError(f"{target}: SHA-256 does not match the one recorded in compressed.json "
+        data = read_plain_file(folder, name)
+        if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(expected)):
+            raise UserError(f"{folder / name}: SHA-256 does not match the one recorded in compressed.json "
                             "(changed or corrupt after it was written); refusing to load it")
-    if trust:
-        return
-    record = {k: v for k, v in manifest.items() if k != "signature"}
-    if not hmac.compare_digest(str(manifest.get("signature", "")), _signature(record, user_key())):
-        raise UserError(f"{folder}: not signed by this user's flopwise key ({key_path()}), so it was written "
-                        "elsewhere or edited; loading it can run code stored in the file — pass trust=True "
-                        "(--trust) only if you trust its source")
+        contents[name] = data
+    return contents
+
+
+def read_plain_file(folder: Path, name: str) -> bytes:
+    """The whole of `folder/name`, a regular file named without any folder part, opened without following a link."""
+    if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+        raise UserError(f"{folder}: {name!r} listed in compressed.json is missing or not a plain file name")
+    try:
+        fd = os.open(Path(folder) / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        raise UserError(f"{folder}: {name!r} listed in compressed.json is missing or not a plain file name") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise UserError(f"{folder / name}: not a regular file; refusing to load it")
+        return handle.read()
