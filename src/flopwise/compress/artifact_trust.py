@@ -87,7 +87,8 @@ def read_plain_file(folder: Path, name: str) -> bytes:
         fd = os.open(Path(folder) / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         raise UserError(f"{folder}: {name!r} listed in compressed.json is missing or not a plain file name") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{folder / name}: not a regular file; refusing to load it")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise UserError(f"{folder / name}: not a regular file; refusing to load it")
         return handle.read()
