@@ -21,6 +21,8 @@ from __future__ import annotations
 import importlib
 import io
 import pickle
+import pickletools
+import struct
 from pathlib import Path
 
 import torch
@@ -55,6 +57,49 @@ ALLOWED_GLOBALS = frozenset(
 lookup by name, harmless to construct with any arguments."""
 
 
+MAX_METADATA_BYTES = 1 << 30
+"""A `.metadata` larger than this is refused unread. DCP's metadata lists each tensor's chunks
+(a few hundred bytes per chunk): tens of MB for the largest models, far below 1 GiB."""
+
+_MEMO_STORES = {"PUT", "BINPUT", "LONG_BINPUT"}
+_MEMO_READS = {"GET", "BINGET", "LONG_BINGET"}
+
+
+def check_pickle_bounds(data: bytes) -> None:
+    """Refuse, before anything is unpickled, a pickle that would make the unpickler allocate more than it holds.
+
+    The C unpickler sizes its memo table by the largest index it is asked to store (a 9-byte
+    file asking for index 2^27 costs 2 GiB) and a frame or a byte string by its stated length.
+    Python's pickler numbers memo entries 0, 1, 2, ... in order, so an index beyond the entries
+    stored so far, or a length beyond the bytes left in the file, is refused in one line.
+    Every other allocation is at most one object per opcode, so bounded by the file's size.
+    """
+    if len(data) > MAX_METADATA_BYTES:
+        raise pickle.UnpicklingError(f"{REFUSED}: .metadata is larger than {MAX_METADATA_BYTES >> 30} GiB")
+    stored = 0
+    try:
+        for opcode, arg, position in pickletools.genops(data):
+            name = opcode.name
+            if name == "MEMOIZE":
+                stored += 1
+            elif name in _MEMO_STORES:
+                if not isinstance(arg, int) or arg > stored:
+                    raise pickle.UnpicklingError(f"{REFUSED}: .metadata stores memo entry {arg} after only "
+                                                 f"{stored} entries (at byte {position})")
+                stored = max(stored, arg + 1)
+            elif name in _MEMO_READS and (not isinstance(arg, int) or arg >= stored):
+                raise pickle.UnpicklingError(f"{REFUSED}: .metadata reads memo entry {arg}, which it never "
+                                             f"stored (at byte {position})")
+            elif name == "FRAME" and arg > len(data) - position:
+                raise pickle.UnpicklingError(f"{REFUSED}: .metadata announces a frame of {arg} bytes, more than "
+                                             f"the file holds (at byte {position})")
+    except pickle.UnpicklingError:
+        raise
+    except (ValueError, TypeError, struct.error, UnicodeDecodeError) as exc:  # pickletools' own checks of lengths
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise pickle.UnpicklingError(f"{REFUSED}: .metadata is not a well-formed pickle ({first})") from None
+
+
 class MetadataUnpickler(pickle.Unpickler):
     """Resolves only ALLOWED_GLOBALS and torch dtypes; refuses everything else."""
 
@@ -78,7 +123,9 @@ class SafeFileSystemReader(FileSystemReader):
 
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as stream:
-            metadata = MetadataUnpickler(io.BytesIO(stream.read())).load()
+            data = stream.read(MAX_METADATA_BYTES + 1)
+        check_pickle_bounds(data)
+        metadata = MetadataUnpickler(io.BytesIO(data)).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{REFUSED}: .metadata holds a {type(metadata).__name__}, not DCP Metadata")
         if getattr(metadata, "storage_meta", None) is None:
