@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from flopwise.errors import UserError
+from flopwise.train.checkpoint.confined_open import CheckpointPathRefused, open_in_checkpoint
 from flopwise.train.checkpoint.safe_read import REFUSED
 
 FORMAT = "deepspeed"
@@ -57,8 +58,14 @@ def make_safe_checkpoint_engine(config):
 def safe_weights_only_load(path: str, map_location=None, *, _load=torch.load):
     """`torch.load(weights_only=True)` with DeepSpeed's data classes allowed; one line on a refused or bad file."""
     try:
-        with torch.serialization.safe_globals(allowed_globals()):
-            return _load(path, map_location=map_location, weights_only=True)
+        handle = open_in_checkpoint(Path(path).parent, Path(path).name, "DeepSpeed's loader")
+    except CheckpointPathRefused as exc:  # a link, a FIFO (which would block the read forever), a device
+        raise UserError(f"checkpoint file {path}: {exc}; a checkpoint is data and may not name code") from None
+    except OSError as exc:
+        raise UserError(f"checkpoint file {path}: unreadable ({exc.strerror})") from None
+    try:
+        with handle, torch.serialization.safe_globals(allowed_globals()):
+            return _load(handle, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise UserError(f"checkpoint file {path}: {REFUSED}: {weights_only_reason(exc)}; "
                         "a checkpoint is data and may not name code") from None
@@ -95,8 +102,16 @@ def save_engine(engine, folder: Path) -> None:
                 os.fsync(handle.fileno())
 
 
+def refuse_linked_tag(folder: Path) -> None:
+    """DeepSpeed opens `folder/deepspeed/<file>`: that folder must be the checkpoint's own, not a link out of it."""
+    if (Path(folder) / TAG).is_symlink():
+        raise UserError(f"checkpoint {folder}: {REFUSED}: {TAG}/ is a symbolic link (never followed); "
+                        "a checkpoint's files stay inside its folder")
+
+
 def load_engine(engine, folder: Path) -> None:
     """Model, ZeRO partitions, optimizer and LR schedule from `folder/deepspeed/` (collective)."""
+    refuse_linked_tag(folder)
     if not (Path(folder) / TAG).is_dir():
         raise UserError(f"checkpoint {folder}: no {TAG}/ folder; it was not written by "
                         "parallel.strategy=deepspeed (resume it with the strategy that wrote it)")
@@ -127,6 +142,7 @@ def consolidated_fp32_state(folder: Path) -> dict:
     """
     from deepspeed.utils import zero_to_fp32
 
+    refuse_linked_tag(folder)
     if not (Path(folder) / TAG).is_dir():
         raise UserError(f"checkpoint {folder}: no {TAG}/ folder; it was not written by parallel.strategy=deepspeed")
     original = zero_to_fp32.torch.load  # the torch module's own: restored below

@@ -18,6 +18,7 @@ Tensors themselves already come through `torch.load(weights_only=True)` inside D
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import pickle
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
@@ -35,8 +37,10 @@ from torch.distributed.checkpoint._traverse import set_element
 
 from flopwise.errors import UserError
 
-REFUSED = "refused by flopwise's checkpoint reader"
-"""Marker carried by every refusal, so it can be found inside DCP's wrapped exceptions."""
+from flopwise.train.checkpoint.confined_open import (
+    REFUSED, CheckpointPathRefused, check_relative_name, open_in_checkpoint,
+)
+# REFUSED is carried by every refusal, so it can be found inside DCP's wrapped exceptions.
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 ALLOWED_GLOBALS = frozenset(
@@ -115,8 +119,32 @@ class MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{REFUSED}: .metadata holds a persistent id")
 
 
+class ConfinedFileSystem(FileSystem):
+    """DCP's local file system, reading only regular files inside the checkpoint folder (`confined_open.py`)."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = Path(root)
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode: str):
+        if mode != "rb":
+            raise CheckpointPathRefused(f"{REFUSED}: the checkpoint reader only reads (asked for mode {mode!r})")
+        try:
+            relative = Path(path).relative_to(self.root)
+        except ValueError:
+            relative = path  # absolute, or outside: check_relative_name refuses it with its name
+        what = "the checkpoint" if str(relative) == ".metadata" else ".metadata"
+        with open_in_checkpoint(self.root, relative, what) as stream:
+            yield stream
+
+
 class SafeFileSystemReader(FileSystemReader):
-    """DCP's file reader with `.metadata` read by MetadataUnpickler."""
+    """DCP's file reader: `.metadata` read by MetadataUnpickler within bounds, every file confined to the folder."""
+
+    def __init__(self, path, *args, **kwargs):
+        super().__init__(path, *args, **kwargs)
+        self.fs = ConfinedFileSystem(Path(self.path))
 
     def read_metadata(self, *args, **kwargs):
         from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -128,6 +156,8 @@ class SafeFileSystemReader(FileSystemReader):
         metadata = MetadataUnpickler(io.BytesIO(data)).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{REFUSED}: .metadata holds a {type(metadata).__name__}, not DCP Metadata")
+        for entry in (metadata.storage_data or {}).values():  # every file it names: relative, inside the folder
+            check_relative_name(getattr(entry, "relative_path", None), ".metadata")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -174,7 +204,7 @@ def safe_dcp_load(state_dict: dict, path: Path) -> None:
     """
     try:  # read the metadata first: DCP would log its own fallback traceback for a refused file
         SafeFileSystemReader(path).read_metadata()
-    except (pickle.UnpicklingError, FileNotFoundError) as exc:
+    except (pickle.UnpicklingError, FileNotFoundError, CheckpointPathRefused) as exc:
         if REFUSED in str(exc):
             raise UserError(f"checkpoint {path}: {exc}; a checkpoint is data and may not name code") from None
     except Exception as exc:  # truncated or garbled: not a pickle at all
