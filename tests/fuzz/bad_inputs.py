@@ -200,6 +200,14 @@ COMMANDS = [
     *[("generate", "{tmp}", "-p", "x", flag, value) for flag, value in
       (("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "-1"), ("--top-p", "nan"),
        ("--top-p", "0"), ("--max-new-tokens", "0"), ("--top-k", "-1"))],
+    # a run's files (tests/security/): remote code from a file, unsigned records, a memory bomb, a FIFO
+    ("train", "model.kind=hf", "model.hf_config={tmp}/hf_auto_map.json", *ONE_PROCESS),
+    ("export", "{tmp}/unsigned-run"), ("export", "{tmp}/unsigned-run", "--accept-run"),
+    ("compress", "{tmp}/unsigned-run", "--method", "int8-dynamic"),
+    ("compress", "{tmp}/unsigned-run", "--method", "int8-weight-only"),
+    ("generate", "{tmp}/unsigned-run", "-p", "x"), ("generate", "{tmp}/unsigned-run", "-p", "x", "--accept-run"),
+    ("generate", "{tmp}/auto-map-hf", "-p", "x"),
+    ("export", "{tmp}/memo-bomb-run", "--accept-run"), ("export", "{tmp}/fifo-run", "--accept-run"),
     ("plan", "--hardware", ""), ("plan", "--hardware", " "), ("plan", "--hardware", "", "--json"),
     ("plan", "--model", ""), ("compare", "--hardware", ""),
 ]
@@ -215,6 +223,57 @@ def write_input_files(folder) -> None:
     for name, changes in HF_CONFIGS.items():
         (folder / name).write_text(json.dumps({**base, **changes}))
     (folder / "a-file").write_text("not a folder\n")
+    remote = {**base, "model_type": "fuzz-remote", "auto_map": {"AutoConfig": "fuzz_code.Config"}}
+    (folder / "hf_auto_map.json").write_text(json.dumps(remote))
+    (folder / "auto-map-hf").mkdir()
+    (folder / "auto-map-hf" / "config.json").write_text(json.dumps(remote))
+    write_run_files(folder)
+
+
+def write_run_files(folder) -> None:
+    """Run directories forged as tests/security/ forges them: each refused by export / compress / generate."""
+    import json
+    import os
+    import pickle
+    import struct
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from flopwise.train.checkpoint.store import quiet_single_process_notice
+    from flopwise.train.config_loading import load_config
+    from flopwise.train.model import build_model
+    from tests.security.forged_runs import rehash
+
+    cfg = load_config(None, ["model.n_layers=1", "model.hidden=32", "model.n_heads=2", "model.max_seq_len=32",
+                             "data.seq_len=16", f"logging.run_dir={folder}/run"])
+    remote = cfg.model_dump(mode="json")
+    remote["model"].update(kind="hf", hf_config=str(folder / "hf_auto_map.json"), trust_remote_code=True)
+    for name, config in (("unsigned-run", remote), ("memo-bomb-run", cfg.model_dump(mode="json")),
+                         ("fifo-run", cfg.model_dump(mode="json"))):
+        step = folder / name / "checkpoints" / "step-1"
+        step.mkdir(parents=True)
+        if name == "fifo-run":
+            with quiet_single_process_notice():
+                dcp.save({"model": build_model(cfg.model, 64).state_dict()}, checkpoint_id=str(step))
+            meta = pickle.loads((step / ".metadata").read_bytes())
+            os.mkfifo(folder / "pipe")
+            for info in meta.storage_data.values():
+                info.relative_path = "../../../pipe"
+            (step / ".metadata").write_bytes(pickle.dumps(meta))
+        elif name == "memo-bomb-run":
+            (step / ".metadata").write_bytes(b"\x80\x04Nr" + struct.pack("<I", 2**30) + b".")
+        manifest = {"format": 1, "step": 1, "world_size": 1, "strategy": "single", "state_format": "dcp",
+                    "vocab_size": 64, "config": config, "files": {n: {} for n in os.listdir(step)}}
+        (step / "manifest.json").write_text(json.dumps(manifest))
+        rehash(step)  # sizes and hashes match (and the manifest is signed; unsigned-run drops it below)
+        if name == "unsigned-run":
+            manifest = json.loads((step / "manifest.json").read_text())
+            del manifest["signature"]
+            (step / "manifest.json").write_text(json.dumps(manifest))
+            (folder / name / "config.yaml").write_text(json.dumps(config))
+            (folder / name / "export").mkdir()
+            (folder / name / "export" / "model.safetensors").write_bytes(b"")
 
 
 def generate(min_cases: int = 1000) -> list[Case]:

@@ -150,6 +150,10 @@ def launch(cfg: RunConfig) -> None:
 
     check_strategy(cfg.parallel)
     check_fits_this_machine(cfg)  # an impossible size is one line now, not an allocator traceback per rank
+    if cfg.model.kind == "hf":
+        from flopwise.train.model import refuse_remote_code_without_switch
+
+        refuse_remote_code_without_switch(cfg.model)  # before data is prepared: one line, no wait
     one_rank = started_as_one_rank(cfg)
     try:
         if _leads_run(cfg, one_rank):

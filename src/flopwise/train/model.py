@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -201,14 +202,8 @@ def load_hf_config(cfg: ModelConfig):
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise UserError(f"model.hf_config: {path} has no \"model_type\" key; is it a HuggingFace config.json?")
     from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    if raw["model_type"] not in CONFIG_MAPPING and raw.get("auto_map") and not cfg.trust_remote_code:
-        raise UserError(
-            f"model.hf_config: {path} needs its own code (model_type {raw['model_type']!r}, auto_map); "
-            "to run the Python files next to it, say so on the command line: model.trust_remote_code=true for "
-            "`flopwise train`, --trust-remote-code for export / compress / generate (a file cannot switch it on)"
-        )
+    refuse_remote_code_without_switch(cfg, raw, path)
     try:
         if raw.get("auto_map") and cfg.trust_remote_code:
             # Remote code lives next to config.json; AutoConfig needs the folder.
@@ -219,6 +214,31 @@ def load_hf_config(cfg: ModelConfig):
         return AutoConfig.for_model(raw.pop("model_type"), **raw)
     except Exception as exc:  # noqa: BLE001  (transformers' checks raise what they like: ZeroDivisionError, ...)
         raise UserError(f"model.hf_config: {path} cannot be read by transformers: {root_cause(exc)}") from None
+
+
+def refuse_remote_code_without_switch(cfg: ModelConfig, raw: dict | None = None, path: Path | None = None) -> None:
+    """One line when the HF config needs its own Python files (auto_map) and the command line did not allow them.
+
+    Called by the launcher before any data is prepared, and again when the model is built.
+    """
+    if cfg.kind != "hf" or cfg.trust_remote_code:
+        return
+    if raw is None:
+        path = hf_config_path(cfg)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return  # load_hf_config says what is wrong with the file
+    if not isinstance(raw, dict) or not raw.get("auto_map"):
+        return
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if raw.get("model_type") not in CONFIG_MAPPING:
+        raise UserError(
+            f"model.hf_config: {path} needs its own code (model_type {raw.get('model_type')!r}, auto_map); "
+            "to run the Python files next to it, say so on the command line: model.trust_remote_code=true for "
+            "`flopwise train`, --trust-remote-code for export / compress / generate (a file cannot switch it on)"
+        )
 
 
 def root_cause(exc: BaseException) -> str:
