@@ -49,7 +49,7 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     from flopwise.train.checkpoint.store import (
         latest_valid, quiet_single_process_notice, read_manifest, resolve_checkpoint,
     )
-    from flopwise.safe_write import write_file
+    from flopwise.safe_write import make_folder, write_file
     from flopwise.train.config_loading import dump_config
     from flopwise.train.run_signature import check_manifest, manifest_config, signed_config_text
     from flopwise.train.hf_logging import quiet_hf_libraries
@@ -88,14 +88,16 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
                             f"{str(exc).splitlines()[0][:160]}") from None
         model.load_state_dict(state)
 
-    out = Path(out) if out is not None else run_dir / "export"
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_folder(Path(out) if out is not None else run_dir / "export")  # one line when it cannot be one
     tensors = _unshared(model.state_dict())
     metadata = {"format": "pt", "step": str(manifest["step"]), "checkpoint": str(path),
                 "tokens_seen": str(manifest.get("tokens_seen", ""))}
     tmp = out / ".model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata=metadata)
-    tmp.replace(out / "model.safetensors")
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        tmp.replace(out / "model.safetensors")
+    except OSError as err:
+        raise UserError(f"{out / 'model.safetensors'}: cannot write the export ({err.strerror or err})") from None
     config_text = signed_config_text(dump_config(cfg))
     write_file(out / "config.yaml", config_text)
     if not (run_dir / "config.yaml").exists():
