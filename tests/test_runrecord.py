@@ -1,4 +1,4 @@
-"""runrecord.py: the run directory's layout and record types, written and read back."""
+"""runrecord/records.py: the run directory's layout and record types, written and read back."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.runrecord import (
+from flopwise.runrecord.records import (
     SCHEMA_VERSION, Comparison, MemoryBytes, StepRecord, json_line, metrics_files, metrics_path, read_comparison,
     write_comparison,
 )
@@ -68,5 +68,5 @@ def test_a_file_of_another_shape_is_a_one_line_error(tmp_path):
 
 
 def test_the_run_record_imports_no_torch():
-    code = "import sys, flopwise.runrecord; assert 'torch' not in sys.modules"
+    code = "import sys, flopwise.runrecord.records; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0

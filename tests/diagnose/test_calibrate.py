@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from flopwise.diagnose.calibrate import (
+from flopwise.measure.calibrate import (
     budget_for,
     gemm_shapes,
     measure_gloo_collectives,
@@ -63,8 +63,8 @@ def test_default_output_is_the_per_device_cache(tmp_path):
 
 
 def test_a_plain_calibration_on_a_cpu_measures_as_the_default_training_launch_runs():
-    from flopwise.diagnose.calibrate import TRAINER_PROCESSES, default_processes
-    from flopwise.train.config import ParallelConfig
+    from flopwise.measure.calibrate import TRAINER_PROCESSES, default_processes
+    from flopwise.config.schema import ParallelConfig
 
     assert TRAINER_PROCESSES == ParallelConfig().nproc_per_node
     assert default_processes() == TRAINER_PROCESSES  # this machine has no GPU

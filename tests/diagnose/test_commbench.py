@@ -5,7 +5,7 @@ import json
 import pytest
 
 from flopwise.cli import main
-from flopwise.diagnose.commbench import (
+from flopwise.measure.commbench import (
     bus_bandwidth_factor,
     element_count,
     nccl_transport_lines,

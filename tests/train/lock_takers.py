@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 
 from flopwise.errors import UserError
-from flopwise.train.run_directory import LOCK_FILE, acquire_lock
+from flopwise.train.launch.run_directory import LOCK_FILE, acquire_lock
 
 
 def plant_stale_lock(run_dir: Path, dead_pid: int) -> None:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from flopwise.errors import UserError
-from flopwise.train.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
-from flopwise.train.config import ModelConfig
+from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
+from flopwise.config.schema import ModelConfig
 from flopwise.train.model import build_model, transformer_blocks
 
 VOCAB = 61
@@ -138,8 +138,8 @@ FSDP_SCRIPT = textwrap.dedent(
     """
     import os, sys, torch, torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-    from flopwise.train.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
-    from flopwise.train.config import ModelConfig
+    from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
+    from flopwise.config.schema import ModelConfig
     from flopwise.train.model import build_model, transformer_blocks
 
     dist.init_process_group("gloo")
@@ -171,7 +171,7 @@ FSDP_SCRIPT = textwrap.dedent(
     print(f"rank {dist.get_rank()} ok")
     dist.destroy_process_group()
     sys.stdout.flush()
-    os._exit(0)  # no interpreter teardown, as train/worker.py: gloo threads can abort there
+    os._exit(0)  # no interpreter teardown, as train/launch/worker.py: gloo threads can abort there
     """
 )
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from flopwise.train.activation_compression import (
+from flopwise.train.techniques.activation_compression import (
     Int8Tensor,
     activation_compression_context,
     dequantize_int8,
@@ -20,10 +20,10 @@ from flopwise.train.activation_compression import (
     is_weight,
     quantize_int8,
 )
-from flopwise.train.activation_checkpointing import apply_activation_checkpointing
-from flopwise.train.config import ModelConfig
+from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing
+from flopwise.config.schema import ModelConfig
 from flopwise.train.model import build_model
-from flopwise.train.precision import autocast_context
+from flopwise.train.techniques.precision import autocast_context
 
 VOCAB = 100
 
@@ -175,7 +175,7 @@ def test_config_switch():
 
 
 def test_pack_and_unpack_pair_for_other_saved_tensor_hooks():
-    from flopwise.train.activation_compression import pack_int8, unpack_int8
+    from flopwise.train.techniques.activation_compression import pack_int8, unpack_int8
 
     x = torch.randn(128, 64)
     packed = pack_int8(x)

@@ -1,8 +1,8 @@
-"""flopwise.train.bf16_on_cpu: the CPU's bf16 flags and when the warning is considered."""
+"""flopwise.measure.bf16_on_cpu: the CPU's bf16 flags and when the warning is considered."""
 
 from __future__ import annotations
 
-from flopwise.train.bf16_on_cpu import bf16_over_fp32_matmul_time, bf16_warning, cpu_bf16_flags
+from flopwise.measure.bf16_on_cpu import bf16_over_fp32_matmul_time, bf16_warning, cpu_bf16_flags
 
 
 def test_flags_are_read_from_cpuinfo(tmp_path):

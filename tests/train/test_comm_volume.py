@@ -1,4 +1,4 @@
-"""train/comm_volume.py: collective bytes counted from the ops a real step issues."""
+"""train/parallel/comm_volume.py: collective bytes counted from the ops a real step issues."""
 
 import json
 import os
@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from flopwise.train.comm_volume import dimension_of, measuring_step, ring_bytes
-from flopwise.train.mesh import MeshShape
+from flopwise.train.parallel.comm_volume import dimension_of, measuring_step, ring_bytes
+from flopwise.train.parallel.mesh import MeshShape
 
 
 def test_ring_bytes_follow_the_planners_model():
@@ -42,8 +42,8 @@ SCRIPT = textwrap.dedent('''
     import json, os, sys, torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from flopwise.train.comm_volume import CollectiveBytesMeter
-    from flopwise.train.mesh import MeshShape
+    from flopwise.train.parallel.comm_volume import CollectiveBytesMeter
+    from flopwise.train.parallel.mesh import MeshShape
     mesh = init_device_mesh("cpu", (2,))
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
     for layer in model:
@@ -57,7 +57,7 @@ SCRIPT = textwrap.dedent('''
         for work in dist.batch_isend_irecv([op]):
             work.wait()
     # the reported rank per dimension: the one that sends the most in it, all its kinds
-    from flopwise.train.distributed import DistEnv
+    from flopwise.train.parallel.distributed import DistEnv
     from flopwise.train.loop import _largest_comm_bytes
     rank = dist.get_rank()
     env = DistEnv(rank, 2, rank, "gloo", torch.device("cpu"), True)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.train.config import RunConfig
-from flopwise.train.config_loading import dump_config, load_config
+from flopwise.config.schema import RunConfig
+from flopwise.config.loading import dump_config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -96,7 +96,7 @@ def test_bad_values_give_one_line_naming_the_key(overrides, expected):
 ])
 def test_a_yaml_boolean_is_not_a_number(tmp_path, text, key):
     from flopwise.compress.config import parse_compress_config
-    from flopwise.train.config_loading import load_train_config
+    from flopwise.config.loading import load_train_config
 
     path = tmp_path / "run.yaml"
     path.write_text(text)

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from flopwise.errors import UserError
-from flopwise.train.config import DataConfig
-from flopwise.train.data import TokenLoader
-from flopwise.train.prepare import prepare_data
+from flopwise.config.schema import DataConfig
+from flopwise.train.data.files import TokenLoader
+from flopwise.train.data.prepare import prepare_data
 
 VOCAB = 300  # 256 bytes + a few merges: tokenizer training on tiny corpora stays instant
 
@@ -159,8 +159,8 @@ def test_loaded_tokenizer_is_used_instead_of_training(tmp_path, text_folder):
 
 def test_concurrent_processes_publish_one_complete_entry(tmp_path, text_folder):
     script = (
-        "import sys; from flopwise.train.config import DataConfig; "
-        "from flopwise.train.prepare import prepare_data; "
+        "import sys; from flopwise.config.schema import DataConfig; "
+        "from flopwise.train.data.prepare import prepare_data; "
         f"p = prepare_data(DataConfig(paths=[{str(text_folder)!r}], cache_dir={str(tmp_path / 'cache')!r}, "
         f"vocab_size={VOCAB}, val_fraction=0.1)); print(p.path, p.train_tokens)"
     )

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from flopwise.errors import UserError
-from flopwise.train.config_loading import load_config
-from flopwise.train.parallelize import check_strategy
-from flopwise.train.strategy_deepspeed import deepspeed_config
+from flopwise.config.loading import load_config
+from flopwise.train.parallel.parallelize import check_strategy
+from flopwise.train.parallel.strategy_deepspeed import deepspeed_config
 from tests.train.test_distributed import (  # noqa: F401  (fixtures)
     STEPS,
     TOLERANCE,
@@ -126,7 +126,7 @@ def assert_export_matches_single_process(run_dir, tmp_path) -> None:
     """
     from safetensors.torch import load_file
 
-    from flopwise.train.export import export_checkpoint
+    from flopwise.artifacts.export import export_checkpoint
 
     single_run = next(tmp_path.parent.glob("single*/run"))  # the module fixture's run directory
     merged = load_file(export_checkpoint(run_dir, out=tmp_path / "export-zero3").out / "model.safetensors")

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flopwise.train.config_loading import load_config
+from flopwise.config.loading import load_config
 from flopwise.train.loop import run_training
-from flopwise.train.distributed import init_distributed
+from flopwise.train.parallel.distributed import init_distributed
 
 STEPS = 6
 TOLERANCE = 1e-4
@@ -149,12 +149,12 @@ def test_an_error_inside_a_rank_is_one_line_and_exit_2(corpus, tmp_path):
 
 
 def test_torchrun_command_line_for_one_and_several_nodes(tmp_path):
-    from flopwise.train.launch import FORWARDED_SIGNALS, torchrun_args
+    from flopwise.train.launch.start import FORWARDED_SIGNALS, torchrun_args
 
     single = load_config(None, ["parallel.nproc_per_node=4"])
     assert torchrun_args(single, tmp_path / "c.yaml") == [
         "--nproc-per-node=4", "--standalone", "--max-restarts=0", f"--signals-to-handle={FORWARDED_SIGNALS}",
-        "-m", "flopwise.train.worker", str(tmp_path / "c.yaml")]
+        "-m", "flopwise.train.launch.worker", str(tmp_path / "c.yaml")]
     multi = load_config(Path(__file__).resolve().parents[2] / "configs" / "multi_node.yaml",
                         ["parallel.node_rank=1", "parallel.max_restarts=2"])
     args = torchrun_args(multi, tmp_path / "c.yaml")

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from flopwise.errors import UserError
-from flopwise.train.config_loading import load_config
-from flopwise.train.export_hf import permute_for_rotate_half, write_hf_folder
+from flopwise.config.loading import load_config
+from flopwise.artifacts.export_hf import permute_for_rotate_half, write_hf_folder
 from flopwise.train.model import build_model
-from flopwise.train.tokenizer import train_bpe
+from flopwise.train.data.tokenizer import train_bpe
 
 ATOL = 1e-4
 VOCAB = 300

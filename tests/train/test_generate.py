@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.train.generate import Sampling, generate_text, load_for_generation, resolve_hf_folder
+from flopwise.artifacts.generate import Sampling, generate_text, load_for_generation, resolve_hf_folder
 from tests.hf_fixtures import write_pretrained
 
 

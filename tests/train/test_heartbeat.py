@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-from flopwise.train import heartbeat
-from flopwise.train.heartbeat import StallWatch, heartbeat_file, live_child, read_beats
+from flopwise.train.launch import heartbeat
+from flopwise.train.launch.heartbeat import StallWatch, heartbeat_file, live_child, read_beats
 
 
 def _child() -> subprocess.Popen:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.train.config_loading import load_config
-from flopwise.train.data import TokenLoader, open_shard
-from flopwise.train.prepare import prepare_data
+from flopwise.config.loading import load_config
+from flopwise.train.data.files import TokenLoader, open_shard
+from flopwise.train.data.prepare import prepare_data
 from tests.hf_fixtures import corpus_lines, write_jsonl, write_pretrained
 
 N = 120

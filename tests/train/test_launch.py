@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flopwise.train.config_loading import load_config
-from flopwise.train.launch import FORWARDED_SIGNALS, started_as_one_rank, torchrun_args
+from flopwise.config.loading import load_config
+from flopwise.train.launch.start import FORWARDED_SIGNALS, started_as_one_rank, torchrun_args
 
 STEPS = 8
 
@@ -224,7 +224,7 @@ def test_slurms_warning_signal_to_a_nodes_launcher_saves_and_exits_75(corpus, tm
 
 def test_the_rank_killed_from_outside_is_blamed_not_the_one_torchrun_stopped():
     """Rank 1 SIGKILLed, rank 0 then SIGTERMed by torchrun: the message must name rank 1."""
-    from flopwise.train.launch import culprit_rank
+    from flopwise.train.launch.start import culprit_rank
 
     assert culprit_rank({0: -signal.SIGTERM, 1: -signal.SIGKILL}, first=0) == 1
     assert culprit_rank({0: 1, 1: -signal.SIGTERM}, first=0) == 0

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from flopwise.cli import main
-from flopwise.train.config_loading import load_config
-from flopwise.train.launch_k8s import job_name_for
+from flopwise.config.loading import load_config
+from flopwise.train.launch.k8s import job_name_for
 from tests.train.crd_schema import crd_validator
 
 ROOT = Path(__file__).resolve().parents[2]

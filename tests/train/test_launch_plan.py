@@ -8,8 +8,8 @@ import pytest
 
 from flopwise.catalog.hardware import get_hardware
 from flopwise.errors import UserError
-from flopwise.train.config_loading import load_config
-from flopwise.train.launch_plan import forecast_lines, forecast_node
+from flopwise.config.loading import load_config
+from flopwise.train.launch.forecast import forecast_lines, forecast_node
 
 MULTI_NODE = Path(__file__).resolve().parents[2] / "configs" / "multi_node.yaml"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from flopwise.cli import main
-from flopwise.train.config_loading import load_config
+from flopwise.config.loading import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI_NODE = ROOT / "configs" / "multi_node.yaml"

@@ -1,4 +1,4 @@
-"""flopwise.train.library_noise: library chatter goes to RUN_DIR/library*.log, shown only with -v."""
+"""flopwise.library_noise: library chatter goes to RUN_DIR/library*.log, shown only with -v."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 
 SNIPPET = """
 import logging, sys, warnings
-from flopwise.train.library_noise import library_prints_to_log, route_library_noise
+from flopwise.library_noise import library_prints_to_log, route_library_noise
 path = route_library_noise(sys.argv[1], verbose=sys.argv[2] == "1")
 with library_prints_to_log():
     print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
@@ -64,7 +64,7 @@ def test_a_ddp_run_shows_no_library_warning_and_names_the_log(tmp_path):
 def test_torch_child_loggers_stay_quiet_after_torch_reinstalls_its_handlers(tmp_path):
     snippet = (
         "import logging, sys\n"
-        "from flopwise.train.library_noise import route_library_noise\n"
+        "from flopwise.library_noise import route_library_noise\n"
         "route_library_noise(sys.argv[1], verbose=False)\n"
         "import torch._logging\n"
         "torch._logging._internal._init_logs()\n"  # what torch.compile does on its first call

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.train.config_loading import load_config
-from flopwise.train.machine_fit import check_fits_this_machine, machine_memory_bytes, parameter_lower_bound
-from flopwise.train.launch import launch
+from flopwise.config.loading import load_config
+from flopwise.train.launch.machine_fit import check_fits_this_machine, machine_memory_bytes, parameter_lower_bound
+from flopwise.train.launch.start import launch
 
 
 def test_a_model_too_large_for_this_machine_is_refused_before_anything_starts(tmp_path):

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.train.mesh import MeshShape, mesh_shape
+from flopwise.train.parallel.mesh import MeshShape, mesh_shape
 
 
 def test_shapes_fill_the_world_and_name_the_keys_when_they_cannot():
@@ -29,10 +29,10 @@ SCRIPT = textwrap.dedent(
     """
     import os, sys, torch, torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-    from flopwise.train.config import ModelConfig
-    from flopwise.train.mesh import build_mesh, data_parallel_rank, mesh_shape
+    from flopwise.config.schema import ModelConfig
+    from flopwise.train.parallel.mesh import build_mesh, data_parallel_rank, mesh_shape
     from flopwise.train.model import build_model
-    from flopwise.train.tensor_parallel import apply_tp
+    from flopwise.train.parallel.tensor_parallel import apply_tp
 
     layout = sys.argv[1]
     dist.init_process_group("gloo")
@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent(
         torch.testing.assert_close(p.detach(), theirs[name].full_tensor().detach(), rtol=1e-4, atol=1e-5, msg=name)
     print(f"rank {dist.get_rank()} ok {shape.describe()}")
     dist.destroy_process_group()
-    # leave without interpreter teardown, as flopwise's workers do (train/worker.py): gloo's C++
+    # leave without interpreter teardown, as flopwise's workers do (train/launch/worker.py): gloo's C++
     # threads can abort the process there ("terminate called without an active exception")
     sys.stdout.flush()
     os._exit(0)

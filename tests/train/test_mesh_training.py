@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from flopwise.errors import UserError
-from flopwise.train.config_loading import load_config
-from flopwise.train.distributed import init_distributed
+from flopwise.config.loading import load_config
+from flopwise.train.parallel.distributed import init_distributed
 from flopwise.train.loop import run_training
-from flopwise.train.parallelize import check_strategy
+from flopwise.train.parallel.parallelize import check_strategy
 from tests.train.test_distributed import corpus, run_cli  # noqa: F401  (corpus is a fixture)
 
 STEPS = 10

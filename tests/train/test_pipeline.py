@@ -13,7 +13,7 @@ import json
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.train.parallelize import stage_layer_ranges
+from flopwise.train.parallel.parallelize import stage_layer_ranges
 from tests.train.test_distributed import (  # noqa: F401  (fixtures)
     STEPS,
     TOLERANCE,
@@ -97,7 +97,7 @@ def test_more_stages_than_layers_is_one_line_and_exit_2(corpus, tmp_path):
 
 
 def test_global_batch_must_be_whole_pipeline_passes():
-    from flopwise.train.config_loading import load_config
+    from flopwise.config.loading import load_config
     from flopwise.plan.from_config import batch_layout
 
     cfg = load_config(None, ["training.micro_batch_size=2", "training.global_batch_size=12"]).training
@@ -126,8 +126,8 @@ def four_layer_reference(corpus, tmp_path_factory):
     """One process, 4 blocks, one batch of 8: the reference for 2 processes x 2 stages each."""
     import yaml
 
-    from flopwise.train.config_loading import load_config
-    from flopwise.train.distributed import init_distributed
+    from flopwise.config.loading import load_config
+    from flopwise.train.parallel.distributed import init_distributed
     from flopwise.train.loop import run_training
 
     run_dir = tmp_path_factory.mktemp("single4") / "run"
@@ -156,8 +156,8 @@ def test_two_stages_per_process_match_one_process(corpus, tmp_path, four_layer_r
 
 
 def test_virtual_stages_need_a_multi_stage_schedule():
-    from flopwise.train.config_loading import load_config
-    from flopwise.train.parallelize import check_strategy
+    from flopwise.config.loading import load_config
+    from flopwise.train.parallel.parallelize import check_strategy
 
     cfg = load_config(None, ["parallel.strategy=pipeline", "parallel.pipeline_virtual_stages=2"])
     with pytest.raises(UserError, match="parallel.pipeline_virtual_stages=2 needs a schedule with several"):

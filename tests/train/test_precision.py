@@ -11,9 +11,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopwise.errors import UserError
-from flopwise.train.config import ModelConfig, PrecisionConfig
+from flopwise.config.schema import ModelConfig, PrecisionConfig
 from flopwise.train.model import build_model
-from flopwise.train.precision import (
+from flopwise.train.techniques.precision import (
     apply_fp32_norm,
     autocast_context,
     fsdp_mixed_precision_policy,
@@ -166,8 +166,8 @@ FSDP_SCALER_SCRIPT = textwrap.dedent(
     import os, sys, torch, torch.distributed as dist
     from torch import nn
     from torch.distributed.fsdp import fully_shard
-    from flopwise.train.config import PrecisionConfig
-    from flopwise.train.precision import autocast_context, fsdp_mixed_precision_policy, make_grad_scaler
+    from flopwise.config.schema import PrecisionConfig
+    from flopwise.train.techniques.precision import autocast_context, fsdp_mixed_precision_policy, make_grad_scaler
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -194,7 +194,7 @@ FSDP_SCALER_SCRIPT = textwrap.dedent(
     print(f"rank {rank} ok")
     dist.destroy_process_group()
     sys.stdout.flush()
-    os._exit(0)  # no interpreter teardown, as train/worker.py: gloo threads can abort there
+    os._exit(0)  # no interpreter teardown, as train/launch/worker.py: gloo threads can abort there
     """
 )
 

@@ -20,9 +20,9 @@ import yaml
 from flopwise.errors import UserError
 from flopwise.train.checkpoint import store as ckpt
 from flopwise.train.checkpoint.checks import latest_valid_or_stop, prune_keeping_valid
-from flopwise.train.config_loading import load_config
-from flopwise.train.launch import launch
-from flopwise.train.run_directory import LOCK_FILE, acquire_lock, claim_run_directory, release_lock
+from flopwise.config.loading import load_config
+from flopwise.train.launch.start import launch
+from flopwise.train.launch.run_directory import LOCK_FILE, acquire_lock, claim_run_directory, release_lock
 from tests.train import lock_takers
 
 TINY = [
@@ -74,7 +74,7 @@ def test_a_second_trainer_on_a_locked_run_directory_is_refused_with_one_line(cor
     run_dir = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time; from pathlib import Path; "
-                               "from flopwise.train.run_directory import acquire_lock; "
+                               "from flopwise.train.launch.run_directory import acquire_lock; "
                                "acquire_lock(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)",
                                str(run_dir)], stdout=subprocess.PIPE, text=True)
     try:
@@ -123,7 +123,7 @@ def test_concurrent_takers_of_a_stale_lock_end_with_exactly_one_owner(tmp_path):
 def test_a_killed_owner_releases_the_lock_to_the_next_taker(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time; from pathlib import Path; "
-                               "from flopwise.train.run_directory import acquire_lock; "
+                               "from flopwise.train.launch.run_directory import acquire_lock; "
                                "acquire_lock(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)",
                                str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -192,7 +192,7 @@ def test_overwrite_through_dot_dot_moves_the_whole_run_beside_it(corpus, trained
 
 
 def test_overwrite_puts_back_what_it_moved_when_one_entry_fails(trained, tmp_path, monkeypatch):
-    from flopwise.train import run_directory
+    from flopwise.train.launch import run_directory
 
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir)

@@ -18,9 +18,9 @@ SCRIPT = textwrap.dedent(
     """
     import os, sys, torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from flopwise.train.config import ModelConfig
+    from flopwise.config.schema import ModelConfig
     from flopwise.train.model import build_model
-    from flopwise.train.tensor_parallel import apply_tp
+    from flopwise.train.parallel.tensor_parallel import apply_tp
 
     kind, sp = sys.argv[1], sys.argv[2] == "sp"
     dist.init_process_group("gloo")
@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent(
     assert n_dtensor >= 10, n_dtensor
     print(f"rank {dist.get_rank()} ok {n_dtensor} sharded; losses {losses}")
     dist.destroy_process_group()
-    # leave without interpreter teardown, as flopwise's workers do (train/worker.py): gloo's C++
+    # leave without interpreter teardown, as flopwise's workers do (train/launch/worker.py): gloo's C++
     # threads can abort the process there ("terminate called without an active exception")
     sys.stdout.flush()
     os._exit(0)
