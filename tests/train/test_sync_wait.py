@@ -20,7 +20,7 @@ import yaml
 from flopwise.config.loading import load_config
 from flopwise.train.loop import measure_sync_wait
 from flopwise.train.parallel.distributed import DistEnv
-from tests.train.test_distributed import base_config, corpus, metrics  # noqa: F401  (fixtures)
+from tests.train.parallel.test_distributed import base_config, corpus, metrics  # noqa: F401  (fixtures)
 
 SLEEP = 0.3
 DRIVER = """

@@ -155,7 +155,7 @@ def test_torchrun_command_line_for_one_and_several_nodes(tmp_path):
     assert torchrun_args(single, tmp_path / "c.yaml") == [
         "--nproc-per-node=4", "--standalone", "--max-restarts=0", f"--signals-to-handle={FORWARDED_SIGNALS}",
         "-m", "flopwise.train.launch.worker", str(tmp_path / "c.yaml")]
-    multi = load_config(Path(__file__).resolve().parents[2] / "configs" / "multi_node.yaml",
+    multi = load_config(Path(__file__).resolve().parents[3] / "configs" / "multi_node.yaml",
                         ["parallel.node_rank=1", "parallel.max_restarts=2"])
     args = torchrun_args(multi, tmp_path / "c.yaml")
     assert args[:6] == ["--nproc-per-node=8", "--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",

@@ -11,7 +11,7 @@ from flopwise.errors import UserError
 from flopwise.config.loading import load_config
 from flopwise.train.launch.forecast import forecast_lines, forecast_node
 
-MULTI_NODE = Path(__file__).resolve().parents[2] / "configs" / "multi_node.yaml"
+MULTI_NODE = Path(__file__).resolve().parents[3] / "configs" / "multi_node.yaml"
 
 
 def test_the_forecast_plans_the_configs_global_batch_on_every_gpu_of_every_node():

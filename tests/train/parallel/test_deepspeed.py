@@ -15,7 +15,7 @@ from flopwise.errors import UserError
 from flopwise.config.loading import load_config
 from flopwise.train.parallel.parallelize import check_strategy
 from flopwise.train.parallel.strategy_deepspeed import deepspeed_config
-from tests.train.test_distributed import (  # noqa: F401  (fixtures)
+from tests.train.parallel.test_distributed import (  # noqa: F401  (fixtures)
     STEPS,
     TOLERANCE,
     base_config,

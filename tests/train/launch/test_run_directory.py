@@ -23,7 +23,7 @@ from flopwise.train.checkpoint.checks import latest_valid_or_stop, prune_keeping
 from flopwise.config.loading import load_config
 from flopwise.train.launch.start import launch
 from flopwise.train.launch.run_directory import LOCK_FILE, acquire_lock, claim_run_directory, release_lock
-from tests.train import lock_takers
+from tests.train.launch import lock_takers
 
 TINY = [
     "model.n_layers=1", "model.hidden=32", "model.n_heads=2", "model.max_seq_len=64",

@@ -1,4 +1,4 @@
-"""Processes that race for one run lock, for tests/train/test_run_directory.py.
+"""Processes that race for one run lock, for tests/train/launch/test_run_directory.py.
 
 A separate, light module: `multiprocessing`'s spawn start imports it in each taker
 without torch or the test module's fixtures.

@@ -14,7 +14,7 @@ import pytest
 
 from flopwise.errors import UserError
 from flopwise.train.parallel.parallelize import stage_layer_ranges
-from tests.train.test_distributed import (  # noqa: F401  (fixtures)
+from tests.train.parallel.test_distributed import (  # noqa: F401  (fixtures)
     STEPS,
     TOLERANCE,
     base_config,

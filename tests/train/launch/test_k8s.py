@@ -2,9 +2,9 @@
 Kubeflow Training Operator requires, and its pods' command lines, with the variables the operator sets,
 are valid `flopwise train` calls.
 
-The schema is the training-operator's CRD, vendored unmodified in tests/train/kubeflow/ (release
+The schema is the training-operator's CRD, vendored unmodified in tests/train/launch/kubeflow/ (release
 v1.9.0; README there), checked with `jsonschema` after its Kubernetes extensions are translated
-(tests/train/crd_schema.py): the whole PyTorchJob, not chosen fields.
+(tests/train/launch/crd_schema.py): the whole PyTorchJob, not chosen fields.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import yaml
 from flopwise.cli import main
 from flopwise.config.loading import load_config
 from flopwise.train.launch.k8s import job_name_for
-from tests.train.crd_schema import crd_validator
+from tests.train.launch.crd_schema import crd_validator
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MULTI_NODE = ROOT / "configs" / "multi_node.yaml"
 PYTORCHJOB_CRD = Path(__file__).parent / "kubeflow" / "kubeflow.org_pytorchjobs.yaml"
 

@@ -22,7 +22,7 @@ from flopwise.config.loading import load_config
 from flopwise.train.parallel.distributed import init_distributed
 from flopwise.train.loop import run_training
 from flopwise.train.parallel.parallelize import check_strategy
-from tests.train.test_distributed import corpus, run_cli  # noqa: F401  (corpus is a fixture)
+from tests.train.parallel.test_distributed import corpus, run_cli  # noqa: F401  (corpus is a fixture)
 
 STEPS = 10
 TOLERANCE = 1e-4

@@ -17,7 +17,7 @@ import pytest
 from flopwise.cli import main
 from flopwise.config.loading import load_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MULTI_NODE = ROOT / "configs" / "multi_node.yaml"
 
 

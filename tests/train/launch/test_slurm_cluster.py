@@ -1,6 +1,6 @@
 """`flopwise launch slurm` under a real Slurm: submit, stop it twice, requeued by Slurm, resumed bit for bit.
 
-The cluster (tests/train/slurm_cluster.py) is Debian's slurm-wlm on this machine: slurmctld and
+The cluster (tests/train/launch/slurm_cluster.py) is Debian's slurm-wlm on this machine: slurmctld and
 two slurmd (nodes n1 and n2, 2 CPUs each; the Debian build runs several slurmd per host), munge
 authentication, all started and stopped by this module. Skipped, with the reason, where the
 programs are missing (`.ci/run` installs them) or the test does not run as root (slurmd starts
@@ -20,7 +20,7 @@ Slurm stops a running job early:
 Each time `scontrol show job` shows the job requeued (Restarts counts up, the job waits as
 PENDING); each run resumes from the latest checkpoint, and the per-rank losses of the finished
 job equal those of an uninterrupted run on one node with two processes, every step once and
-bit for bit (the same comparison as tests/train/test_launch.py).
+bit for bit (the same comparison as tests/train/launch/test_start.py).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import pytest
 
 from flopwise.train.checkpoint import store as ckpt
 from tests.train.checkpoint.test_policy import losses
-from tests.train.slurm_cluster import LocalSlurm, missing_programs
-from tests.train.test_launch import clean_env, config, corpus, free_port, write  # noqa: F401
+from tests.train.launch.slurm_cluster import LocalSlurm, missing_programs
+from tests.train.launch.test_start import clean_env, config, corpus, free_port, write  # noqa: F401
 
 STEPS = 30
 EVERY = 3  # a checkpoint every 3 steps
