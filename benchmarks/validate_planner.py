@@ -530,30 +530,25 @@ def device_family(spec) -> str:
 
 
 def tabulate(cases: list[Case]):
-    """Each case's predicted / published over the grid of the constants it depends on
-    (`fit.relevant`): the sustained constants are stepped together, each row reads its own."""
+    """Each case's predicted / published over the grid (`fit.TabledRow`): every pair of the
+    shared constants, and the SPEED_GRID multipliers of the sustained kernel share."""
     from flopwise.plan import fit
 
-    by_name = {c.name: c for c in fit.FREE_CONSTANTS}
-    shared = ("overlap_slowdown", "ring_hop_latency_s")
-    sustained = [name for name in fit.FAMILY_CONSTANT.values()]
-    grids = {name: by_name[name].grid() for name in sustained}
-    depth = max(len(g) for g in grids.values())
-    names = [fit.relevant(device_family(case.spec)) for case in cases]
-    ratios: list[dict] = [{} for _ in cases]
+    tables: list[dict] = [{} for _ in cases]
     try:
-        for point in fit.grid_points(shared):
-            for i in range(depth):
-                values = dict(fit.defaults(), **point)
-                values.update({name: grid[min(i, len(grid) - 1)] for name, grid in grids.items()})
-                fit.apply(values)
-                for case, keys, table in zip(cases, names, ratios):
-                    key = fit.key_of(values, keys)
-                    if key not in table:
-                        table[key] = case.predict() / case.published
+        for point in fit.grid_points(("overlap_slowdown", "ring_hop_latency_s")):
+            key = (point["overlap_slowdown"], point["ring_hop_latency_s"])
+            columns = []
+            for multiplier in fit.SPEED_GRID:
+                fit.apply(fit.with_multiplier(dict(fit.defaults(), **point), multiplier))
+                columns.append([case.predict() / case.published for case in cases])
+            for i, table in enumerate(tables):
+                table[key] = tuple(column[i] for column in columns)
     finally:
         fit.apply(fit.defaults())
-    return [fit.TabledRow(case.source, keys, table, case.fitted) for case, keys, table in zip(cases, names, ratios)]
+    return [fit.TabledRow(case.source, fit.FAMILY_CONSTANT.get(device_family(case.spec)),
+                          fit.STACK_CONSTANT.get(case.spec.stack), table, case.fitted)
+            for case, table in zip(cases, tables)]
 
 
 def cross_validate(cases: list[Case], tabled) -> tuple[dict, dict, list[float]]:
@@ -567,7 +562,7 @@ def cross_validate(cases: list[Case], tabled) -> tuple[dict, dict, list[float]]:
         values = folds[source] = fit.fit(training) if any(row.fitted for row in training) else fit.defaults()
         for i, row in enumerate(tabled):
             if row.source == source:
-                errors[i] = row.ratios[fit.key_of(values, row.names)] - 1.0
+                errors[i] = row.ratio(values) - 1.0
     return every, folds, errors
 
 
@@ -621,7 +616,7 @@ def main() -> None:
     cases, published_memory = all_cases()
     tabled = tabulate(cases)
     every, folds, loso = cross_validate(cases, tabled)
-    in_sample = [row.ratios[fit.key_of(every, row.names)] - 1.0 for row in tabled]
+    in_sample = [row.ratio(every) - 1.0 for row in tabled]
     bands = band.build_bands(band_rows(cases, loso))
     coverage = band_coverage(cases, loso, bands)
     args.bands.parent.mkdir(parents=True, exist_ok=True)

@@ -39,9 +39,11 @@ INTER_LATENCY_S = 12e-6
 RING_BASE_LATENCY_S = 8.4e-6
 """Fixed cost of one ring collective (NCCL's tuning model, `src/graph/tuning.cc` `baseLat`,
 Ring/Simple: 8.4 us)."""
-RING_HOP_LATENCY_S = {"node": 5.7e-6, "net": 6.6e-6}
-"""Latency of one ring step (NCCL `src/graph/tuning.cc` `hwLat`, Ring/Simple protocol, the one
-large messages use: 5.7 us a hop over NVLink, 6.6 us over the network). A ring all-gather or
+RING_HOP_LATENCY_S = {"node": 14e-6, "net": 14e-6}
+"""Latency of one ring step, the framework's launch and wait included: the fitted
+`ring_hop_latency_s` of `flopwise.plan.fit` (bounded below by NCCL's own tuning model,
+`src/graph/tuning.cc` `hwLat`, Ring/Simple protocol, the one large messages use: 5.7 us a hop
+over NVLink, 6.6 us over the network). A ring all-gather or
 reduce-scatter of n ranks takes n − 1 steps, so its latency grows linearly with the ranks: the
 alpha of the alpha-beta model (Hockney 1994) whose beta is the bus bandwidth above. nccl-tests
 shows the same: at small messages a ring collective's time is flat in the size and
