@@ -624,13 +624,16 @@ def main() -> None:
     formula_rows = compute_rows() + memory_rows() + activation_rows()
     summary = {"loso": summarise(cases, loso), "in_sample": summarise(cases, in_sample), "band_coverage": coverage,
                "fitted_on_every_source": every, "shipped": fit.defaults(), "folds": folds,
-               "seconds": time.perf_counter() - started}
+               "seconds": round(time.perf_counter() - started)}
     args.out.write_text(render(cases, loso, in_sample, summary, published_memory, formula_rows, bands))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         "summary": summary,
         "cases": [{"source": c.source, "figure": c.figure, "published": c.published, "unit": c.unit,
-                   "loso_error": e, "in_sample_error": i, "layout": c.note} for c, e, i in zip(cases, loso, in_sample)],
+                   "loso_error": e, "in_sample_error": i, "layout": c.note, "fitted": c.fitted, "stack": c.spec.stack,
+                   "zero": c.spec.layout.zero_stage, "precision": c.spec.workload.precision,
+                   "devices": c.spec.layout.devices, "device_family": device_family(c.spec)}
+                  for c, e, i in zip(cases, loso, in_sample)],
         "memory": [dict(dataclasses.asdict(r), error=r.error) for r in published_memory + formula_rows],
     }, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary["loso"].items() if k != "per_source_median"}))
