@@ -99,13 +99,21 @@ def build_bands(rows: list[dict]) -> dict:
                   f"{COVERAGE:.0%} quantile of the leave-one-source-out |error| of throughput forecasts.",
         "regimes": {key: {"expected_error": band_quantile(errors), "rows": len(errors)}
                     for key, errors in sorted(regimes.items())},
-        "validated": {
-            "device_families": sorted({row["device_family"] for row in rows}),
-            "families": sorted({row["family"] for row in rows}),
-            "precisions": sorted({row["precision"] for row in rows}),
+        "validated": {  # what has at least MIN_ROWS validation runs behind it
+            "device_families": _at_least(rows, "device_family"),
+            "families": _at_least(rows, "family"),
+            "precisions": _at_least(rows, "precision"),
             "max_devices": max(row["devices"] for row in rows),
         },
     }
+
+
+def _at_least(rows: list[dict], field: str) -> list[str]:
+    """Values of `field` that at least MIN_ROWS rows share (one published run validates nothing)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[field]] = counts.get(row[field], 0) + 1
+    return sorted(value for value, n in counts.items() if n >= MIN_ROWS)
 
 
 @lru_cache(maxsize=1)
