@@ -136,7 +136,8 @@ def print_search(result: SearchResult) -> None:
         console.print(f"[dim]{note}[/dim]")
     console.print("[dim]CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); sequence parallelism is on with every tp > 1; variants scoring the same that differ only in "
                   "ZeRO stage or offload are shown once (the simplest); offload's CPU time is not modelled, so ties "
-                  "prefer no offload. `--json` lists each layout's full plan.[/dim]")
+                  "prefer no offload. ± is the expected error validated on published runs of the regime, ? where it "
+                  "extrapolates (docs/validation.md). `--json` lists each layout's full plan.[/dim]")
 
 
 SEARCH_COLUMNS = ("#", "dp", "tp", "pp", "mbs x acc", "ZeRO", "recompute", "offload", "schedule", "GiB", "CPU GiB",
