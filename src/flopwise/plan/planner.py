@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from flopwise.errors import UserError
+from flopwise.plan import finetune
 from flopwise.plan import memory as mem
 from flopwise.plan.calibration import Efficiency, efficiency_for
 from flopwise.plan.comm import (
@@ -236,6 +237,9 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     units_per_step = float(lay.global_batch_size) * (1 if cnn else work.seq_len)
     total_units = work.total_samples if cnn else work.total_tokens
     flops = estimate_flops(model, pc, work.seq_len, lay.recompute, total_units)
+    tuned = finetune.split_of(spec)
+    if tuned is not None:  # no base weight gradients: 4N + 6·adapters (plan/finetune.py)
+        flops = finetune.finetune_flops(model, pc, tuned, work.seq_len, lay.recompute, total_units)
 
     # Memory
     memory = _memory(spec, pc, warnings)
@@ -270,6 +274,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
                                 "(measure a profile with `flopwise calibrate`)")
         inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
                             _framework(spec))
+        if tuned is not None:
+            inputs = finetune.step_inputs(inputs, tuned, spec, pc, sb)
         time, comm = step_time(spec, inputs, rates, links, total_units, peak, eff_source, eff_conf)
     if not total_units:
         warnings.append("no --tokens given: whole-job time, energy and cost are 0")

@@ -1,0 +1,365 @@
+"""Planning a LoRA or QLoRA fine-tune: the frozen/trainable split, NF4 bytes, adapter sizes,
+the memory of a frozen base and the FLOPs and time of a backward without base weight gradients.
+
+Pure Python over the planner's frozen data (no torch). Sources:
+
+- LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", §4.1): a frozen
+  d_out × d_in weight W gains B·A with A: r × d_in and B: d_out × r, so r·(d_in + d_out)
+  trainable parameters per adapted matrix; only A and B get gradients and optimizer states.
+- QLoRA (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs", §3): the frozen
+  base in 4-bit NormalFloat (NF4) blocks of 64 weights, each block's absmax constant itself
+  quantized to 8 bits ("double quantization") with one second-level constant per 256 blocks:
+  4 + 8/64 + 32/(64·256) = 4.127 bits per weight with fp32 second-level constants (bitsandbytes).
+  torchao's `NF4Tensor` (torchao/dtypes/nf4tensor.py: `quantized_data` uint8 two per byte,
+  `quantized_scalers` int8 per 64, `quantization_factor` in the weight's dtype per 256 blocks,
+  `block_size=64, scaler_block_size=256`) stores the second level in bf16: 4.125 bits + 16/16384.
+  What is quantized: every linear weight of the transformer blocks; embeddings, norms and the
+  LM head stay in bf16 (torchtune's `FrozenNF4Linear` / PEFT with bitsandbytes `Linear4bit`
+  replace the blocks' `nn.Linear` only; the head is excluded by both).
+- Dequantisation: torchao's `LinearNF4` saves the NF4 weight and calls `weight.to(dtype)` in
+  its forward and again in its backward (input gradient only: the weight never requires grad),
+  so one bf16 copy of one weight lives at a time and each base parameter is dequantised twice
+  per micro-batch, three times with full recompute (the forward runs again).
+- Saved activations: a frozen `nn.Linear` saves only its weight, not its input (torch's
+  autograd saves `mm`'s `self` only when the other operand requires grad; checked on torch
+  2.13: a frozen Linear's saved tensors are its weight alone). An adapted linear's input is
+  kept anyway, by its adapter's A (the same tensor with LoRA dropout 0; a dropout copy plus
+  its 1-byte mask otherwise), and the rank-r intermediate is kept for B.
+
+FLOPs convention (stated once): the FLOPs really run. Per token and matmul weight: 2 forward
+and 2 backward (input gradient only) for the frozen base — 4·N, not 6·N — plus 6 per adapter
+parameter (forward, input and weight gradients); attention as in full training (its backward
+needs dQ, dK, dV either way); recompute adds a forward. The first block's input gradient,
+which no adapter below needs, is counted too (1/L of the base backward; autograd skips it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from flopwise.catalog.models import ModelSpec
+from flopwise.plan import memory as mem
+from flopwise.plan.params import ParamCount
+
+FINETUNE_METHODS = ("full", "lora", "qlora")
+LORA_TARGETS = ("all-linear", "qkvo")
+"""`all-linear`: every linear of the blocks (PEFT's `target_modules="all-linear"`, QLoRA §4's
+finding that all layers are needed to match full fine-tuning); `qkvo`: the attention
+projections only (LoRA's original choice, Hu et al. 2021 §7.1)."""
+DEFAULT_LORA_RANK = 16
+
+NF4_BLOCK = 64
+NF4_SCALER_BLOCK = 256
+
+
+def nf4_bytes_per_param(scaler_factor_bytes: float = 2.0) -> float:
+    """Bytes per NF4 weight: 4 bits of data, one int8 block constant per 64 weights and one
+    second-level constant of `scaler_factor_bytes` per 64·256 weights (QLoRA §3 double quantization).
+
+    2 bytes: torchao's `NF4Tensor` on a bf16 weight, 0.5 + 1/64 + 2/16384 = 0.515747;
+    4 bytes: the paper's and bitsandbytes' fp32 constants, 0.5 + 1/64 + 4/16384 = 0.515869."""
+    return 0.5 + 1.0 / NF4_BLOCK + scaler_factor_bytes / (NF4_BLOCK * NF4_SCALER_BLOCK)
+
+
+NF4_BYTES_PER_PARAM = nf4_bytes_per_param(2.0)
+"""What the planner charges per quantized weight: torchao's layout on a bf16 base."""
+DEFAULT_FINETUNE_BATCH_TOKENS = 2**17
+"""Tokens per optimizer step of a fine-tune when none is given (an assumption: 32 sequences of
+4096, or 64 of 2048; QLoRA's Guanaco runs used batches of 16 at up to 512 tokens, Alpaca-style
+LoRA recipes 128 of 512 = 64Ki)."""
+
+
+@dataclass(frozen=True)
+class TargetMatrix:
+    """One kind of linear weight in a block: input and output widths and how many a block holds."""
+
+    name: str
+    d_in: int
+    d_out: int
+    count: int = 1
+
+
+def block_linears(spec: ModelSpec) -> tuple[TargetMatrix, ...]:
+    """Every linear weight of one transformer block (GQA-aware; MoE experts counted; the router
+    stays out, as PEFT's all-linear and QLoRA's recipes leave it alone)."""
+    h, a = spec.hidden, spec.n_heads
+    g = spec.n_kv_heads or a
+    d = spec.head_dim or h // a
+    f = spec.ffn_hidden or 4 * h
+    matrices = [TargetMatrix("q", h, a * d), TargetMatrix("k", h, g * d), TargetMatrix("v", h, g * d),
+                TargetMatrix("o", a * d, h)]
+    experts = max(1, spec.n_experts)
+    up = ("gate", "up") if spec.mlp == "swiglu" else ("up",)
+    matrices += [TargetMatrix(name, h, f, experts) for name in up] + [TargetMatrix("down", f, h, experts)]
+    shared = spec.shared_expert_ffn_hidden
+    if shared:
+        matrices += [TargetMatrix("shared_" + name, h, shared) for name in up]
+        matrices.append(TargetMatrix("shared_down", shared, h))
+    return tuple(matrices)
+
+
+def target_matrices(spec: ModelSpec, targets: str) -> tuple[TargetMatrix, ...]:
+    """The block linears that get an adapter: all of them, or q, k, v, o."""
+    linears = block_linears(spec)
+    if targets == "qkvo":
+        return tuple(m for m in linears if m.name in ("q", "k", "v", "o"))
+    return linears
+
+
+def adapter_params_per_layer(spec: ModelSpec, rank: int, targets: str) -> int:
+    """Trainable parameters of one block: r·(d_in + d_out) per adapted matrix (Hu et al. 2021 §4.1)."""
+    return sum(rank * (m.d_in + m.d_out) * m.count for m in target_matrices(spec, targets))
+
+
+def quantized_params_per_layer(spec: ModelSpec) -> int:
+    """Weights of one block that QLoRA stores in NF4: every linear weight (biases stay 16-bit)."""
+    return sum(m.d_in * m.d_out * m.count for m in block_linears(spec))
+
+
+def largest_linear_params(spec: ModelSpec) -> int:
+    """The biggest single linear weight: the one bf16 copy that dequantisation makes at a time."""
+    return max(m.d_in * m.d_out for m in block_linears(spec))
+
+
+def frozen_weight_bytes(precision: str) -> float:
+    """Bytes per frozen base parameter held in its dtype: 4 for fp32/tf32, else 2 (bf16; an fp8
+    run keeps its base in bf16, the fp8 copies being transient)."""
+    return 4.0 if precision in ("fp32", "tf32") else 2.0
+
+
+# --------------------------------------------------------------------------- the split
+
+
+@dataclass(frozen=True)
+class FinetuneSplit:
+    """How a fine-tune divides the model: what trains, what is frozen and in which format."""
+
+    method: str
+    rank: int
+    targets: str
+    trainable_params: float
+    frozen_params: float
+    quantized_params: float
+    frozen_bytes: float
+    largest_dequantized_bytes: float
+    adapters_per_layer: float
+    quantized_per_layer: float
+
+    @property
+    def trainable_share(self) -> float:
+        """Trainable parameters as a share of the whole (base + adapters)."""
+        whole = self.trainable_params + self.frozen_params
+        return self.trainable_params / whole if whole else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-able fields plus the trainable share."""
+        out = dataclasses.asdict(self)
+        out["trainable_share"] = self.trainable_share
+        out["nf4_bytes_per_param"] = NF4_BYTES_PER_PARAM if self.method == "qlora" else None
+        return out
+
+
+def finetune_split(spec: ModelSpec, pc: ParamCount, method: str, rank: int, targets: str,
+                   precision: str) -> FinetuneSplit:
+    """The split of a `method` fine-tune; `full` trains everything (no adapters, nothing frozen)."""
+    if method == "full":
+        return FinetuneSplit("full", 0, targets, float(pc.total), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    adapters = adapter_params_per_layer(spec, rank, targets)
+    quantized = quantized_params_per_layer(spec) if method == "qlora" else 0
+    base = frozen_weight_bytes(precision)
+    frozen_bytes = (pc.total - pc.n_layers * quantized) * base + pc.n_layers * quantized * NF4_BYTES_PER_PARAM
+    largest = largest_linear_params(spec) * base if method == "qlora" else 0.0
+    return FinetuneSplit(method, rank, targets, float(pc.n_layers * adapters), float(pc.total),
+                         float(pc.n_layers * quantized), frozen_bytes, largest, float(adapters), float(quantized))
+
+
+def split_of(spec) -> FinetuneSplit | None:
+    """The fine-tune split of a RunSpec, or None for full training."""
+    work = spec.workload
+    method = getattr(work, "finetune", "full")
+    if method == "full" or spec.model.arch == "cnn":
+        return None
+    from flopwise.plan.params import count_params
+
+    return finetune_split(spec.model, count_params(spec.model), method, work.lora_rank, work.lora_targets,
+                          work.precision)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def stage_states(split: FinetuneSplit, spec, params: float, layers: int, sb: mem.StateBytes,
+                 zero_stage: int, shard: int, offload: str) -> tuple[float, float, float, float, float]:
+    """(weights, gradients, optimizer states, fp32 masters, CPU bytes) of one stage's rank.
+
+    `params` are the stage's base parameters on this rank (already / tp), `layers` its blocks.
+    Frozen base: in its dtype, the blocks' linears in NF4 for QLoRA, sharded by ZeRO-3 (FSDP2 of
+    the base, as FSDP-QLoRA does), offloaded with `params`. Adapters: every model state, by the
+    precision's bytes (`sb`) and the ZeRO stage, as full training keeps them for all weights."""
+    tp = max(1, spec.layout.tp)
+    adapters = split.adapters_per_layer * layers / tp
+    quantized = split.quantized_per_layer * layers / tp
+    base = frozen_weight_bytes(spec.workload.precision)
+    frozen = (params - quantized) * base + quantized * NF4_BYTES_PER_PARAM
+    if zero_stage >= 3:
+        frozen /= shard
+    states = mem.model_states(adapters, sb, zero_stage, shard, offload)
+    cpu = states.cpu_bytes
+    if offload == "params":
+        cpu += frozen
+        frozen = 0.0
+    return frozen + states.weights, states.gradients, states.optimizer_states, states.master_weights, cpu
+
+
+def adapter_activation_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
+                             dtype_bytes: float, lora_dropout: float, tp: int = 1) -> float:
+    """What one block's adapters keep for backward, per micro-batch and TP rank.
+
+    Per adapted matrix: the rank-r intermediate (B's input, e·T·r) and, with LoRA dropout, the
+    dropped copy of the input (A's input, e·T·d_in) and its 1-byte mask; without dropout A's
+    input is the base linear's input, already counted. With attention-only targets the frozen
+    MLP's second linear keeps no input: its e·T·f, counted by full training, is taken off."""
+    tokens = float(seq_len) * micro_batch
+    kept = 0.0
+    for m in target_matrices(spec, split.targets):
+        kept += m.count * dtype_bytes * tokens * split.rank
+        if lora_dropout > 0:
+            kept += m.count * (dtype_bytes + 1.0) * tokens * m.d_in / tp
+    if split.targets == "qkvo":
+        experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
+        kept -= dtype_bytes * tokens * (spec.ffn_hidden or 4 * spec.hidden) * experts / tp
+    return kept
+
+
+def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_stage: int, shard: int) -> float:
+    """Communication buffers of a fine-tune plus QLoRA's transient bf16 weight.
+
+    DDP buckets only the adapters' gradients (at most its two 25 MiB buckets); ZeRO-3 of the base
+    gathers two units (current + prefetched) in their stored format (NF4 blocks for QLoRA:
+    FSDP2 gathers `NF4Tensor`'s inner tensors, torchao `fsdp_pre_all_gather`)."""
+    lay, work = spec.layout, spec.workload
+    tp = max(1, lay.tp)
+    base = frozen_weight_bytes(work.precision)
+    buffers = 0.0
+    if zero_stage >= 3 and lay.dp > 1:
+        layer_bytes = ((pc.per_layer - split.quantized_per_layer) * base
+                       + split.quantized_per_layer * (NF4_BYTES_PER_PARAM if split.method == "qlora" else base))
+        ends = max(pc.embedding, pc.output_head) * base
+        buffers = 2.0 * max(layer_bytes, ends) / tp
+    elif lay.dp > 1:
+        grads = split.trainable_params / tp * mem.state_bytes(work.precision, work.optimizer).grad
+        buffers = min(2.0 * mem.DDP_BUCKET_BYTES, grads)
+    return buffers + split.largest_dequantized_bytes / tp
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_len: int, recompute: str,
+                   units: float):
+    """FLOPs of a LoRA/QLoRA run by the convention in the module docstring (FLOPs really run)."""
+    from flopwise.plan.flops import (
+        FlopsEstimate, attention_dim, attention_flops_forward, matmul_params, pf_days, six_n_d,
+    )
+
+    n = matmul_params(spec, pc)
+    adapters = split.trainable_params
+    attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec))
+    dense = 4.0 * n + 6.0 * adapters
+    model = dense + 3.0 * attn_fwd
+    forward = 2.0 * n + 2.0 * adapters + attn_fwd
+    share = mem.recompute_forward_fraction(recompute)
+    if recompute == "selective":
+        hardware = model + attn_fwd
+    else:
+        hardware = model + share * forward
+    return FlopsEstimate("token", float(n), dense, 3.0 * attn_fwd, model, hardware, units, model * units,
+                         hardware * units, pf_days(model * units), six_n_d(pc.active_non_embedding, units))
+
+
+# --------------------------------------------------------------------------- time
+
+
+def layer_times(layer, spec, rates):
+    """One layer's times for a fine-tune: the base's weight-gradient GEMMs dropped, the adapters'
+    own GEMMs and adds added, and QLoRA's dequantisation (read NF4, write bf16) once per forward,
+    backward and recompute of each base linear, as memory-bound work (torchao `LinearNF4`)."""
+    split = split_of(spec)
+    if split is None:
+        return layer
+    from flopwise.plan import ops
+
+    lay, work, model = spec.layout, spec.workload, spec.model
+    tp = max(1, lay.tp)
+    tokens = work.seq_len * lay.micro_batch_size
+    e = 4.0 if work.precision in ("fp32", "tf32") else 2.0
+    fwd = dgrad = wgrad = elementwise = 0.0
+    for m in target_matrices(model, split.targets):
+        for rows, cols, inner in ((tokens, split.rank, max(1, m.d_in // tp)), (tokens, max(1, m.d_out // tp), split.rank)):
+            f, d, w = ops._gemm_fwd_bwd(rates, rows, cols, inner, e, float(m.count))
+            fwd, dgrad, wgrad = fwd + f, dgrad + d, wgrad + w
+        # scale, add into the base output (forward), and the gradient's scale (backward)
+        elementwise += m.count * tokens * m.d_out / tp * e * 5.0
+    adapters_fwd = fwd + rates.memory_seconds(elementwise * 0.6, 2)
+    adapters_bwd = dgrad + wgrad + rates.memory_seconds(elementwise * 0.4, 1)
+    dequant = 0.0
+    if split.method == "qlora":
+        per_pass = split.quantized_per_layer / tp * (NF4_BYTES_PER_PARAM + 2.0)
+        dequant = rates.memory_seconds(per_pass, len(block_linears(model)))
+    share = ops.full_recompute_share(lay.recompute)
+    recompute_extra = share * (adapters_fwd + dequant)
+    return dataclasses.replace(
+        layer,
+        forward=layer.forward + adapters_fwd + dequant,
+        backward=layer.backward - layer.wgrad + adapters_bwd + dequant,
+        recompute=layer.recompute + recompute_extra,
+        gemm=layer.gemm - layer.wgrad + fwd + dgrad + wgrad + share * fwd,
+        memory_bound=layer.memory_bound + (adapters_fwd - fwd) + (adapters_bwd - dgrad - wgrad) + 2 * dequant
+        + share * (dequant + adapters_fwd - fwd),
+        wgrad=wgrad,
+        forward_gemm=layer.forward_gemm + fwd,
+    )
+
+
+def end_times(ends, spec, rates):
+    """Embedding and head times of a fine-tune: the frozen embedding has no backward, the frozen
+    head no weight-gradient GEMM (its input gradient still runs)."""
+    if split_of(spec) is None:
+        return ends
+    lay, work, model = spec.layout, spec.workload, spec.model
+    tp = max(1, lay.tp)
+    e = 4.0 if work.precision in ("fp32", "tf32") else 2.0
+    tokens = work.seq_len * lay.micro_batch_size
+    hs = model.hidden / tp if (lay.sequence_parallel and tp > 1) else float(model.hidden)
+    embedding = rates.memory_seconds(tokens * hs * e * 2, 1)
+    head_wgrad = rates.gemm_seconds(model.hidden, max(1, model.vocab_size // tp), tokens, 1.0, e)
+    return dataclasses.replace(ends, embedding=embedding, head=max(0.0, ends.head - head_wgrad))
+
+
+def step_inputs(inputs, split: FinetuneSplit, spec, pc: ParamCount, sb: mem.StateBytes):
+    """The step model's sizes for a fine-tune: the optimizer and the gradient reduction see only
+    the adapters; ZeRO-3 still gathers the frozen base (in its stored bytes) every pass."""
+    lay = spec.layout
+    ranks = max(1, lay.tp * lay.pp)
+    return dataclasses.replace(inputs, params_per_rank=split.trainable_params / ranks,
+                               frozen_gather_bytes=split.frozen_bytes / ranks,
+                               trainable_fraction=split.trainable_params / pc.total if pc.total else 1.0)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def summary_rows(split: FinetuneSplit, memory) -> list[tuple[str, str]]:
+    """The fine-tune's own lines for `plan`: method, trainable parameters, frozen base bytes."""
+    gib = mem.GIB
+    rows = [("method", f"{split.method} (rank {split.rank}, targets {split.targets})"),
+            ("trainable parameters", f"{split.trainable_params / 1e6:,.1f}M ({split.trainable_share:.2%} of "
+                                     f"{(split.trainable_params + split.frozen_params) / 1e9:,.2f}B)"),
+            ("frozen base (whole model)", f"{split.frozen_bytes / gib:,.2f} GiB"
+             + (f" ({split.quantized_params / 1e9:,.2f}B weights in NF4 at {NF4_BYTES_PER_PARAM:.4f} B/param, "
+                "embeddings, norms and head in bf16)" if split.method == "qlora" else "")),
+            ("fits", "yes" if memory.fits else "no")]
+    if split.method == "qlora":
+        rows.insert(3, ("dequantised bf16 weight (transient)", f"{split.largest_dequantized_bytes / gib:,.3f} GiB"))
+    return rows
