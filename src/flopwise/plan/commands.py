@@ -211,10 +211,15 @@ def print_plan(result) -> None:
             ("embedding", _count(p.embedding)), ("output head", _count(p.output_head)),
             ("non-embedding", _count(p.non_embedding))]
     table("Parameters", rows)
+    from flopwise.plan.finetune import split_of, summary_rows
+
+    tuned = split_of(spec)
+    if tuned is not None:
+        table("Fine-tune", summary_rows(tuned, result.memory))
     unit = f.unit
     table("FLOPs", [
         (f"N for 6N (active non-embedding + head)", _count(f.matmul_params)),
-        (f"model FLOPs / {unit} (6N + attention)", f"{f.model_per_unit:.4g}"),
+        (f"model FLOPs / {unit} ({'4N + 6·adapters' if tuned else '6N'} + attention)", f"{f.model_per_unit:.4g}"),
         (f"  of which attention (12·L·s·d)", f"{f.attention_per_unit:.4g}"),
         (f"hardware FLOPs / {unit} (with recompute)", f"{f.hardware_per_unit:.4g}"),
         (f"{unit}s", _count(f.units)),

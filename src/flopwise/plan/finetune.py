@@ -350,6 +350,12 @@ def step_inputs(inputs, split: FinetuneSplit, spec, pc: ParamCount, sb: mem.Stat
 # --------------------------------------------------------------------------- output
 
 
+def split_json(spec) -> dict:
+    """The `finetune` section of `plan --json`: the method, and for LoRA/QLoRA the split."""
+    split = split_of(spec)
+    return {"method": "full"} if split is None else split.to_dict()
+
+
 def summary_rows(split: FinetuneSplit, memory) -> list[tuple[str, str]]:
     """The fine-tune's own lines for `plan`: method, trainable parameters, frozen base bytes."""
     gib = mem.GIB
@@ -359,7 +365,65 @@ def summary_rows(split: FinetuneSplit, memory) -> list[tuple[str, str]]:
             ("frozen base (whole model)", f"{split.frozen_bytes / gib:,.2f} GiB"
              + (f" ({split.quantized_params / 1e9:,.2f}B weights in NF4 at {NF4_BYTES_PER_PARAM:.4f} B/param, "
                 "embeddings, norms and head in bf16)" if split.method == "qlora" else "")),
+            ("FLOPs / token counted", "4N + 6·adapters + attention (no base weight gradients)"),
             ("fits", "yes" if memory.fits else "no")]
     if split.method == "qlora":
         rows.insert(3, ("dequantised bf16 weight (transient)", f"{split.largest_dequantized_bytes / gib:,.3f} GiB"))
     return rows
+
+
+# --------------------------------------------------------------------------- inputs and defaults
+
+
+DEFAULT_FINETUNE_TOKENS = 1e9
+"""Tokens a fine-tune is planned for when none are given: 1B, the scale of instruction-tuning
+sets (QLoRA's OASST1 is ~10M tokens per epoch, FLAN v2 subsets ~1B); an assumption, said in the plan."""
+
+
+def default_tokens(method: str, pretraining_default: float | str) -> float | str:
+    """`--tokens` when none is given: 1B for a fine-tune, the pre-training example otherwise."""
+    return pretraining_default if method == "full" else DEFAULT_FINETUNE_TOKENS
+
+
+def validate_workload(work) -> None:
+    """One line for a fine-tune no run could have: unknown method or targets, rank < 1, dropout outside [0, 1)."""
+    from flopwise.errors import UserError
+
+    method = getattr(work, "finetune", "full")
+    if method not in FINETUNE_METHODS:
+        raise UserError(f"--finetune '{method}' is not one of {', '.join(FINETUNE_METHODS)}")
+    if method == "full":
+        return
+    if work.lora_targets not in LORA_TARGETS:
+        raise UserError(f"--lora-targets '{work.lora_targets}' is not one of {', '.join(LORA_TARGETS)}")
+    if work.lora_rank < 1:
+        raise UserError(f"--lora-rank must be >= 1, got {work.lora_rank}")
+    if not 0.0 <= work.lora_dropout < 1.0:
+        raise UserError(f"--lora-dropout must be in [0, 1), got {work.lora_dropout}")
+
+
+def recompute_if_needed(spec, evaluate, choose_zero: bool, with_chosen_zero):
+    """A fine-tune that does not fit without recompute is planned with full recompute (gradient
+    checkpointing, as QLoRA §4 and torchtune's recipes run), the reason kept in the plan's defaults."""
+    first = evaluate(spec)
+    if first.fits:
+        return spec
+    alt = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute="full"))
+    if choose_zero:
+        alt = with_chosen_zero(alt)
+    need = first.memory.allocated_bytes / mem.GIB
+    usable = first.memory.capacity_bytes / mem.GIB
+    reason = f"recompute full: without recompute this fine-tune needs {need:,.1f} GiB of {usable:,.1f} GiB usable"
+    extra = {**alt.cluster.extra, "defaults": (*alt.cluster.extra.get("defaults", ()), reason)}
+    return dataclasses.replace(alt, cluster=dataclasses.replace(alt.cluster, extra=extra))
+
+
+def default_notes(tokens_defaulted: bool, batch_defaulted: bool) -> tuple[str, ...]:
+    """The fine-tune defaults a plan used, one line each (shown as `default:` lines)."""
+    notes = []
+    if tokens_defaulted:
+        notes.append(f"tokens {DEFAULT_FINETUNE_TOKENS / 1e9:g}B: a fine-tune's default (give --tokens)")
+    if batch_defaulted:
+        notes.append(f"batch {DEFAULT_FINETUNE_BATCH_TOKENS:,} tokens per step: a fine-tune's default "
+                     "(give --batch-tokens or --global-batch)")
+    return tuple(notes)
