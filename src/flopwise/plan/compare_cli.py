@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
 
 def compare_command(
     model: str = typer.Option("llama2-7b", "--model", help="Catalog key or a config.json path."),
-    tokens: str = typer.Option("2T", "--tokens", help="Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T; 1B for a --finetune]"),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="Use this many devices of each kind."),
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Fastest option whose on-demand cost fits."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Fewest devices that finish in time."),
@@ -47,6 +47,9 @@ def compare_command(
     local_hardware_usd: Optional[float] = typer.Option(None, "--local-hardware-usd", help="--local: price of one of your cards, amortised."),
     amortize_years: float = typer.Option(3.0, "--amortize-years", help="--local: service life the card price is spread over."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    finetune: str = typer.Option("full", "--finetune", help="full|lora|qlora: full training, or LoRA adapters on a frozen base (qlora: base in NF4)."),
+    lora_rank: int = typer.Option(16, "--lora-rank", help="--finetune lora|qlora: adapter rank r."),
+    lora_targets: str = typer.Option("all-linear", "--lora-targets", help="--finetune lora|qlora: all-linear|qkvo."),
 ) -> None:
     """Compare devices for one job: fewest devices that fit, best layout, time, energy, cost; Pareto front.
 
@@ -59,11 +62,17 @@ def compare_command(
     from flopwise.errors import UserError
 
     keys = [h.strip() for h in hardware.split(",") if h.strip()] if hardware else None
+    tuning = {"finetune": finetune, "lora_rank": lora_rank, "lora_targets": lora_targets}
+    if tokens is None:
+        from flopwise.plan.finetune import default_tokens
+
+        tokens = default_tokens(finetune, "2T")
     if local:
         if not keys or len(keys) != 1 or gpus is None:
             raise UserError("--local needs one --hardware (your cards) and --gpus (how many), e.g. --hardware rtx4090 --gpus 4")
         return _hybrid(model, tokens, keys[0], gpus, cloud, local_host_memory_gib, electricity_usd_per_kwh,
-                       local_hardware_usd, amortize_years, seq_len, batch_tokens, price_per_hour, out, as_json)
+                       local_hardware_usd, amortize_years, seq_len, batch_tokens, price_per_hour, out, as_json,
+                       tuning)
     from flopwise.plan.compare import compare_devices
 
     if max_devices < 1:
@@ -71,7 +80,7 @@ def compare_command(
     result = compare_devices(model, tokens, keys, gpus=gpus, budget_usd=budget_usd, deadline_days=deadline_days,
                              max_devices=max_devices, seq_len=seq_len, batch_tokens=batch_tokens, precision=precision,
                              optimizer=optimizer, price_per_hour=price_per_hour, global_batch=global_batch,
-                             host_memory_gib=host_memory_gib)
+                             host_memory_gib=host_memory_gib, finetune_options=tuning)
     written = write_outputs(result, out) if out is not None else []
     if as_json:
         data = result.to_dict()
@@ -188,7 +197,7 @@ def _compare_table(columns, rows: list[dict[str, str]], title: str | None = None
 
 
 def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardware_usd, years, seq_len, batch_tokens,
-            price_per_hour, out, as_json) -> None:
+            price_per_hour, out, as_json, tuning=None) -> None:
     from flopwise.errors import UserError
     from flopwise.plan.hybrid import Site, parse_site, plan_hybrid
 
@@ -197,7 +206,8 @@ def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardwa
     if host_gib <= 0:
         raise UserError(f"--local-host-memory-gib must be > 0, got {host_gib}")
     result = plan_hybrid(model, tokens, Site(local_key, gpus, host_gib), parse_site(cloud, "--cloud"),
-                         electricity, hardware_usd, years, seq_len, batch_tokens, price_per_hour)
+                         electricity, hardware_usd, years, seq_len, batch_tokens, price_per_hour,
+                         finetune_options=tuning)
     if out is not None:
         _write_hybrid(result, out)
     if as_json:

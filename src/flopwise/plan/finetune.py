@@ -385,8 +385,9 @@ def default_tokens(method: str, pretraining_default: float | str) -> float | str
     return pretraining_default if method == "full" else DEFAULT_FINETUNE_TOKENS
 
 
-def validate_workload(work) -> None:
-    """One line for a fine-tune no run could have: unknown method or targets, rank < 1, dropout outside [0, 1)."""
+def validate_workload(work, layout=None) -> None:
+    """One line for a fine-tune no run could have: unknown method or targets, rank < 1, dropout outside
+    [0, 1), or tensor/pipeline parallelism (PEFT's adapters train under single, DDP and FSDP2 here)."""
     from flopwise.errors import UserError
 
     method = getattr(work, "finetune", "full")
@@ -394,6 +395,9 @@ def validate_workload(work) -> None:
         raise UserError(f"--finetune '{method}' is not one of {', '.join(FINETUNE_METHODS)}")
     if method == "full":
         return
+    if layout is not None and (layout.tp > 1 or layout.pp > 1):
+        raise UserError(f"--finetune {method} is planned with data parallelism only (single, DDP or FSDP2, as "
+                        "LoRA/QLoRA runs train): drop --tp/--pp")
     if work.lora_targets not in LORA_TARGETS:
         raise UserError(f"--lora-targets '{work.lora_targets}' is not one of {', '.join(LORA_TARGETS)}")
     if work.lora_rank < 1:
