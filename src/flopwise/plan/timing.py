@@ -378,7 +378,7 @@ def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: D
                                      fsdp_sharded=inputs.framework == "fsdp" and lay.zero_stage >= 3 and dp > 1), 0.0
     copies = owned * (inputs.grad_bytes + inputs.weight_bytes) / PCIE_BYTES_PER_S
     if lay.offload == "params":
-        copies += 2 * lay.grad_accum * psi * inputs.weight_bytes / max(1, dp) / PCIE_BYTES_PER_S
+        copies += 2 * lay.grad_accum * (psi * inputs.weight_bytes + inputs.frozen_gather_bytes) / max(1, dp) / PCIE_BYTES_PER_S
     return owned / HOST_ADAM_PARAMS_PER_S, copies
 
 

@@ -1,0 +1,194 @@
+"""plan/finetune.py: LoRA and QLoRA planned against hand arithmetic from the cited formulas."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flopwise.catalog.models import get_model
+from flopwise.errors import UserError
+from flopwise.plan import finetune as ft
+from flopwise.plan.hybrid import Site, plan_hybrid
+from flopwise.plan.params import count_params
+from flopwise.plan.planner import build_runspec, plan
+
+LLAMA2_7B = get_model("llama2-7b")
+H, F, L = 4096, 11008, 32  # Llama 2 7B: hidden, SwiGLU width, layers
+
+
+def with_workload(spec, **changes):
+    return dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, **changes))
+
+
+def with_layout(spec, **changes):
+    return dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, **changes))
+
+
+def test_nf4_bytes_are_data_plus_both_levels_of_block_constants():
+    # 4 bits + one int8 constant per 64 weights + one second-level constant per 64·256 weights
+    assert ft.nf4_bytes_per_param(2.0) == pytest.approx(0.5 + 1 / 64 + 2 / 16384, abs=1e-12)  # torchao, bf16 factor
+    assert ft.nf4_bytes_per_param(4.0) == pytest.approx(0.5 + 1 / 64 + 4 / 16384, abs=1e-12)  # QLoRA paper, fp32
+    assert ft.nf4_bytes_per_param(4.0) * 8 == pytest.approx(4.127, abs=1e-3)  # the paper's 4.127 bits
+    assert ft.NF4_BYTES_PER_PARAM == pytest.approx(0.515747, abs=1e-6)
+
+
+def test_adapter_count_for_llama2_7b_is_r_times_d_in_plus_d_out_per_target():
+    per_layer = 16 * (4 * (H + H) + 2 * (H + F) + (F + H))  # q k v o, gate up, down
+    assert ft.adapter_params_per_layer(LLAMA2_7B, 16, "all-linear") == per_layer == 1_249_280
+    split = ft.finetune_split(LLAMA2_7B, count_params(LLAMA2_7B), "lora", 16, "all-linear", "bf16")
+    assert split.trainable_params == L * per_layer == 39_976_960  # what PEFT prints for this model
+    assert ft.adapter_params_per_layer(LLAMA2_7B, 8, "qkvo") * L == 8 * 4 * 2 * H * L == 8_388_608
+
+
+def test_gqa_adapters_use_the_kv_width():
+    llama3 = get_model("llama3-8b")
+    kv = llama3.n_kv_heads * (llama3.head_dim or llama3.hidden // llama3.n_heads)
+    assert ft.adapter_params_per_layer(llama3, 1, "qkvo") == 2 * (llama3.hidden + llama3.hidden) + 2 * (
+        llama3.hidden + kv)
+
+
+def test_qlora_frozen_bytes_quantize_the_block_linears_only():
+    pc = count_params(LLAMA2_7B)
+    quantized = L * (4 * H * H + 3 * H * F)
+    rest = pc.total - quantized  # embedding, head, norms stay bf16
+    assert rest == 2 * 32_000 * H + (2 * L + 1) * H
+    split = ft.finetune_split(LLAMA2_7B, pc, "qlora", 16, "all-linear", "bf16")
+    assert split.quantized_params == quantized
+    assert split.frozen_bytes == pytest.approx(rest * 2 + quantized * (0.5 + 1 / 64 + 2 / 16384))
+    assert split.largest_dequantized_bytes == H * F * 2  # one bf16 copy of an MLP weight
+    lora = ft.finetune_split(LLAMA2_7B, pc, "lora", 16, "all-linear", "bf16")
+    assert lora.frozen_bytes == pc.total * 2
+
+
+def test_model_states_are_the_frozen_base_plus_adapter_states():
+    spec = build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="qlora", recompute="full")
+    split = ft.split_of(spec)
+    memory = plan(spec).memory
+    a = split.trainable_params
+    # fsdp conventions, bf16 mixed precision: 2-byte weight and gradient, 4-byte master, 8-byte Adam
+    assert memory.weights == pytest.approx(split.frozen_bytes + 2 * a)
+    assert memory.gradients == pytest.approx(2 * a)
+    assert memory.optimizer_states == pytest.approx(8 * a)
+    assert memory.master_weights == pytest.approx(4 * a)
+
+
+def test_fsdp_qlora_shards_the_frozen_base():
+    spec = build_runspec(model="llama2-70b", hardware="rtx4090", gpus=4, zero=3, finetune="qlora", recompute="full")
+    split = ft.split_of(spec)
+    memory = plan(spec).memory
+    a = split.trainable_params
+    assert memory.weights == pytest.approx(split.frozen_bytes / 4 + 2 * a / 4)
+
+
+def test_lora_dropout_keeps_a_copy_and_mask_of_each_adapted_input():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, finetune="lora", recompute="none",
+                         seq_len=1024, global_batch=1)
+    base = plan(spec).memory.activations
+    dropped = plan(with_workload(spec, lora_dropout=0.1)).memory.activations
+    tokens = 1024
+    d_in = 6 * H + F  # q k v o gate up take h, down takes f
+    assert dropped - base == pytest.approx(L * (2 + 1) * tokens * d_in)
+
+
+def test_adapter_paths_add_the_rank_r_intermediate_per_target():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="none", seq_len=1024,
+                         global_batch=1)
+    full = plan(spec).memory.activations
+    lora = plan(with_workload(spec, finetune="lora", lora_rank=64)).memory.activations
+    assert lora - full == pytest.approx(L * 7 * 2 * 1024 * 64)  # 7 targets, bf16, T = 1024
+
+
+def test_attention_only_targets_drop_the_frozen_mlp_down_input():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="none", seq_len=1024,
+                         global_batch=1)
+    full = plan(spec).memory.activations
+    qkvo = plan(with_workload(spec, finetune="lora", lora_rank=8, lora_targets="qkvo")).memory.activations
+    assert qkvo - full == pytest.approx(L * (4 * 2 * 1024 * 8 - 2 * 1024 * F))
+
+
+def test_flops_drop_the_base_weight_gradients():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="none")
+    full = plan(spec).flops
+    tuned = plan(with_workload(spec, finetune="lora")).flops
+    a = ft.split_of(with_workload(spec, finetune="lora")).trainable_params
+    attention = full.attention_per_unit
+    assert full.model_per_unit == pytest.approx(6 * full.matmul_params + attention)
+    assert tuned.model_per_unit == pytest.approx(4 * full.matmul_params + 6 * a + attention)
+    assert tuned.model_per_unit < full.model_per_unit
+    recomputed = plan(with_layout(with_workload(spec, finetune="lora"), recompute="full")).flops
+    assert recomputed.hardware_per_unit - recomputed.model_per_unit == pytest.approx(
+        2 * full.matmul_params + 2 * a + attention / 3)
+
+
+def test_step_time_lora_below_full_and_qlora_pays_for_dequantisation():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8)
+    full = plan(spec).time.step_seconds
+    lora = plan(with_workload(spec, finetune="lora")).time.step_seconds
+    qlora = plan(with_workload(spec, finetune="qlora")).time.step_seconds
+    assert lora < full
+    assert qlora > lora
+
+
+def test_fit_verdicts_on_one_rtx4090():
+    qlora = plan(build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="qlora"))
+    assert qlora.fits
+    assert qlora.memory.weights < 4.5 * 2**30  # NF4 base + bf16 ends: ~3.9 GB
+    full = plan(build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="full", recompute="full"))
+    assert not full.fits  # 16 bytes per parameter is 108 GB
+    lora = plan(build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="lora"))
+    assert lora.memory.weights > 13.4e9  # the bf16 base alone is 13.5 GB
+    assert lora.fits and lora.spec.layout.recompute == "full"
+    assert any(d.startswith("recompute full: without recompute") for d in lora.spec.cluster.extra["defaults"])
+    no_recompute = plan(build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="lora",
+                                      recompute="none"))
+    assert not no_recompute.fits  # 4096-token sequences keep too much without recompute
+
+
+def test_a_finetune_defaults_to_1b_tokens_and_small_batches():
+    spec = build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="qlora")
+    assert spec.workload.total_tokens == 1e9
+    assert spec.layout.global_batch_size * spec.workload.seq_len == ft.DEFAULT_FINETUNE_BATCH_TOKENS
+
+
+def test_bad_finetune_inputs_are_one_line():
+    with pytest.raises(UserError, match="--finetune 'dora'"):
+        build_runspec(model="llama2-7b", finetune="dora")
+    with pytest.raises(UserError, match="--lora-targets"):
+        build_runspec(model="llama2-7b", finetune="lora", lora_targets="mlp")
+    with pytest.raises(UserError, match="data parallelism only"):
+        build_runspec(model="llama2-7b", gpus=8, tp=2, finetune="lora")
+
+
+def test_compare_local_answers_qlora_on_4090s():
+    for model, gpus in (("llama2-7b", 1), ("llama2-13b", 2), ("llama2-70b", 4)):
+        result = plan_hybrid(model, "1B", Site("rtx4090", gpus, 128.0), sweep=False,
+                             finetune_options={"finetune": "qlora"})
+        local = result.job.local
+        assert local is not None, model
+        assert local.plan.spec.workload.finetune == "qlora"
+        assert local.plan.spec.layout.tp == local.plan.spec.layout.pp == 1
+        assert local.plan.spec.workload.total_tokens == 1e9 and local.days > 0
+    full = plan_hybrid("llama2-70b", "1B", Site("rtx4090", 4, 128.0), sweep=False)
+    assert full.job.local is None or full.job.local.plan.spec.layout.offload == "params"
+
+
+def test_plan_cli_qlora_on_one_rtx4090(tmp_path):
+    env = {**os.environ, "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "flopwise", "plan", "--model", "llama2-7b", "--hardware", "rtx4090", "--gpus", "1",
+            "--finetune", "qlora"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Fine-tune" in out.stdout and "qlora (rank 16, targets all-linear)" in out.stdout
+    assert "trainable parameters" in out.stdout and "40.0M (0.59%" in out.stdout
+    assert "Memory per device (fsdp conventions; fits)" in out.stdout and "whole job" in out.stdout
+    data = json.loads(subprocess.run(argv + ["--json"], capture_output=True, text=True, env=env, timeout=60).stdout)
+    assert data["fits"] is True
+    assert data["finetune"]["method"] == "qlora" and data["finetune"]["trainable_params"] == 39_976_960
+    assert data["time"]["total_seconds"] > 0
+    bad = subprocess.run(argv[:-1] + ["lorax"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "--finetune 'lorax'" in bad.stderr
