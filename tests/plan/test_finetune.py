@@ -192,3 +192,27 @@ def test_plan_cli_qlora_on_one_rtx4090(tmp_path):
     assert data["time"]["total_seconds"] > 0
     bad = subprocess.run(argv[:-1] + ["lorax"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "--finetune 'lorax'" in bad.stderr
+
+
+def test_a_config_finetune_section_becomes_the_workload():
+    assert ft.config_fields(None) == {}
+    assert ft.config_fields({"method": "full"}) == {}
+    fields = ft.config_fields({"method": "qlora", "rank": 8, "alpha": 16, "dropout": 0.05,
+                               "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
+    assert fields == {"finetune": "qlora", "lora_rank": 8, "lora_targets": "qkvo", "lora_dropout": 0.05}
+    assert ft.config_fields({"method": "lora", "target_modules": ["q_proj", "gate_proj"]})["lora_targets"] == "all-linear"
+
+
+def test_plan_config_plans_the_finetune_section():
+    from types import SimpleNamespace
+
+    from flopwise.catalog.hardware import get_hardware
+    from flopwise.plan.from_config import runspec_from_config
+    from flopwise.train.config_loading import load_config
+
+    cfg = load_config(None, [])
+    tuned = SimpleNamespace(**{name: getattr(cfg, name) for name in type(cfg).model_fields},
+                            finetune=SimpleNamespace(method="lora", rank=4, dropout=0.0, target_modules="all-linear"))
+    spec = runspec_from_config(tuned, get_hardware("h100-sxm"))
+    assert (spec.workload.finetune, spec.workload.lora_rank) == ("lora", 4)
+    assert plan(spec).memory.gradients < plan(runspec_from_config(cfg, get_hardware("h100-sxm"))).memory.gradients

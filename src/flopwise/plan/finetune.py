@@ -431,3 +431,35 @@ def default_notes(tokens_defaulted: bool, batch_defaulted: bool) -> tuple[str, .
         notes.append(f"batch {DEFAULT_FINETUNE_BATCH_TOKENS:,} tokens per step: a fine-tune's default "
                      "(give --batch-tokens or --global-batch)")
     return tuple(notes)
+
+
+# --------------------------------------------------------------------------- from a training config
+
+ATTENTION_MODULES = {"q_proj", "k_proj", "v_proj", "o_proj", "q", "k", "v", "o", "wq", "wk", "wv", "wo",
+                     "query", "key", "value"}
+"""Module names (HF llama, built-in and Meta spellings) that make a target list attention-only."""
+
+
+def config_fields(section) -> dict:
+    """Workload fields from a training config's `finetune:` section (keys `method`, `rank`, `dropout`,
+    `target_modules`; `alpha` scales the update and costs nothing); {} when there is none.
+    A target list of attention projections is planned as `qkvo`, anything else as `all-linear`."""
+    if section is None:
+        return {}
+    method = _field(section, "method", "full")
+    if method in (None, "none", "full"):
+        return {}
+    targets = _field(section, "target_modules", "all-linear")
+    if not isinstance(targets, str):
+        names = {str(name).rsplit(".", 1)[-1] for name in targets}
+        targets = "qkvo" if names and names <= ATTENTION_MODULES else "all-linear"
+    return {"finetune": method, "lora_rank": int(_field(section, "rank", DEFAULT_LORA_RANK)),
+            "lora_targets": targets if targets in LORA_TARGETS else "all-linear",
+            "lora_dropout": float(_field(section, "dropout", 0.0) or 0.0)}
+
+
+def _field(section, name: str, default):
+    """A key of a config section given as a pydantic model or a plain mapping."""
+    if isinstance(section, dict):
+        return section.get(name, default)
+    return getattr(section, name, default)
