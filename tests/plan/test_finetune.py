@@ -216,3 +216,21 @@ def test_plan_config_plans_the_finetune_section():
     spec = runspec_from_config(tuned, get_hardware("h100-sxm"))
     assert (spec.workload.finetune, spec.workload.lora_rank) == ("lora", 4)
     assert plan(spec).memory.gradients < plan(runspec_from_config(cfg, get_hardware("h100-sxm"))).memory.gradients
+
+
+def test_qlora_dequantises_each_base_weight_once_per_pass():
+    from flopwise.plan.gemm import device_rates
+    from flopwise.plan.ops import layer_times as base_layer_times
+
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
+                         finetune="lora")
+    hw = spec.cluster.hardware
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None)
+    base = base_layer_times(spec.model, spec.workload.seq_len, 1, 1, False, True, False, "full", "bf16", rates)
+    lora = ft.layer_times(base, spec, rates)
+    qlora = ft.layer_times(base, with_workload(spec, finetune="qlora"), rates)
+    dequant = rates.memory_seconds((4 * H * H + 3 * H * F) * (ft.NF4_BYTES_PER_PARAM + 2.0), 7)
+    for field in ("forward", "backward", "recompute"):  # full recompute runs the forward again
+        assert getattr(qlora, field) - getattr(lora, field) == pytest.approx(dequant)
+    assert lora.wgrad < base.wgrad / 20  # only the adapters' weight gradients are left
+    assert lora.backward < base.backward

@@ -283,40 +283,45 @@ def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_le
 
 def layer_times(layer, spec, rates):
     """One layer's times for a fine-tune: the base's weight-gradient GEMMs dropped, the adapters'
-    own GEMMs and adds added, and QLoRA's dequantisation (read NF4, write bf16) once per forward,
-    backward and recompute of each base linear, as memory-bound work (torchao `LinearNF4`)."""
+    own GEMMs and element-wise work added, and QLoRA's dequantisation (read NF4, write bf16) once
+    per forward, backward and recompute of each base linear, as memory-bound work (torchao
+    `LinearNF4`). A fine-tune runs without tensor parallelism (`validate_workload`)."""
     split = split_of(spec)
     if split is None:
         return layer
-    from flopwise.plan import ops
+    from flopwise.plan.ops import full_recompute_share
 
     lay, work, model = spec.layout, spec.workload, spec.model
-    tp = max(1, lay.tp)
     tokens = work.seq_len * lay.micro_batch_size
     e = 4.0 if work.precision in ("fp32", "tf32") else 2.0
-    fwd = dgrad = wgrad = elementwise = 0.0
+    r = split.rank
+    fwd = dgrad = wgrad = 0.0
+    elementwise_fwd = elementwise_bwd = 0.0
     for m in target_matrices(model, split.targets):
-        for rows, cols, inner in ((tokens, split.rank, max(1, m.d_in // tp)), (tokens, max(1, m.d_out // tp), split.rank)):
-            f, d, w = ops._gemm_fwd_bwd(rates, rows, cols, inner, e, float(m.count))
-            fwd, dgrad, wgrad = fwd + f, dgrad + d, wgrad + w
-        # scale, add into the base output (forward), and the gradient's scale (backward)
-        elementwise += m.count * tokens * m.d_out / tp * e * 5.0
-    adapters_fwd = fwd + rates.memory_seconds(elementwise * 0.6, 2)
-    adapters_bwd = dgrad + wgrad + rates.memory_seconds(elementwise * 0.4, 1)
+        for n, k in ((r, m.d_in), (m.d_out, r)):  # x·Aᵀ (T × r), then its product with Bᵀ (T × d_out)
+            fwd += rates.gemm_seconds(tokens, n, k, float(m.count), e)
+            dgrad += rates.gemm_seconds(tokens, k, n, float(m.count), e)
+            wgrad += rates.gemm_seconds(k, n, tokens, float(m.count), e)
+        # forward: the scaling (read, write) and the add into the base output (read 2, write 1);
+        # backward: the scaling of the incoming gradient (read, write)
+        elementwise_fwd += m.count * tokens * m.d_out * e * 5.0
+        elementwise_bwd += m.count * tokens * m.d_out * e * 2.0
+    targets = len(target_matrices(model, split.targets))
+    adapters_fwd = fwd + rates.memory_seconds(elementwise_fwd, 2 * targets)
+    adapters_bwd = dgrad + wgrad + rates.memory_seconds(elementwise_bwd, targets)
     dequant = 0.0
     if split.method == "qlora":
-        per_pass = split.quantized_per_layer / tp * (NF4_BYTES_PER_PARAM + 2.0)
-        dequant = rates.memory_seconds(per_pass, len(block_linears(model)))
-    share = ops.full_recompute_share(lay.recompute)
-    recompute_extra = share * (adapters_fwd + dequant)
+        dequant = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + 2.0),
+                                       len(block_linears(model)))
+    share = full_recompute_share(lay.recompute)
     return dataclasses.replace(
         layer,
         forward=layer.forward + adapters_fwd + dequant,
         backward=layer.backward - layer.wgrad + adapters_bwd + dequant,
-        recompute=layer.recompute + recompute_extra,
-        gemm=layer.gemm - layer.wgrad + fwd + dgrad + wgrad + share * fwd,
-        memory_bound=layer.memory_bound + (adapters_fwd - fwd) + (adapters_bwd - dgrad - wgrad) + 2 * dequant
-        + share * (dequant + adapters_fwd - fwd),
+        recompute=layer.recompute + share * (adapters_fwd + dequant),
+        gemm=layer.gemm - layer.wgrad + (1.0 + share) * fwd + dgrad + wgrad,
+        memory_bound=layer.memory_bound + (1.0 + share) * (adapters_fwd - fwd + dequant)
+        + (adapters_bwd - dgrad - wgrad) + dequant,
         wgrad=wgrad,
         forward_gemm=layer.forward_gemm + fwd,
     )
