@@ -232,5 +232,6 @@ def test_qlora_dequantises_each_base_weight_once_per_pass():
     dequant = rates.memory_seconds((4 * H * H + 3 * H * F) * (ft.NF4_BYTES_PER_PARAM + 2.0), 7)
     for field in ("forward", "backward", "recompute"):  # full recompute runs the forward again
         assert getattr(qlora, field) - getattr(lora, field) == pytest.approx(dequant)
-    assert lora.wgrad < base.wgrad / 20  # only the adapters' weight gradients are left
+    # only the adapters' weight gradients are left: skinny rank-r GEMMs, memory-bound on the T x d inputs
+    assert lora.wgrad < base.wgrad / 4
     assert lora.backward < base.backward
