@@ -235,3 +235,16 @@ def test_qlora_dequantises_each_base_weight_once_per_pass():
     # only the adapters' weight gradients are left: skinny rank-r GEMMs, memory-bound on the T x d inputs
     assert lora.wgrad < base.wgrad / 4
     assert lora.backward < base.backward
+
+
+def test_moe_adapters_train_on_every_expert_but_a_token_visits_k():
+    mixtral = get_model("mixtral-8x7b")
+    h, f, k, experts = mixtral.hidden, mixtral.ffn_hidden, mixtral.experts_per_token, mixtral.n_experts
+    attention = ft.adapter_params_per_layer(mixtral, 8, "qkvo")
+    assert ft.adapter_params_per_layer(mixtral, 8, "all-linear") == attention + experts * 8 * 3 * (h + f)
+    assert ft.active_adapter_params_per_layer(mixtral, 8, "all-linear") == pytest.approx(attention + k * 8 * 3 * (h + f))
+    spec = build_runspec(model="mixtral-8x7b", hardware="h100-sxm", gpus=1, recompute="none", seq_len=1024,
+                         global_batch=1)
+    full = plan(spec).memory.activations
+    lora = plan(with_workload(spec, finetune="lora", lora_rank=8)).memory.activations
+    assert lora - full == pytest.approx(mixtral.n_layers * 2 * 1024 * 8 * (4 + 3 * k))  # rank-r intermediates

@@ -99,6 +99,14 @@ def block_linears(spec: ModelSpec) -> tuple[TargetMatrix, ...]:
     return tuple(matrices)
 
 
+def routed_share(spec: ModelSpec, matrix: TargetMatrix) -> float:
+    """Share of a micro-batch's tokens one copy of `matrix` sees: k/E for a routed expert's
+    weights (each token visits k of E experts), 1 otherwise."""
+    if matrix.count > 1 and spec.n_experts > 1:
+        return max(1, spec.experts_per_token) / spec.n_experts
+    return 1.0
+
+
 def target_matrices(spec: ModelSpec, targets: str) -> tuple[TargetMatrix, ...]:
     """The block linears that get an adapter: all of them, or q, k, v, o."""
     linears = block_linears(spec)
@@ -110,6 +118,11 @@ def target_matrices(spec: ModelSpec, targets: str) -> tuple[TargetMatrix, ...]:
 def adapter_params_per_layer(spec: ModelSpec, rank: int, targets: str) -> int:
     """Trainable parameters of one block: r·(d_in + d_out) per adapted matrix (Hu et al. 2021 §4.1)."""
     return sum(rank * (m.d_in + m.d_out) * m.count for m in target_matrices(spec, targets))
+
+
+def active_adapter_params_per_layer(spec: ModelSpec, rank: int, targets: str) -> float:
+    """Adapter parameters one token passes through in a block (an MoE token visits k experts' adapters)."""
+    return sum(rank * (m.d_in + m.d_out) * m.count * routed_share(spec, m) for m in target_matrices(spec, targets))
 
 
 def quantized_params_per_layer(spec: ModelSpec) -> int:
@@ -223,9 +236,10 @@ def adapter_activation_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int
     tokens = float(seq_len) * micro_batch
     kept = 0.0
     for m in target_matrices(spec, split.targets):
-        kept += m.count * dtype_bytes * tokens * split.rank
+        seen = m.count * routed_share(spec, m) * tokens  # tokens through all copies (k per token for experts)
+        kept += dtype_bytes * seen * split.rank
         if lora_dropout > 0:
-            kept += m.count * (dtype_bytes + 1.0) * tokens * m.d_in / tp
+            kept += (dtype_bytes + 1.0) * seen * m.d_in / tp
     if split.targets == "qkvo":
         experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
         kept -= dtype_bytes * tokens * (spec.ffn_hidden or 4 * spec.hidden) * experts / tp
@@ -264,7 +278,7 @@ def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_le
     )
 
     n = matmul_params(spec, pc)
-    adapters = split.trainable_params
+    adapters = spec.n_layers * active_adapter_params_per_layer(spec, split.rank, split.targets)
     attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec))
     dense = 4.0 * n + 6.0 * adapters
     model = dense + 3.0 * attn_fwd
@@ -298,14 +312,15 @@ def layer_times(layer, spec, rates):
     fwd = dgrad = wgrad = 0.0
     elementwise_fwd = elementwise_bwd = 0.0
     for m in target_matrices(model, split.targets):
+        rows = max(1, round(tokens * routed_share(model, m)))  # tokens through one copy (an expert: T·k/E)
         for n, k in ((r, m.d_in), (m.d_out, r)):  # x·Aᵀ (T × r), then its product with Bᵀ (T × d_out)
-            fwd += rates.gemm_seconds(tokens, n, k, float(m.count), e)
-            dgrad += rates.gemm_seconds(tokens, k, n, float(m.count), e)
-            wgrad += rates.gemm_seconds(k, n, tokens, float(m.count), e)
+            fwd += rates.gemm_seconds(rows, n, k, float(m.count), e)
+            dgrad += rates.gemm_seconds(rows, k, n, float(m.count), e)
+            wgrad += rates.gemm_seconds(k, n, rows, float(m.count), e)
         # forward: the scaling (read, write) and the add into the base output (read 2, write 1);
         # backward: the scaling of the incoming gradient (read, write)
-        elementwise_fwd += m.count * tokens * m.d_out * e * 5.0
-        elementwise_bwd += m.count * tokens * m.d_out * e * 2.0
+        elementwise_fwd += m.count * rows * m.d_out * e * 5.0
+        elementwise_bwd += m.count * rows * m.d_out * e * 2.0
     targets = len(target_matrices(model, split.targets))
     adapters_fwd = fwd + rates.memory_seconds(elementwise_fwd, 2 * targets)
     adapters_bwd = dgrad + wgrad + rates.memory_seconds(elementwise_bwd, targets)
