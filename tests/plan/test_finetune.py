@@ -248,3 +248,27 @@ def test_moe_adapters_train_on_every_expert_but_a_token_visits_k():
     full = plan(spec).memory.activations
     lora = plan(with_workload(spec, finetune="lora", lora_rank=8)).memory.activations
     assert lora - full == pytest.approx(mixtral.n_layers * 2 * 1024 * 8 * (4 + 3 * k))  # rank-r intermediates
+
+
+def test_a_frozen_linear_keeps_only_its_weight_for_backward():
+    """The planner counts no saved input for a frozen linear without an adapter (qkvo targets);
+    this is torch's autograd behaviour it relies on."""
+    torch = pytest.importorskip("torch")
+    linear = torch.nn.Linear(64, 32, bias=False).requires_grad_(False)
+    adapter = torch.nn.Linear(64, 4, bias=False)
+    x = torch.randn(8, 64, requires_grad=True)
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        h = x * 2.0
+        saved.clear()
+        linear(h)
+    assert [tuple(t.shape) for t in saved] == [(64, 32)]  # the weight (transposed view), not the 8 x 64 input
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        saved.clear()
+        adapter(h)
+    assert any(t.shape == h.shape for t in saved)  # a trainable adapter keeps the input for its weight gradient
