@@ -272,3 +272,14 @@ def test_a_frozen_linear_keeps_only_its_weight_for_backward():
         saved.clear()
         adapter(h)
     assert any(t.shape == h.shape for t in saved)  # a trainable adapter keeps the input for its weight gradient
+
+
+def test_buffers_ddp_buckets_adapter_gradients_and_qlora_adds_one_bf16_weight():
+    one = plan(build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, finetune="qlora", recompute="full"))
+    assert one.memory.comm_buffers == H * F * 2  # no collectives; the dequantised MLP weight
+    ddp = plan(build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=2, zero=0, finetune="lora",
+                             recompute="full"))
+    assert ddp.memory.comm_buffers == 2 * 25 * 2**20  # 80 MB of adapter gradients fill DDP's two buckets
+    small = plan(build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=2, zero=0, finetune="lora",
+                               lora_rank=1, lora_targets="qkvo", recompute="full"))
+    assert small.memory.comm_buffers == 4 * 2 * H * L * 2  # rank-1 attention adapters' bf16 gradients

@@ -256,7 +256,7 @@ def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_st
     tp = max(1, lay.tp)
     base = frozen_weight_bytes(work.precision)
     buffers = 0.0
-    if zero_stage >= 3 and lay.dp > 1:
+    if zero_stage >= 3 or lay.offload == "params":  # as `memory.comm_buffer_bytes`: two units in flight
         layer_bytes = ((pc.per_layer - split.quantized_per_layer) * base
                        + split.quantized_per_layer * (NF4_BYTES_PER_PARAM if split.method == "qlora" else base))
         ends = max(pc.embedding, pc.output_head) * base
