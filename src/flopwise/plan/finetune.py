@@ -326,7 +326,8 @@ def layer_times(layer, spec, rates):
     adapters_bwd = dgrad + wgrad + rates.memory_seconds(elementwise_bwd, targets)
     dequant = 0.0
     if split.method == "qlora":
-        dequant = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + 2.0),
+        written = frozen_weight_bytes(work.precision)  # the copy in the compute dtype (bf16: 2 bytes)
+        dequant = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + written),
                                        len(block_linears(model)))
     share = full_recompute_share(lay.recompute)
     return dataclasses.replace(
