@@ -162,6 +162,8 @@ def test_bad_finetune_inputs_are_one_line():
         build_runspec(model="llama2-7b", finetune="lora", lora_targets="mlp")
     with pytest.raises(UserError, match="data parallelism only"):
         build_runspec(model="llama2-7b", gpus=8, tp=2, finetune="lora")
+    with pytest.raises(UserError, match="planned for transformers"):
+        build_runspec(model="resnet50", finetune="qlora")
 
 
 def test_compare_local_answers_qlora_on_4090s():

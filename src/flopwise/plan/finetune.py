@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec
 from flopwise.plan import memory as mem
-from flopwise.plan.params import ParamCount
+from flopwise.plan.params import ParamCount, count_params
 
 FINETUNE_METHODS = ("full", "lora", "qlora")
 LORA_TARGETS = ("all-linear", "qkvo")
@@ -193,8 +193,6 @@ def split_of(spec) -> FinetuneSplit | None:
     method = getattr(work, "finetune", "full")
     if method == "full" or spec.model.arch == "cnn":
         return None
-    from flopwise.plan.params import count_params
-
     return finetune_split(spec.model, count_params(spec.model), method, work.lora_rank, work.lora_targets,
                           work.precision)
 
@@ -406,7 +404,7 @@ def default_tokens(method: str, pretraining_default: float | str) -> float | str
     return pretraining_default if method == "full" else DEFAULT_FINETUNE_TOKENS
 
 
-def validate_workload(work, layout=None) -> None:
+def validate_workload(work, layout=None, model: ModelSpec | None = None) -> None:
     """One line for a fine-tune no run could have: unknown method or targets, rank < 1, dropout outside
     [0, 1), or tensor/pipeline parallelism (PEFT's adapters train under single, DDP and FSDP2 here)."""
     from flopwise.errors import UserError
@@ -416,6 +414,8 @@ def validate_workload(work, layout=None) -> None:
         raise UserError(f"--finetune '{method}' is not one of {', '.join(FINETUNE_METHODS)}")
     if method == "full":
         return
+    if model is not None and model.arch == "cnn":
+        raise UserError(f"--finetune {method}: LoRA/QLoRA adapters are planned for transformers, not {model.key}")
     if layout is not None and (layout.tp > 1 or layout.pp > 1):
         raise UserError(f"--finetune {method} is planned with data parallelism only (single, DDP or FSDP2, as "
                         "LoRA/QLoRA runs train): drop --tp/--pp")

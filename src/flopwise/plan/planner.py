@@ -141,7 +141,7 @@ def validate(spec: RunSpec) -> None:
     if not mem.is_recompute_policy(lay.recompute):
         raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)} or every:K")
     _choice("framework", lay.framework, FRAMEWORKS)
-    tuning.validate_workload(work, lay)
+    tuning.validate_workload(work, lay, model)
     if not 0 <= spec.cluster.allocator_reserve < 1:
         raise UserError(f"--allocator-reserve must be in [0, 1), got {spec.cluster.allocator_reserve}")
     _choice("offload", lay.offload, OFFLOAD)
