@@ -285,3 +285,13 @@ def test_buffers_ddp_buckets_adapter_gradients_and_qlora_adds_one_bf16_weight():
     small = plan(build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=2, zero=0, finetune="lora",
                                lora_rank=1, lora_targets="qkvo", recompute="full"))
     assert small.memory.comm_buffers == 4 * 2 * H * L * 2  # rank-1 attention adapters' bf16 gradients
+
+
+def test_compare_local_cli_says_it_planned_a_finetune():
+    env = {**os.environ, "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "flopwise", "compare", "--local", "--model", "llama2-13b", "--hardware", "rtx4090",
+            "--gpus", "2", "--finetune", "qlora"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "1e+09 tokens (qlora fine-tune, rank 16, all-linear)" in out.stdout
+    assert "numbers: llama2-13b fits on 2 x rtx4090" in out.stdout

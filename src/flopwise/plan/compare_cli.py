@@ -126,6 +126,14 @@ def write_outputs(result, folder: Path) -> list[Path]:
     return [png, json_path, csv_path]
 
 
+def _finetune_words(options) -> str:
+    """' (qlora fine-tune, rank 16, all-linear)' when the options planned a LoRA/QLoRA run, else ''."""
+    work = next((o.plan.spec.workload for o in options if o is not None), None)
+    if work is None or work.finetune == "full":
+        return ""
+    return f" ({work.finetune} fine-tune, rank {work.lora_rank}, {work.lora_targets})"
+
+
 def _money(value) -> str:
     return "n/a" if value is None else f"${value:,.0f}"
 
@@ -145,7 +153,8 @@ def print_comparison(result, written: list[Path]) -> None:
         what = f"fewest devices finishing within {result.target:g} days"
     else:
         what = "fewest devices that fit"
-    console.print(f"[bold]{result.model}[/bold], {result.tokens:.3g} tokens: {what}")
+    console.print(f"[bold]{result.model}[/bold]{_finetune_words([v.chosen for v in result.verdicts])}, "
+                  f"{result.tokens:.3g} tokens: {what}")
     columns = ("device", "n", "best layout", "days", "device-h", "MWh", "on-demand", "spot", "tok/s/dev", "MFU")
     front = {(o.hardware, o.devices) for o in result.pareto}
     rows = []
@@ -243,7 +252,8 @@ def print_hybrid(result, folder: Path | None) -> None:
     if result.local_hardware_usd:
         cost_basis += f" + ${result.local_hardware_usd:,.0f}/card over {result.amortize_years:g} years"
     console.print(f"[bold]local {here}[/bold] ({cost_basis}; host RAM {result.local.host_memory_gib:g} GiB) vs "
-                  f"[bold]cloud {there}[/bold] (on demand), {result.tokens:.3g} tokens")
+                  f"[bold]cloud {there}[/bold] (on demand), {result.tokens:.3g} tokens"
+                  f"{_finetune_words([r.local for r in result.sweep] + [r.cloud for r in result.sweep])}")
     table = Table()
     for column in ("model", "params", "local layout", "local days", "local $", "cloud layout", "cloud days", "cloud $"):
         table.add_column(column, justify="left" if "layout" in column or column == "model" else "right")
