@@ -100,7 +100,8 @@ def test_adapter_paths_add_the_rank_r_intermediate_per_target():
                          global_batch=1)
     full = plan(spec).memory.activations
     lora = plan(with_workload(spec, finetune="lora", lora_rank=64)).memory.activations
-    assert lora - full == pytest.approx(L * 7 * 2 * 1024 * 64)  # 7 targets, bf16, T = 1024
+    # 7 targets' rank-r intermediates (bf16, T = 1024); the 2 frozen RMSNorms keep no normalised copy
+    assert lora - full == pytest.approx(L * (7 * 2 * 1024 * 64 - 2 * 2 * 1024 * H))
 
 
 def test_attention_only_targets_drop_the_frozen_mlp_down_input():
@@ -108,7 +109,7 @@ def test_attention_only_targets_drop_the_frozen_mlp_down_input():
                          global_batch=1)
     full = plan(spec).memory.activations
     qkvo = plan(with_workload(spec, finetune="lora", lora_rank=8, lora_targets="qkvo")).memory.activations
-    assert qkvo - full == pytest.approx(L * (4 * 2 * 1024 * 8 - 2 * 1024 * F))
+    assert qkvo - full == pytest.approx(L * (4 * 2 * 1024 * 8 - 2 * 1024 * F - 2 * 2 * 1024 * H))
 
 
 def test_flops_drop_the_base_weight_gradients():
@@ -249,7 +250,7 @@ def test_moe_adapters_train_on_every_expert_but_a_token_visits_k():
                          global_batch=1)
     full = plan(spec).memory.activations
     lora = plan(with_workload(spec, finetune="lora", lora_rank=8)).memory.activations
-    assert lora - full == pytest.approx(mixtral.n_layers * 2 * 1024 * 8 * (4 + 3 * k))  # rank-r intermediates
+    assert lora - full == pytest.approx(mixtral.n_layers * 2 * 1024 * (8 * (4 + 3 * k) - 2 * h))
 
 
 def test_a_frozen_linear_keeps_only_its_weight_for_backward():
@@ -295,3 +296,22 @@ def test_compare_local_cli_says_it_planned_a_finetune():
     assert out.returncode == 0, out.stderr
     assert "1e+09 tokens (qlora fine-tune, rank 16, all-linear)" in out.stdout
     assert "numbers: llama2-13b fits on 2 x rtx4090" in out.stdout
+
+
+def test_a_frozen_rmsnorm_keeps_no_normalised_copy():
+    """The planner takes e·T·h per norm off a fine-tune's activations; this is torch's behaviour it relies on."""
+    torch = pytest.importorskip("torch")
+
+    def saved_elements(norm):
+        h = torch.randn(8, 64, requires_grad=True) * 2.0
+        sizes = []
+
+        def pack(tensor):
+            sizes.append(tensor.numel())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            norm(h)
+        return sizes.count(8 * 64)
+
+    assert saved_elements(torch.nn.RMSNorm(64)) - saved_elements(torch.nn.RMSNorm(64).requires_grad_(False)) == 1

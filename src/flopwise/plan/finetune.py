@@ -223,14 +223,18 @@ def stage_states(split: FinetuneSplit, spec, params: float, layers: int, sb: mem
     return frozen + states.weights, states.gradients, states.optimizer_states, states.master_weights, cpu
 
 
-def adapter_activation_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
-                             dtype_bytes: float, lora_dropout: float, tp: int = 1) -> float:
-    """What one block's adapters keep for backward, per micro-batch and TP rank.
+def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
+                           dtype_bytes: float, lora_dropout: float, tp: int = 1) -> float:
+    """What one block of a fine-tune keeps for backward beyond full training's activations
+    (`memory.activation_terms`), per micro-batch and TP rank; negative terms are what it keeps less.
 
-    Per adapted matrix: the rank-r intermediate (B's input, e·T·r) and, with LoRA dropout, the
-    dropped copy of the input (A's input, e·T·d_in) and its 1-byte mask; without dropout A's
-    input is the base linear's input, already counted. With attention-only targets the frozen
-    MLP's second linear keeps no input: its e·T·f, counted by full training, is taken off."""
+    - per adapted matrix: the rank-r intermediate (B's input, e·T·r) and, with LoRA dropout, the
+      dropped copy of the input (A's input, e·T·d_in) and its 1-byte mask; without dropout A's
+      input is the base linear's input, already counted;
+    - attention-only targets: the frozen MLP's second linear keeps no input (− e·T·f);
+    - frozen RMSNorm weights: the norm keeps its input and statistics but not the normalised
+      tensor, which only the weight's gradient needs (− e·T·h per norm; torch 2.13's
+      `nn.RMSNorm`, checked with saved-tensor hooks)."""
     tokens = float(seq_len) * micro_batch
     kept = 0.0
     for m in target_matrices(spec, split.targets):
@@ -241,6 +245,8 @@ def adapter_activation_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int
     if split.targets == "qkvo":
         experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
         kept -= dtype_bytes * tokens * (spec.ffn_hidden or 4 * spec.hidden) * experts / tp
+    if spec.norm == "rmsnorm":
+        kept -= spec.norms_per_layer * dtype_bytes * tokens * spec.hidden
     return kept
 
 

@@ -153,8 +153,8 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
     tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths
     if tuned is not None:
-        adapter = finetune.adapter_activation_bytes(model, tuned, work.seq_len, lay.micro_batch_size, e,
-                                                    work.lora_dropout, lay.tp)
+        adapter = finetune.activation_delta_bytes(model, tuned, work.seq_len, lay.micro_batch_size, e,
+                                                  work.lora_dropout, lay.tp)
         per_layer += adapter * (1.0 - mem.recompute_forward_fraction(lay.recompute))
         rebuilt += adapter if rebuilt else 0.0
         buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group)
