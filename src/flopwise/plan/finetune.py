@@ -231,7 +231,9 @@ def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, 
     - per adapted matrix: the rank-r intermediate (B's input, e·T·r) and, with LoRA dropout, the
       dropped copy of the input (A's input, e·T·d_in) and its 1-byte mask; without dropout A's
       input is the base linear's input, already counted;
-    - attention-only targets: the frozen MLP's second linear keeps no input (− e·T·f);
+    - attention-only targets: the frozen MLP's linears keep no input, neither the MLP input
+      (− e·T·h; the activation saves the first linear's output, not its input) nor the down
+      projection's (− e·T·f);
     - frozen RMSNorm weights: the norm keeps its input and statistics but not the normalised
       tensor, which only the weight's gradient needs (− e·T·h per norm; torch 2.13's
       `nn.RMSNorm`, checked with saved-tensor hooks)."""
@@ -242,9 +244,9 @@ def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, 
         kept += dtype_bytes * seen * split.rank
         if lora_dropout > 0:
             kept += (dtype_bytes + 1.0) * seen * m.d_in / tp
-    if split.targets == "qkvo":
+    if split.targets == "qkvo":  # the frozen MLP's linears keep neither the MLP input nor the down input
         experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
-        kept -= dtype_bytes * tokens * (spec.ffn_hidden or 4 * spec.hidden) * experts / tp
+        kept -= dtype_bytes * tokens * ((spec.ffn_hidden or 4 * spec.hidden) * experts / tp + spec.hidden)
     if spec.norm == "rmsnorm":
         kept -= spec.norms_per_layer * dtype_bytes * tokens * spec.hidden
     return kept
