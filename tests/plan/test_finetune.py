@@ -85,14 +85,16 @@ def test_fsdp_qlora_shards_the_frozen_base():
     assert memory.weights == pytest.approx(split.frozen_bytes / 4 + 2 * a / 4)
 
 
-def test_lora_dropout_keeps_a_copy_and_mask_of_each_adapted_input():
+def test_lora_dropout_keeps_a_copy_and_mask_of_each_adapted_input_instead_of_the_input():
     spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, finetune="lora", recompute="none",
                          seq_len=1024, global_batch=1)
     base = plan(spec).memory.activations
     dropped = plan(with_workload(spec, lora_dropout=0.1)).memory.activations
     tokens = 1024
     d_in = 6 * H + F  # q k v o gate up take h, down takes f
-    assert dropped - base == pytest.approx(L * (2 + 1) * tokens * d_in)
+    # a dropped bf16 copy and a 1-byte mask per adapted input; the undropped inputs of q/k/v, of the
+    # MLP and of the down projection are then kept by nobody
+    assert dropped - base == pytest.approx(L * tokens * ((2 + 1) * d_in - 2 * (H + H + F)))
 
 
 def test_adapter_paths_add_the_rank_r_intermediate_per_target():
@@ -317,3 +319,66 @@ def test_a_frozen_rmsnorm_keeps_no_normalised_copy():
         return sizes.count(8 * 64)
 
     assert saved_elements(torch.nn.RMSNorm(64)) - saved_elements(torch.nn.RMSNorm(64).requires_grad_(False)) == 1
+
+
+@pytest.mark.parametrize("targets, lora_dropout", [("all-linear", 0.0), ("qkvo", 0.0), ("all-linear", 0.1)])
+def test_lora_llama_block_saved_tensors_match_the_formula(targets, lora_dropout):
+    """A frozen RMSNorm + GQA + SwiGLU block (fp32, CPU) with LoRA as PEFT's `Linear.forward` computes it
+    (base(x) + B(A(dropout(x))) · scale): saved-for-backward bytes = full training's formula + the delta."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from flopwise.catalog.models import ModelSpec
+    from flopwise.plan import memory as mem
+
+    torch.manual_seed(0)
+    s, b, h, a, kv, f, r = 64, 2, 64, 4, 2, 160, 4
+    hd = h // a
+    spec = ModelSpec(key="tiny-llama", name="tiny", n_layers=1, hidden=h, n_heads=a, n_kv_heads=kv, ffn_hidden=f,
+                     vocab_size=10, mlp="swiglu", norm="rmsnorm", position="rope")
+    n1, n2 = torch.nn.RMSNorm(h), torch.nn.RMSNorm(h)
+    base = {"q": torch.nn.Linear(h, a * hd, bias=False), "k": torch.nn.Linear(h, kv * hd, bias=False),
+            "v": torch.nn.Linear(h, kv * hd, bias=False), "o": torch.nn.Linear(a * hd, h, bias=False),
+            "gate": torch.nn.Linear(h, f, bias=False), "down": torch.nn.Linear(f, h, bias=False),
+            "up": torch.nn.Linear(h, f, bias=False)}
+    for module in (n1, n2, *base.values()):
+        module.requires_grad_(False)
+    adapted = {m.name for m in ft.target_matrices(spec, targets)}
+    adapters = {name: (torch.nn.Linear(lin.in_features, r, bias=False), torch.nn.Linear(r, lin.out_features, bias=False),
+                       torch.nn.Dropout(lora_dropout) if lora_dropout else torch.nn.Identity())
+                for name, lin in base.items() if name in adapted}
+    weights = {p.untyped_storage().data_ptr() for m in (n1, n2, *base.values()) for p in m.parameters()}
+    weights |= {p.untyped_storage().data_ptr() for A, B, _ in adapters.values() for p in (*A.parameters(), *B.parameters())}
+
+    def linear(name, x):
+        out = base[name](x)
+        if name in adapters:
+            A, B, drop = adapters[name]
+            out = out + B(A(drop(x))) * 2.0
+        return out
+
+    x = torch.randn(b, s, h, requires_grad=True)
+    storages = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = n1(x)
+        q = linear("q", y).view(b, s, a, hd).transpose(1, 2).contiguous()
+        k = linear("k", y).view(b, s, kv, hd).transpose(1, 2).contiguous().repeat_interleave(a // kv, dim=1)
+        v = linear("v", y).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(a // kv, dim=1)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x2 = x + linear("o", att.transpose(1, 2).reshape(b, s, h))
+        z = n2(x2)
+        x2 + linear("down", F.silu(linear("gate", z)) * linear("up", z))
+    measured = sum(storages.values())
+    full = mem.layer_activation_bytes(spec, s, b, "fp32", dropout=False, flash_attention=True, kv_repeated=True,
+                                      attn_output_copy=True)
+    split = ft.finetune_split(spec, count_params(spec), "lora", r, targets, "fp32")
+    # on a CPU: the dropout keeps an fp32 noise tensor, the out-projection's input is a copy
+    predicted = full + ft.activation_delta_bytes(spec, split, s, b, 4.0, lora_dropout, mask_bytes=4.0,
+                                                 attn_output_copy=True)
+    assert measured == pytest.approx(predicted, rel=0.01)  # the gap is RMSNorm's O(s*b) rstd

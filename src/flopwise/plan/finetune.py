@@ -223,32 +223,52 @@ def stage_states(split: FinetuneSplit, spec, params: float, layers: int, sb: mem
     return frozen + states.weights, states.gradients, states.optimizer_states, states.master_weights, cpu
 
 
+DROPOUT_MASK_BYTES = 1.0
+"""Bytes per element of the mask LoRA dropout keeps: CUDA's fused `native_dropout` keeps a bool
+mask; on a CPU torch's composite dropout multiplies by a scaled noise tensor of the input's
+dtype and keeps that (e bytes; checked on torch 2.13)."""
+
+
 def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
-                           dtype_bytes: float, lora_dropout: float, tp: int = 1) -> float:
+                           dtype_bytes: float, lora_dropout: float, tp: int = 1,
+                           mask_bytes: float = DROPOUT_MASK_BYTES, attn_output_copy: bool = False) -> float:
     """What one block of a fine-tune keeps for backward beyond full training's activations
     (`memory.activation_terms`), per micro-batch and TP rank; negative terms are what it keeps less.
 
-    - per adapted matrix: the rank-r intermediate (B's input, e·T·r) and, with LoRA dropout, the
-      dropped copy of the input (A's input, e·T·d_in) and its 1-byte mask; without dropout A's
-      input is the base linear's input, already counted;
-    - attention-only targets: the frozen MLP's linears keep no input, neither the MLP input
-      (− e·T·h; the activation saves the first linear's output, not its input) nor the down
-      projection's (− e·T·f);
+    A frozen linear keeps only its weight, not its input (torch's autograd saves `mm`'s input only
+    for the weight gradient), so an input is kept only by an adapter's A reading it unchanged:
+    - per adapted matrix: the rank-r intermediate (B's input, e·T·r); with LoRA dropout, the
+      dropped copy A reads (e·T·d_in) and the dropout's mask, and then nobody keeps the
+      linear's own input;
+    - inputs full training counts that nobody keeps: the attention input (q, k, v), the MLP
+      input (gate/up, or the GELU MLP's first linear) and the down projection's input, each
+      when no adapter reads it undropped (− e·T·h, − e·T·h, − e·T·f); the out-projection's
+      input too where it is a copy of the attention output (`attn_output_copy`, torch's CPU
+      flash kernel; on CUDA it is the kernel's own output, which attention keeps anyway);
     - frozen RMSNorm weights: the norm keeps its input and statistics but not the normalised
-      tensor, which only the weight's gradient needs (− e·T·h per norm; torch 2.13's
-      `nn.RMSNorm`, checked with saved-tensor hooks)."""
+      tensor, which only the weight's gradient needs (− e·T·h per norm).
+    Checked against saved-tensor bytes of a real LoRA'd llama block on a CPU (tests/plan/test_finetune.py)."""
     tokens = float(seq_len) * micro_batch
+    e = dtype_bytes
     kept = 0.0
-    for m in target_matrices(spec, split.targets):
+    targets = target_matrices(spec, split.targets)
+    for m in targets:
         seen = m.count * routed_share(spec, m) * tokens  # tokens through all copies (k per token for experts)
-        kept += dtype_bytes * seen * split.rank
+        kept += e * seen * split.rank
         if lora_dropout > 0:
-            kept += (dtype_bytes + 1.0) * seen * m.d_in / tp
-    if split.targets == "qkvo":  # the frozen MLP's linears keep neither the MLP input nor the down input
-        experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
-        kept -= dtype_bytes * tokens * ((spec.ffn_hidden or 4 * spec.hidden) * experts / tp + spec.hidden)
+            kept += (e + mask_bytes) * seen * m.d_in / tp
+    read_whole = {m.name for m in targets} if lora_dropout == 0 else set()
+    experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
+    if not read_whole & {"q", "k", "v"}:
+        kept -= e * tokens * spec.hidden
+    if not read_whole & {"gate", "up"}:
+        kept -= e * tokens * spec.hidden
+    if "down" not in read_whole:
+        kept -= e * tokens * (spec.ffn_hidden or 4 * spec.hidden) * experts / tp
+    if attn_output_copy and "o" not in read_whole:
+        kept -= e * tokens * spec.n_heads * (spec.head_dim or spec.hidden // spec.n_heads) / tp
     if spec.norm == "rmsnorm":
-        kept -= spec.norms_per_layer * dtype_bytes * tokens * spec.hidden
+        kept -= spec.norms_per_layer * e * tokens * spec.hidden
     return kept
 
 
