@@ -382,3 +382,11 @@ def test_lora_llama_block_saved_tensors_match_the_formula(targets, lora_dropout)
     predicted = full + ft.activation_delta_bytes(spec, split, s, b, 4.0, lora_dropout, mask_bytes=4.0,
                                                  attn_output_copy=True)
     assert measured == pytest.approx(predicted, rel=0.01)  # the gap is RMSNorm's O(s*b) rstd
+
+
+def test_dropout_mask_is_one_byte_on_gpus_and_input_sized_on_cpus():
+    from flopwise.catalog.hardware import get_hardware
+
+    h100 = get_hardware("h100-sxm")
+    assert ft.dropout_mask_bytes(h100, 2.0) == 1.0
+    assert ft.dropout_mask_bytes(dataclasses.replace(h100, key="cpu-test", vendor="cpu"), 4.0) == 4.0

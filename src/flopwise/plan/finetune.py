@@ -229,6 +229,13 @@ mask; on a CPU torch's composite dropout multiplies by a scaled noise tensor of 
 dtype and keeps that (e bytes; checked on torch 2.13)."""
 
 
+def dropout_mask_bytes(hardware, dtype_bytes: float) -> float:
+    """LoRA dropout's mask bytes per element on `hardware`: e on a CPU, else 1 (`DROPOUT_MASK_BYTES`)."""
+    from flopwise.plan.gemm import curve_for
+
+    return dtype_bytes if curve_for(hardware).family == "cpu" else DROPOUT_MASK_BYTES
+
+
 def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
                            dtype_bytes: float, lora_dropout: float, tp: int = 1,
                            mask_bytes: float = DROPOUT_MASK_BYTES, attn_output_copy: bool = False) -> float:

@@ -154,7 +154,7 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths
     if tuned is not None:
         adapter = finetune.activation_delta_bytes(model, tuned, work.seq_len, lay.micro_batch_size, e,
-                                                  work.lora_dropout, lay.tp)
+                                                  work.lora_dropout, lay.tp, finetune.dropout_mask_bytes(hw, e))
         per_layer += adapter * (1.0 - mem.recompute_forward_fraction(lay.recompute))
         rebuilt += adapter if rebuilt else 0.0
         buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group)
