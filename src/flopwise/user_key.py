@@ -4,7 +4,7 @@ A folder anyone could have written (a run directory on a shared scratch, a downl
 a compressed model) is trusted only when its record carries a signature made with a key
 that only this user on this machine can read: `$XDG_CONFIG_HOME/flopwise/artifact.key`
 (default `~/.config`), 32 random bytes, mode 0600, created on first use. Compressed
-models (`compress/artifact_trust.py`) and run records (`train/run_signature.py`) sign
+models (`compress/artifact_trust.py`) and run records (`config/signature.py`) sign
 with it.
 """
 

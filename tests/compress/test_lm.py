@@ -11,7 +11,7 @@ import torch
 from flopwise.compress.config import CompressConfig
 from flopwise.compress.run import compress_task
 from flopwise.compress.tasks import lm_task
-from flopwise.train.run_signature import signed_config_text
+from flopwise.config.signature import signed_config_text
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +19,9 @@ def exported_run(tmp_path_factory):
     """A tiny decoder, briefly trained in-process, exported the way `flopwise export` writes it."""
     from safetensors.torch import save_file
 
-    from flopwise.train.config_loading import dump_config, load_config
-    from flopwise.train.data import TokenLoader
-    from flopwise.train.prepare import prepare_data
+    from flopwise.config.loading import dump_config, load_config
+    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.prepare import prepare_data
     from flopwise.train.model import build_model
 
     root = tmp_path_factory.mktemp("lmrun")

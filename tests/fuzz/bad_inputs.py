@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from flopwise.compress.config import CompressConfig
 from flopwise.plan.flag_bounds import BOUNDS, COUNT_BOUNDS
-from flopwise.train.config import RunConfig
+from flopwise.config.schema import RunConfig
 
 SEED = 20261203
 NON_FINITE = [".inf", "-.inf", ".nan", "1e400", "-1e400"]
@@ -241,7 +241,7 @@ def write_run_files(folder) -> None:
     import torch.distributed.checkpoint as dcp
 
     from flopwise.train.checkpoint.store import quiet_single_process_notice
-    from flopwise.train.config_loading import load_config
+    from flopwise.config.loading import load_config
     from flopwise.train.model import build_model
     from tests.security.forged_runs import rehash
 

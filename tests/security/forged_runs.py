@@ -29,7 +29,7 @@ def rehash(folder: Path) -> None:
     Signing needs the user's key, which the attacker lacks (an unsigned manifest is refused first:
     test_remote_code_from_files.py); re-signing here tests the reader behind that check on its own.
     """
-    from flopwise.train.run_signature import sign_manifest
+    from flopwise.config.signature import sign_manifest
 
     manifest = json.loads((folder / "manifest.json").read_text())
     for name in manifest["files"]:

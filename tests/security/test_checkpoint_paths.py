@@ -134,7 +134,7 @@ def test_open_in_checkpoint_refuses_each_escape(tmp_path):
 
 def test_flopwise_export_of_a_run_naming_a_fifo_is_one_line(tmp_path, outside_fifo):
     """The attack as reported, end to end: `flopwise export RUN` used to hang forever."""
-    from flopwise.train.config_loading import load_config
+    from flopwise.config.loading import load_config
     from flopwise.train.model import build_model
 
     cfg = load_config(None, ["model.n_layers=1", "model.hidden=32", "model.n_heads=2", "model.max_seq_len=32",

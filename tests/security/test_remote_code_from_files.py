@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flopwise.train.run_signature import SIGNATURE_PREFIX, signed_config_text, sign_manifest
+from flopwise.config.signature import SIGNATURE_PREFIX, signed_config_text, sign_manifest
 from tests.hf_fixtures import write_pretrained
 
 EVIL_MODULE = '''
@@ -49,7 +49,7 @@ def plant_remote_code(folder: Path, marker: Path) -> Path:
 
 def forged_run_config(tmp_path: Path, evil: Path) -> dict:
     """A run config asking for the planted folder with remote code on, as an attacker writes it."""
-    from flopwise.train.config_loading import load_config
+    from flopwise.config.loading import load_config
 
     corpus = tmp_path / "text"
     corpus.mkdir(exist_ok=True)
@@ -104,7 +104,7 @@ def evil(tmp_path):
 
 def test_the_payload_runs_under_the_stock_behaviour(evil, tmp_path):
     """A copy of what export did: the manifest's config validated as it is, then built."""
-    from flopwise.train.config import RunConfig
+    from flopwise.config.schema import RunConfig
     from flopwise.train.model import build_model
 
     folder, marker = evil

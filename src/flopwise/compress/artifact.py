@@ -101,11 +101,11 @@ def rebuild_float_model(path: Path, rebuild: dict, trust_remote_code: bool = Fal
     """The untrained float architecture described by a manifest's `rebuild` entry.
 
     A language model's architecture comes from `config_text` (the verified bytes of its
-    config.yaml), which never switches on remote code (`config_loading.config_from_mapping`);
+    config.yaml), which never switches on remote code (`config/loading.py: config_from_mapping`);
     only the caller's flag does.
     """
     if rebuild["task"] == "lm":
-        from flopwise.train.config_loading import config_from_mapping, parse_yaml_mapping
+        from flopwise.config.loading import config_from_mapping, parse_yaml_mapping
         from flopwise.train.model import build_model
 
         config_path = path / "config.yaml"

@@ -38,8 +38,8 @@ def compress_llm_run(run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_
     """
     from flopwise.compress.llm_timing import pin_threads
     from flopwise.compress.methods import get_method
-    from flopwise.train.generate import load_for_generation, resolve_hf_folder
-    from flopwise.train.hf_logging import quiet_hf_libraries
+    from flopwise.artifacts.generate import load_for_generation, resolve_hf_folder
+    from flopwise.hf_logging import quiet_hf_libraries
 
     quiet_hf_libraries()
     method = get_method(cfg.method)
@@ -74,7 +74,7 @@ def quantize_folder(source: Path, out: Path, torchao_config, *, trust_remote_cod
     """Load `source` quantized by torchao and save it (safetensors + quantization_config) with its tokenizer."""
     import shutil
 
-    from flopwise.train.hf_logging import quiet_hf_libraries
+    from flopwise.hf_logging import quiet_hf_libraries
 
     quiet_hf_libraries()
     from transformers import AutoModelForCausalLM, AutoTokenizer, TorchAoConfig
@@ -99,8 +99,8 @@ def quantize_folder(source: Path, out: Path, torchao_config, *, trust_remote_cod
 
 
 def run_config_of(run_dir: Path, *, accept_run: bool = False):
-    """The run's recorded config (signature checked: `train/run_signature.py`)."""
-    from flopwise.train.run_signature import read_run_config
+    """The run's recorded config (signature checked: `config/signature.py`)."""
+    from flopwise.config.signature import read_run_config
 
     config_path = Path(run_dir) / "config.yaml"
     if not config_path.is_file():
@@ -112,8 +112,8 @@ def held_out_tokens(cfg):
     """The run's validation-split token ids (numpy), read from its data cache (built again if gone)."""
     import numpy as np
 
-    from flopwise.train.data import open_shard
-    from flopwise.train.prepare import prepare_data
+    from flopwise.train.data.files import open_shard
+    from flopwise.train.data.prepare import prepare_data
 
     prepared = prepare_data(cfg.data)
     arrays = [np.asarray(open_shard(p, prepared.token_dtype)) for p in prepared.val_shards]

@@ -105,12 +105,12 @@ def lm_task(source: Path, eval_batches: int = 8, batch_size: int = 8, model: nn.
 
     `model` and `run_config` let a caller pass an in-memory model instead of an export. The
     run's config.yaml is read only with this user's signature (or `accept_run`), and rebuilds
-    the model with remote code only when `trust_remote_code` (`train/run_signature.py`).
+    the model with remote code only when `trust_remote_code` (`config/signature.py`).
     """
-    from flopwise.train.config_loading import dump_config
-    from flopwise.train.run_signature import read_run_config
-    from flopwise.train.data import TokenLoader
-    from flopwise.train.prepare import prepare_data
+    from flopwise.config.loading import dump_config
+    from flopwise.config.signature import read_run_config
+    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.prepare import prepare_data
     from flopwise.train.model import build_model
 
     config_path = None
