@@ -259,6 +259,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
             gather = (cm.reduce_scatter_seconds(links, shard, tp, weights)
                       + messages * cm.ring_latency_seconds(links, shard, tp))
             reduce = (cm.reduce_scatter_seconds(links, shard, tp, grads)
+                      + sc.zero3_reductions_per_step(inputs.framework, psi, units)
+                      * cm.ring_latency_seconds(links, shard, tp)
                       + cm.all_reduce_seconds(links, replicate, tp * shard, grads / shard))
             # prefetch hides a gather behind the previous layer's compute only as far as it reaches
             hidden = sc.prefetch_share(inputs.framework, pc.per_layer / tp)
