@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from flopwise.errors import UserError
+from flopwise.plan import finetune as tuning
 from flopwise.plan import memory as mem
 from flopwise.plan.calibration import Efficiency, efficiency_for
 from flopwise.plan.comm import (
@@ -101,6 +102,7 @@ class Plan:
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
+            "finetune": tuning.split_json(self.spec),
             "inputs": runspec_to_dict(self.spec),
             "flops": self.flops.to_dict(),
             "comm": self.comm.to_dict(),
@@ -143,6 +145,7 @@ def validate(spec: RunSpec) -> None:
     if not mem.is_recompute_policy(lay.recompute):
         raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)} or every:K")
     _choice("framework", lay.framework, FRAMEWORKS)
+    tuning.validate_workload(work, lay, model)
     if not 0 <= spec.cluster.allocator_reserve < 1:
         raise UserError(f"--allocator-reserve must be in [0, 1), got {spec.cluster.allocator_reserve}")
     _choice("offload", lay.offload, OFFLOAD)
@@ -240,6 +243,9 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     units_per_step = float(lay.global_batch_size) * (1 if cnn else work.seq_len)
     total_units = work.total_samples if cnn else work.total_tokens
     flops = estimate_flops(model, pc, work.seq_len, lay.recompute, total_units)
+    tuned = tuning.split_of(spec)
+    if tuned is not None:  # no base weight gradients: 4N + 6·adapters (plan/finetune.py)
+        flops = tuning.finetune_flops(model, pc, tuned, work.seq_len, lay.recompute, total_units)
 
     # Memory
     memory = _memory(spec, pc, warnings)
@@ -274,6 +280,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
                                 "(measure a profile with `flopwise calibrate`)")
         inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
                             _framework(spec))
+        if tuned is not None:
+            inputs = tuning.step_inputs(inputs, tuned, spec, pc, sb)
         time, comm = step_time(spec, inputs, rates, links, total_units, peak, eff_source, eff_conf)
     if not total_units:
         warnings.append("no --tokens given: whole-job time, energy and cost are 0")
@@ -386,7 +394,7 @@ def build_runspec(
     precision: str | None = None,
     optimizer: str | None = None,
     zero: int | None = None,
-    recompute: str = "none",
+    recompute: str | None = None,
     offload: str = "none",
     schedule: str = "1f1b",
     virtual_stages: int | None = None,
@@ -404,6 +412,10 @@ def build_runspec(
     allocator_reserve: float = mem.ALLOCATOR_RESERVE_FRACTION,
     nodes_per_rack: int = 4,
     profile: GemmProfile | None = None,
+    finetune: str = "full",
+    lora_rank: int = tuning.DEFAULT_LORA_RANK,
+    lora_targets: str = "all-linear",
+    lora_dropout: float = 0.0,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -447,7 +459,8 @@ def build_runspec(
         raise UserError("give --global-batch (sequences) or --batch-tokens, not both")
     if global_batch is None:
         if batch_tokens is None:
-            batch_tokens = EXAMPLE["batch_tokens"] if not cnn else None
+            batch_tokens = (EXAMPLE["batch_tokens"] if finetune == "full" else tuning.DEFAULT_FINETUNE_BATCH_TOKENS
+                            ) if not cnn else None
         if batch_tokens is None:
             global_batch = dp * micro_batch
         else:
@@ -460,7 +473,8 @@ def build_runspec(
     choose_zero = zero is None
     if zero is None:
         zero = 3 if offload == "params" else 0  # placeholder until `choose_zero_stage`
-    total = parse_count(tokens if tokens is not None else EXAMPLE["tokens"], "--tokens")
+    total = parse_count(tokens if tokens is not None else tuning.default_tokens(finetune, EXAMPLE["tokens"]),
+                        "--tokens")
     if schedule == "interleaved":
         virtual_stages = virtual_stages or 2
     elif virtual_stages not in (None, 1):
@@ -484,10 +498,13 @@ def build_runspec(
     if nodes_per_rack < 1:
         raise UserError(f"--nodes-per-rack must be >= 1, got {nodes_per_rack}")
     extra["warnings"] = tuple(warnings)
+    if finetune != "full":
+        extra["defaults"] = tuning.default_notes(tokens is None,
+                                                 options["batch_tokens"] is None and options["global_batch"] is None)
 
     layout = Layout(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
-        sequence_parallel=sequence_parallel, recompute=recompute, offload=offload,
+        sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
         tp_comm_overlap=tp_comm_overlap,
         framework=framework,
@@ -495,7 +512,7 @@ def build_runspec(
     workload = Workload(
         precision=precision or EXAMPLE["precision"], optimizer=optimizer or EXAMPLE["optimizer"],
         seq_len=seq_len, total_tokens=0.0 if cnn else total, total_samples=total if cnn else 0.0,
-        dropout=dropout,
+        dropout=dropout, finetune=finetune, lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout,
     )
     cluster = Cluster(
         hardware=hw, devices_per_node=devices_per_node, efficiency=efficiency,
@@ -506,6 +523,9 @@ def build_runspec(
     validate(spec)
     if choose_zero and dp > 1 and offload != "params":
         spec = with_chosen_zero(spec, profile)
+    if recompute is None and finetune != "full":
+        spec = tuning.recompute_if_needed(spec, lambda s: _evaluate(s, profile), choose_zero and dp > 1
+                                          and offload != "params", lambda s: with_chosen_zero(s, profile))
     if choose_zero and options["tp"] is None and options["pp"] is None and options["dp"] is None and not cnn:
         spec = _split_if_needed(spec, options)
     return spec

@@ -163,7 +163,7 @@ def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) ->
     """(tp, pp) pairs whose product divides `devices` and that the model allows, plus rejection counts."""
     model = spec.model
     rejected = {"tp_heads": 0, "tp_node": 0, "pp_layers": 0}
-    if model.arch == "cnn":
+    if model.arch == "cnn" or spec.workload.finetune != "full":  # LoRA/QLoRA: single, DDP, FSDP2 (finetune.py)
         return [(1, 1)], rejected
     per_node = spec.cluster.devices_per_node or spec.cluster.hardware.devices_per_node or 8
     kv = model.n_kv_heads or model.n_heads
