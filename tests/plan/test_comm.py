@@ -52,3 +52,17 @@ def test_catalog_links_and_unknown_bandwidth():
     assert h100.nvls_bps is not None  # NVLink 4 through NVSwitch
     assert links_for(hw["a100-80gb"], 8).nvls_bps is None
     assert math.isinf(p2p_seconds(Links(None, None, 8), True, 1e6))
+
+
+def test_ring_latency_grows_with_the_ranks_and_crosses_the_network_once_per_node():
+    """NCCL's tuning model: base latency + one hop per ring step (n - 1 steps for an all-gather),
+    network hops where the ring leaves a node."""
+    from flopwise.plan import comm as cm
+
+    links = cm.Links(200e9, 20e9, 8)
+    one_node = cm.ring_latency_seconds(links, 8, 1)
+    assert one_node == pytest.approx(cm.RING_BASE_LATENCY_S + 7 * cm.RING_HOP_LATENCY_S["node"])
+    assert cm.ring_latency_seconds(links, 1, 1) == 0.0
+    small, large = cm.ring_latency_seconds(links, 384, 1), cm.ring_latency_seconds(links, 1536, 1)
+    assert large - cm.RING_BASE_LATENCY_S == pytest.approx(4 * (small - cm.RING_BASE_LATENCY_S), rel=0.01)
+    assert cm.ring_latency_seconds(links, 8, 1, steps_per_rank=2) > one_node

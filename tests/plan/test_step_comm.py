@@ -105,3 +105,21 @@ def test_deepspeed_zero3_gathers_everything_twice_and_reduces_every_micro_batch(
     gathers = sc.zero3_collectives("deepspeed", 1, 4, 0.5)
     assert (gathers.forward_gathers, gathers.backward_gathers, gathers.backward_share, gathers.reductions) == (4, 4, 1.0, 4)
     assert sc.zero3_bytes(gathers, 4, 1, 100.0, 100.0) == pytest.approx(8 * 75 + 4 * 75)
+
+
+def test_deepspeed_gathers_each_parameter_tensor_and_prefetches_only_its_bucket():
+    """DeepSpeed ZeRO-3 issues one all-gather per parameter tensor (a GPT block with biases and
+    LayerNorms: 4 weights, 4 biases, 2 x 2 norm tensors); FSDP2 one per block. DeepSpeed's
+    50M-parameter prefetch bucket hides a 1.8B-parameter layer's gather only in part."""
+    from flopwise.catalog.models import load_models
+    from flopwise.plan import step_comm as sc
+
+    gpt3 = load_models()["gpt3-175b"]
+    llama = load_models()["llama2-7b"]
+    assert sc.layer_tensors(gpt3) == (12 if gpt3.attn_bias and gpt3.mlp_bias else 8)
+    assert sc.layer_tensors(llama) == 6  # q/k/v fused, o, gate/up fused, down; two RMSNorm weights
+    assert sc.zero3_messages_per_gather("deepspeed", gpt3) == sc.layer_tensors(gpt3)
+    assert sc.zero3_messages_per_gather("fsdp", gpt3) == 1
+    assert sc.prefetch_share("fsdp", 1.8e9) == 1.0
+    assert sc.prefetch_share("deepspeed", 1.8e9) == pytest.approx(5e7 / 1.8e9)
+    assert sc.prefetch_share("deepspeed", 1e7) == 1.0

@@ -128,7 +128,18 @@ def load_bands() -> dict:
 def band_for(stack: str, zero_stage: int, precision: str, devices: int, device_family: str,
              bands: dict | None = None) -> Band:
     """The band of a forecast in this regime (the finest regime with MIN_ROWS validated rows)."""
-    bands = load_bands() if bands is None else bands
+    if bands is None:
+        return _shipped_band(stack, zero_stage, precision, devices, device_family)
+    return _band(stack, zero_stage, precision, devices, device_family, bands)
+
+
+@lru_cache(maxsize=4096)
+def _shipped_band(stack: str, zero_stage: int, precision: str, devices: int, device_family: str) -> Band:
+    """`band_for` on bands.json, cached: a search asks it for thousands of layouts of one job."""
+    return _band(stack, zero_stage, precision, devices, device_family, load_bands())
+
+
+def _band(stack: str, zero_stage: int, precision: str, devices: int, device_family: str, bands: dict) -> Band:
     family, prec, scale = stack_family(stack, zero_stage), precision_class(precision), scale_class(devices)
     validated = bands.get("validated", {})
     reasons = []

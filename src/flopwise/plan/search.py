@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 from dataclasses import dataclass, field
 
 from flopwise.errors import UserError
@@ -39,7 +40,8 @@ from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
 from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import device_rates
-from flopwise.plan.memory import state_bytes
+from flopwise.plan.comm import links_for
+from flopwise.plan.memory import activation_dtype_bytes, state_bytes
 from flopwise.plan.timing import StepInputs, step_lower_bound
 
 OBJECTIVES = ("time", "cost", "energy")
@@ -363,11 +365,17 @@ def _bounder(reference: Plan, profile=None):
                          profile, cluster.efficiency, stack_speed(spec.stack))
     sb = state_bytes(work.precision, work.optimizer)
     total, framework = reference.params.total, _framework(spec)
+    hw = cluster.hardware
+    domain = cluster.devices_per_node or max(hw.devices_per_node or 8, hw.scale_up_domain or 0)
+    links = links_for(hw, domain, profile)
+    # an unknown link costs nothing in the bound (the plan then counts it as free or warns)
+    links = dataclasses.replace(links, node_bps=links.node_bps or math.inf, net_bps=links.net_bps or math.inf)
+    activation = activation_dtype_bytes(work.precision)
 
     def bound(candidate: RunSpec) -> float:
         lay = candidate.layout
-        inputs = StepInputs(total / (lay.tp * lay.pp), sb.grad, sb.weight, 0.0, 0.0, 0.0, framework)
-        return step_lower_bound(candidate, rates, inputs)
+        inputs = StepInputs(total / (lay.tp * lay.pp), sb.grad, sb.weight, activation, 0.0, 0.0, framework)
+        return step_lower_bound(candidate, rates, inputs, links)
 
     return bound
 

@@ -27,6 +27,7 @@ Conventions, per framework (what the trainer and the frameworks it is compared w
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from flopwise.plan import comm as cm
@@ -39,6 +40,9 @@ DEEPSPEED_PREFETCH_BUCKET_PARAMS = 5e7
 """DeepSpeed ZeRO-3's `stage3_prefetch_bucket_size` default (50M parameters,
 `deepspeed/runtime/zero/config.py`): how far ahead of the running module it gathers. A layer
 larger than that is prefetched only in part; the rest of its gathers wait on the wire."""
+DEEPSPEED_REDUCE_BUCKET_PARAMS = 5e8
+"""DeepSpeed's `reduce_bucket_size` default (500M elements, `deepspeed/runtime/zero/config.py`):
+ZeRO-3 reduce-scatters gradients a bucket at a time, each one ring collective."""
 VOCAB_PARALLEL_LOSS_ALL_REDUCES = 3
 """Megatron's vocab-parallel cross entropy: all-reduces of the per-token max, target logit
 and sum of exponentials, fp32 each (`megatron/core/tensor_parallel/cross_entropy.py`)."""
@@ -96,6 +100,14 @@ def zero3_messages_per_gather(framework: str, model) -> int:
     with its own all-gather (`partition_parameters.py`, `_all_gather` of a module's params);
     FSDP2 one all-gather per wrapped block; Megatron's distributed optimizer gathers buckets."""
     return layer_tensors(model) if framework == "deepspeed" else 1
+
+
+def zero3_reductions_per_step(framework: str, params: float, units: int) -> int:
+    """Reduce-scatter collectives one gradient reduction issues: DeepSpeed's buckets of
+    `DEEPSPEED_REDUCE_BUCKET_PARAMS`; FSDP2 one per wrapped unit."""
+    if framework == "deepspeed":
+        return max(1, math.ceil(params / DEEPSPEED_REDUCE_BUCKET_PARAMS))
+    return max(1, units)
 
 
 def prefetch_share(framework: str, layer_params: float) -> float:

@@ -175,17 +175,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     # tensor parallel, per layer and micro-batch
     message = float(s * b * model.hidden * e)
-    one = cm.all_reduce_seconds(links, tp, 1, message)  # AR = RS + AG, the same volume with SP
-    n_coll = 4 + 2 * ops.full_recompute_share(lay.recompute)
-    tp_wire = n_coll * one
-    if tp == 1:
-        tp_layer = 0.0
-    elif getattr(lay, "tp_comm_overlap", False):
-        fwd_hidden = min(2 * one, layer.forward_gemm)
-        bwd_hidden = min(2 * one, layer.wgrad + layer.forward_gemm)
-        tp_layer = tp_wire - fwd_hidden - bwd_hidden
-    else:
-        tp_layer = tp_wire - min(one, layer.wgrad)
+    one, n_coll, tp_wire, tp_layer = tp_layer_seconds(lay, layer, links, message)
 
     split = split_layers(model.n_layers, pp, v)
     per_layer = layer.total + tp_layer
@@ -229,12 +219,11 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     pp_bytes = pp_wire = pp_exposed = 0.0
     if pp > 1:
         p2p_message = message / (tp if sp else 1)
-        crosses = tp * dp >= per_node
-        t_p2p = cm.p2p_seconds(links, crosses, p2p_message)
+        t_p2p = cm.p2p_seconds(links, tp * dp >= per_node, p2p_message)
         sends = m * sc.pipeline_sends(pp, v)
         pp_bytes = sends * p2p_message
         pp_wire = sends * t_p2p
-        pp_exposed = 2.0 * (m * v + pp - 1) * t_p2p
+        pp_exposed = pipeline_p2p_exposed(lay, links, message)
 
     # data parallel: the device whose weights are the largest (under a pipeline, an end stage)
     zero = lay.zero_stage
@@ -264,6 +253,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
             gather = (cm.reduce_scatter_seconds(links, shard, tp, weights)
                       + messages * cm.ring_latency_seconds(links, shard, tp))
             reduce = (cm.reduce_scatter_seconds(links, shard, tp, grads)
+                      + sc.zero3_reductions_per_step(inputs.framework, psi, units)
+                      * cm.ring_latency_seconds(links, shard, tp)
                       + cm.all_reduce_seconds(links, replicate, tp * shard, grads / shard))
             # prefetch hides a gather behind the previous layer's compute only as far as it reaches
             hidden = sc.prefetch_share(inputs.framework, pc.per_layer / tp)
@@ -353,6 +344,33 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     return time, comm
 
 
+def tp_layer_seconds(lay, layer, links: Links, message: float) -> tuple[float, int, float, float]:
+    """(one collective, collectives per layer, their wire seconds, the exposed seconds) of the
+    tensor-parallel collectives of one layer and micro-batch (module docstring)."""
+    tp = lay.tp
+    one = cm.all_reduce_seconds(links, tp, 1, message)  # AR = RS + AG, the same volume with SP
+    n_coll = 4 + 2 * ops.full_recompute_share(lay.recompute)
+    tp_wire = n_coll * one
+    if tp == 1:
+        return one, n_coll, tp_wire, 0.0
+    if getattr(lay, "tp_comm_overlap", False):
+        fwd_hidden = min(2 * one, layer.forward_gemm)
+        bwd_hidden = min(2 * one, layer.wgrad + layer.forward_gemm)
+        return one, n_coll, tp_wire, tp_wire - fwd_hidden - bwd_hidden
+    return one, n_coll, tp_wire, tp_wire - min(one, layer.wgrad)
+
+
+def pipeline_p2p_exposed(lay, links: Links, message: float) -> float:
+    """Seconds of pipeline sends on the critical path: 2·(m·v + p − 1) transfers of one
+    activation (/t with sequence parallelism), over the network when a stage spans a node."""
+    if lay.pp == 1:
+        return 0.0
+    v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
+    sp = lay.sequence_parallel and lay.tp > 1
+    t_p2p = cm.p2p_seconds(links, lay.tp * lay.dp >= links.devices_per_node, message / (lay.tp if sp else 1))
+    return 2.0 * (lay.grad_accum * v + lay.pp - 1) * t_p2p
+
+
 def fsdp_units(model, layers: int, stage: int, pp: int, tp: int, params: float) -> tuple[float, ...]:
     """Shares of a rank's weights in each unit that FSDP wraps and gathers on its own: one per
     transformer layer, the embedding on the first stage and the output head on the last (the
@@ -390,10 +408,12 @@ def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: D
     return owned / HOST_ADAM_PARAMS_PER_S, copies
 
 
-def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None) -> float:
+def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None, links: Links | None = None) -> float:
     """A time no layout's step can beat: the average stage's compute (embedding and head
     included) per micro-batch plus the bubble of the smallest chunks (a lower bound of
-    `step_time`; for layout searches)."""
+    `step_time`; for layout searches). With `links`, each layer also carries its exposed
+    tensor-parallel collectives and the pipeline its sends on the critical path, as
+    `step_time` counts them (the end devices' collectives, DP and contention left out)."""
     model, lay, work = spec.model, spec.layout, spec.workload
     tp, pp = lay.tp, lay.pp
     v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
@@ -403,9 +423,15 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None)
     ends = finetune.end_times(ops.end_times(model, work.seq_len, lay.micro_batch_size, tp, sp, work.precision, rates),
                               spec, rates)
     smallest_stage = (model.n_layers // (pp * v)) * v
+    per_layer, p2p = layer.total, 0.0
+    if links is not None:
+        message = float(work.seq_len * lay.micro_batch_size * model.hidden * inputs.activation_bytes) \
+            if inputs is not None else 0.0
+        per_layer += tp_layer_seconds(lay, layer, links, message)[3]
+        p2p = pipeline_p2p_exposed(lay, links, message)
     # the slowest device is at least the average one, embedding and head included
-    average = (model.n_layers * layer.total + ends.embedding + ends.head) / pp
-    bound = lay.grad_accum * average + (pp - 1) * smallest_stage * layer.total / v
+    average = (model.n_layers * per_layer + ends.embedding + ends.head) / pp
+    bound = lay.grad_accum * average + (pp - 1) * smallest_stage * per_layer / v + p2p
     if inputs is not None:
         bound += sum(optimizer_and_offload(lay, work.optimizer, inputs, rates))
     return bound
