@@ -390,3 +390,48 @@ def test_dropout_mask_is_one_byte_on_gpus_and_input_sized_on_cpus():
     h100 = get_hardware("h100-sxm")
     assert ft.dropout_mask_bytes(h100, 2.0) == 1.0
     assert ft.dropout_mask_bytes(dataclasses.replace(h100, key="cpu-test", vendor="cpu"), 4.0) == 4.0
+
+
+@pytest.mark.parametrize("fp32_adapters", [False, True])
+def test_peft_lora_llama_layer_saved_tensors_match_the_formula(fp32_adapters):
+    """Hugging Face's LlamaDecoderLayer in bf16 with PEFT's LoRA on all linears: saved-for-backward
+    bytes = full training's (measured) + the planned delta; PEFT's default fp32 adapters cast and keep
+    an fp32 copy of each adapted input (`input_copy_bytes=4`)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from peft import LoraConfig, get_peft_model
+
+    from flopwise.catalog.models import ModelSpec
+
+    torch.manual_seed(0)
+    s, b, h, f, r = 64, 2, 64, 160, 4
+    cfg = transformers.LlamaConfig(hidden_size=h, intermediate_size=f, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100, attn_implementation="sdpa")
+
+    def saved_bytes(model):
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+        positions = torch.arange(s).unsqueeze(0)
+        rotary = inner.model.rotary_emb(x, positions)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            inner.model.layers[0](x, position_embeddings=rotary, attention_mask=None, position_ids=positions)
+        return sum(storages.values())
+
+    full = saved_bytes(transformers.LlamaForCausalLM(cfg).to(torch.bfloat16))
+    lora = get_peft_model(transformers.LlamaForCausalLM(cfg).to(torch.bfloat16),
+                          LoraConfig(r=r, target_modules="all-linear", lora_dropout=0.0),
+                          autocast_adapter_dtype=fp32_adapters)
+    spec = ModelSpec(key="tiny-llama", name="tiny", n_layers=1, hidden=h, n_heads=4, n_kv_heads=2, ffn_hidden=f,
+                     vocab_size=100, mlp="swiglu", norm="rmsnorm", position="rope")
+    split = ft.finetune_split(spec, count_params(spec), "lora", r, "all-linear", "bf16")
+    delta = ft.activation_delta_bytes(spec, split, s, b, 2.0, 0.0, input_copy_bytes=4.0 if fp32_adapters else 0.0)
+    assert saved_bytes(lora) - full == delta

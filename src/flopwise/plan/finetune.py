@@ -238,7 +238,8 @@ def dropout_mask_bytes(hardware, dtype_bytes: float) -> float:
 
 def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
                            dtype_bytes: float, lora_dropout: float, tp: int = 1,
-                           mask_bytes: float = DROPOUT_MASK_BYTES, attn_output_copy: bool = False) -> float:
+                           mask_bytes: float = DROPOUT_MASK_BYTES, attn_output_copy: bool = False,
+                           input_copy_bytes: float = 0.0) -> float:
     """What one block of a fine-tune keeps for backward beyond full training's activations
     (`memory.activation_terms`), per micro-batch and TP rank; negative terms are what it keeps less.
 
@@ -247,6 +248,12 @@ def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, 
     - per adapted matrix: the rank-r intermediate (B's input, e·T·r); with LoRA dropout, the
       dropped copy A reads (e·T·d_in) and the dropout's mask, and then nobody keeps the
       linear's own input;
+    - `input_copy_bytes` > 0: adapters that cast their input keep their own copy of it, of that
+      many bytes per element, and their rank-r intermediate in that dtype (PEFT's default keeps
+      fp32 adapters on a 16-bit base and casts each input to fp32, `autocast_adapter_dtype=True`:
+      4; under bf16 autocast the fp32 copy is cast back for the matmul: 2). 0 (the plan's
+      default): adapters compute in the activation dtype and read their input as it is (PEFT
+      with `autocast_adapter_dtype=False`, torchtune);
     - inputs full training counts that nobody keeps: the attention input (q, k, v), the MLP
       input (gate/up, or the GELU MLP's first linear) and the down projection's input, each
       when no adapter reads it undropped (− e·T·h, − e·T·h, − e·T·f); the out-projection's
@@ -259,12 +266,13 @@ def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, 
     e = dtype_bytes
     kept = 0.0
     targets = target_matrices(spec, split.targets)
+    adapter_e = input_copy_bytes or e
     for m in targets:
         seen = m.count * routed_share(spec, m) * tokens  # tokens through all copies (k per token for experts)
-        kept += e * seen * split.rank
-        if lora_dropout > 0:
-            kept += (e + mask_bytes) * seen * m.d_in / tp
-    read_whole = {m.name for m in targets} if lora_dropout == 0 else set()
+        kept += adapter_e * seen * split.rank
+        if lora_dropout > 0 or input_copy_bytes:
+            kept += (adapter_e + (mask_bytes if lora_dropout > 0 else 0.0)) * seen * m.d_in / tp
+    read_whole = {m.name for m in targets} if lora_dropout == 0 and not input_copy_bytes else set()
     experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
     if not read_whole & {"q", "k", "v"}:
         kept -= e * tokens * spec.hidden
