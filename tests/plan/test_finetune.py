@@ -435,3 +435,35 @@ def test_peft_lora_llama_layer_saved_tensors_match_the_formula(fp32_adapters):
     split = ft.finetune_split(spec, count_params(spec), "lora", r, "all-linear", "bf16")
     delta = ft.activation_delta_bytes(spec, split, s, b, 2.0, 0.0, input_copy_bytes=4.0 if fp32_adapters else 0.0)
     assert saved_bytes(lora) - full == delta
+
+
+def _torchao_nf4():
+    """torchao's NF4 module (it moved between releases)."""
+    pytest.importorskip("torchao")
+    import importlib
+
+    for name in ("torchao.quantization.quantize_.workflows.nf4.nf4_tensor", "torchao.dtypes.nf4tensor"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    pytest.skip("this torchao has no NF4Tensor")
+
+
+def test_torchao_nf4_tensor_holds_the_planned_bytes_and_keeps_only_itself_for_backward():
+    torch = pytest.importorskip("torch")
+    nf4 = _torchao_nf4()
+    weight = nf4.to_nf4(torch.randn(512, 1024, dtype=torch.bfloat16))  # block 64, scaler block 256
+    per_block = sum(getattr(weight, name).untyped_storage().nbytes()
+                    for name in ("quantized_data", "quantized_scalers", "quantization_factor"))
+    assert per_block / (512 * 1024) == ft.NF4_BYTES_PER_PARAM  # + one scaler mean and the 16-entry table per tensor
+    x = torch.randn(8, 1024, dtype=torch.bfloat16, requires_grad=True) * 1.0
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        nf4.linear_nf4(x, weight)
+    assert len(saved) == 1 and saved[0] is weight  # no input kept; dequantised again in backward
