@@ -215,7 +215,7 @@ def test_plan_config_plans_the_finetune_section():
 
     from flopwise.catalog.hardware import get_hardware
     from flopwise.plan.from_config import runspec_from_config
-    from flopwise.train.config_loading import load_config
+    from flopwise.config.loading import load_config
 
     cfg = load_config(None, [])
     tuned = SimpleNamespace(**{name: getattr(cfg, name) for name in type(cfg).model_fields},

@@ -2,7 +2,7 @@
 
 The one count that the step time (`timing.py`: seconds of each collective) and the
 predicted traffic (`CommEstimate.*_bytes`, compared with what a run meters in
-`train/comm_volume.py`) both read, so time and bytes cannot disagree on how many
+`train/parallel/comm_volume.py`) both read, so time and bytes cannot disagree on how many
 gathers happen. Bytes are what one rank sends on the ring model of `comm.py`.
 
 Conventions, per framework (what the trainer and the frameworks it is compared with do):
@@ -117,7 +117,7 @@ def tp_ends(framework: str, sequence_parallel: bool, message: float, logits: flo
     reduce-scatters it into the sequence shard). The head is column-parallel: its input
     gradient is all-reduced, or with sequence parallelism its input all-gathered and the
     gradient reduce-scattered. flopwise's head returns replicated logits (all-gathered,
-    `train/tensor_parallel.py`); Megatron's vocab-parallel loss all-reduces three floats a token.
+    `train/parallel/tensor_parallel.py`); Megatron's vocab-parallel loss all-reduces three floats a token.
     """
     if sequence_parallel:
         first = ("all_reduce" if framework == "fsdp" else "all_gather", message)
