@@ -79,10 +79,10 @@ def saved_bytes_one_layer(model) -> int:
     return sum(storages.values())
 
 
-def layers_seconds(model, repeats: int = 10) -> float:
+def layers_seconds(model, micro_batch: int, repeats: int = 10) -> float:
     """Forward + backward of the model's layers (embedding and head left out) per micro-batch."""
     layers = inner(model).model.layers
-    x = torch.randn(B, S, H, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+    x = torch.randn(micro_batch, S, H, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
     positions = torch.arange(S, device=DEVICE).unsqueeze(0)
     rotary = inner(model).model.rotary_emb(x, positions)
 
@@ -105,13 +105,13 @@ def layers_seconds(model, repeats: int = 10) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def planned_layer_seconds(method: str) -> float:
+def planned_layer_seconds(method: str, micro_batch: int) -> float:
     hw = get_hardware("h200" if DEVICE == "cuda" else "h100-sxm")
     rates = device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None)
     model = spec_of()
-    spec = RunSpec(model, Layout(micro_batch_size=B), Workload(seq_len=S, finetune=method, lora_rank=RANK),
+    spec = RunSpec(model, Layout(micro_batch_size=micro_batch), Workload(seq_len=S, finetune=method, lora_rank=RANK),
                    Cluster(hardware=hw))
-    base = layer_times(model, S, B, 1, False, True, False, "none", "bf16", rates)
+    base = layer_times(model, S, micro_batch, 1, False, True, False, "none", "bf16", rates)
     return ft.layer_times(base, spec, rates).total * LAYERS
 
 
@@ -136,9 +136,15 @@ def main() -> None:
         delta = ft.activation_delta_bytes(model, split_t, S, B, 2.0, dropout, mask_bytes=mask,
                                           input_copy_bytes=4.0 if fp32 else 0.0)
         result["saved_bytes_per_layer"][name] = {"measured_delta": measured - measured_full, "planned_delta": delta}
-    for method, lora in (("full", None), ("lora", {"targets": "all-linear"})):
-        result["seconds_layers"][method] = {"measured": layers_seconds(build(lora)),
-                                            "planned": planned_layer_seconds(method)}
+    if DEVICE == "cuda":  # bring the clocks up before timing (an idle H200 sits at a few hundred MHz)
+        a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+        for _ in range(200):
+            a @ a
+    for micro_batch in (1, 4):  # full training timed before and after LoRA: the spread shows the noise
+        for method, lora in (("full", None), ("lora", {"targets": "all-linear"}), ("full_again", None)):
+            result["seconds_layers"][f"{method}_micro_batch_{micro_batch}"] = {
+                "measured": layers_seconds(build(lora), micro_batch),
+                "planned": planned_layer_seconds("lora" if lora else "full", micro_batch)}
     result["trainable_params_per_layer"] = split.adapters_per_layer
     text = json.dumps(result, indent=2)
     print(text)
