@@ -467,3 +467,18 @@ def test_torchao_nf4_tensor_holds_the_planned_bytes_and_keeps_only_itself_for_ba
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         nf4.linear_nf4(x, weight)
     assert len(saved) == 1 and saved[0] is weight  # no input kept; dequantised again in backward
+
+
+def test_qlora_plan_says_what_its_dequantisation_costs_and_what_eager_torchao_would():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
+                         finetune="qlora")
+    qlora = plan(spec)
+    lora = plan(with_workload(spec, finetune="lora"))
+    from flopwise.plan.gemm import device_rates
+
+    hw = spec.cluster.hardware
+    fused = ft.dequant_seconds_per_step(spec, device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None))
+    assert qlora.time.step_seconds - lora.time.step_seconds == pytest.approx(fused, rel=1e-6)  # 3 passes x 32 x 8
+    warning = next(w for w in qlora.warnings if w.startswith("QLoRA time assumes a fused NF4"))
+    assert f"would add {(ft.EAGER_NF4_DEQUANT_FACTOR - 1) * fused:,.1f} s per step" in warning
+    assert not any("NF4" in w for w in lora.warnings)

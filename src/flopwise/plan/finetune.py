@@ -384,6 +384,42 @@ def layer_times(layer, spec, rates):
     )
 
 
+EAGER_NF4_DEQUANT_FACTOR = 23.8
+"""How much slower torchao's eager `NF4Tensor` dequantisation is than the fused pass the plan
+charges (read 0.516 + write 2 bytes per weight at the device's bandwidth): 0.72 ms for one
+4096 × 11008 weight on an H200 against 0.030 ms planned; QLoRA layers measured 6.4 ms slower than
+LoRA layers per Llama 2 7B layer at 2048 tokens, 22x the planned 0.29 ms (torch 2.11, torchao
+0.18, 2026-12-04; benchmarks/results/lora_layer_gpu.json). Eager PyTorch materialises int64
+indices, a gather and a stack per weight; bitsandbytes' CUDA kernel or torch.compile fuses them."""
+
+
+def dequant_seconds_per_step(spec, rates) -> float:
+    """Seconds of QLoRA's fused dequantisation in one optimizer step on one device (0 for LoRA)."""
+    split = split_of(spec)
+    if split is None or split.method != "qlora":
+        return 0.0
+    from flopwise.plan.ops import full_recompute_share
+
+    lay, model = spec.layout, spec.model
+    written = frozen_weight_bytes(spec.workload.precision)
+    per_pass = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + written),
+                                    len(block_linears(model)))
+    passes = 2.0 + full_recompute_share(lay.recompute)
+    return per_pass * passes * model.n_layers / max(1, lay.pp) * lay.grad_accum
+
+
+def time_warnings(spec, rates, step_seconds: float) -> list[str]:
+    """What the plan's time assumes for a QLoRA run, with the measured cost of the other choice."""
+    fused = dequant_seconds_per_step(spec, rates)
+    if not fused or not step_seconds:
+        return []
+    extra = (EAGER_NF4_DEQUANT_FACTOR - 1.0) * fused
+    return [f"QLoRA time assumes a fused NF4 dequantisation (bitsandbytes' kernel, or torchao under "
+            f"torch.compile): {fused:,.2f} s per step; torchao's eager NF4Tensor measured "
+            f"{EAGER_NF4_DEQUANT_FACTOR:g}x that on an H200, which would add {extra:,.1f} s per step "
+            f"(+{extra / step_seconds:.0%})"]
+
+
 def end_times(ends, spec, rates):
     """Embedding and head times of a fine-tune: the frozen embedding has no backward, the frozen
     head no weight-gradient GEMM (its input gradient still runs)."""
