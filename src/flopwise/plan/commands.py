@@ -257,6 +257,7 @@ def print_plan(result) -> None:
          f"PP {_duration(tm.pp_exposed_seconds)})"),
         ("step", _duration(tm.step_seconds)),
         (f"{unit}s / s", f"{tm.tokens_per_second:,.0f} ({tm.tokens_per_second_per_device:,.0f} per device)"),
+        *([("expected error (validated)", result.band.describe())] if result.band is not None else []),
         ("MFU", f"{tm.mfu:.1%}"),
         ("steps", f"{tm.steps:,.0f}"),
         ("whole job", _duration(tm.total_seconds)),

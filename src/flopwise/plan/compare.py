@@ -64,6 +64,7 @@ class DeviceOption:
         row["tokens_per_second_per_device"] = self.plan.time.tokens_per_second_per_device
         row["mfu"] = self.plan.time.mfu
         row["precision"] = self.plan.spec.workload.precision
+        row["expected_error"] = self.plan.band.expected_error if self.plan.band is not None else None
         row["plan"] = self.plan.to_dict()
         return row
 

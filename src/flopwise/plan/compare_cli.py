@@ -14,9 +14,11 @@ from typing import Optional
 
 import typer
 
+from flopwise.plan.search_cli import band_cell
+
 CSV_FIELDS = ("hardware", "name", "devices", "chosen", "pareto", "priced", "precision", "layout", "days",
               "device_hours", "kwh", "on_demand_usd", "spot_usd", "tokens_per_second_per_device", "mfu",
-              "efficiency_confidence", "note")
+              "expected_error", "efficiency_confidence", "note")
 
 
 def register(app: typer.Typer) -> None:
@@ -155,13 +157,13 @@ def print_comparison(result, written: list[Path]) -> None:
         what = "fewest devices that fit"
     console.print(f"[bold]{result.model}[/bold]{_finetune_words([v.chosen for v in result.verdicts])}, "
                   f"{result.tokens:.3g} tokens: {what}")
-    columns = ("device", "n", "best layout", "days", "device-h", "MWh", "on-demand", "spot", "tok/s/dev", "MFU")
+    columns = ("device", "n", "best layout", "days", "device-h", "MWh", "on-demand", "spot", "tok/s/dev", "MFU", "±")
     front = {(o.hardware, o.devices) for o in result.pareto}
     rows = []
     for verdict in sorted(result.verdicts, key=lambda v: (v.chosen is None, v.chosen.days if v.chosen else 0)):
         o = verdict.chosen
         if o is None:
-            rows.append(dict(zip(columns, (verdict.hardware, "-", f"[dim]{verdict.note}[/dim]", *["-"] * 7)),
+            rows.append(dict(zip(columns, (verdict.hardware, "-", f"[dim]{verdict.note}[/dim]", *["-"] * 8)),
                              key=verdict.hardware))
             continue
         mark = " *" if (o.hardware, o.devices) in front else ""
@@ -169,6 +171,7 @@ def print_comparison(result, written: list[Path]) -> None:
             o.hardware + mark + ("" if o.priced else " (no price)"), str(o.devices), o.layout, f"{o.days:,.1f}",
             f"{o.device_hours:,.0f}", "n/a" if o.kwh is None else f"{o.kwh / 1000:,.2f}", _money(o.on_demand_usd),
             _money(o.spot_usd), f"{o.plan.time.tokens_per_second_per_device:,.0f}", f"{o.plan.time.mfu:.1%}",
+            band_cell(o.plan),
         )), key=o.hardware + mark))
     # a narrow terminal gets the layouts, then the time and cost per device, instead of squeezed cells
     print_first_that_fits(

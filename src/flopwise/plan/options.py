@@ -102,10 +102,10 @@ def runspec_kwargs(values: dict) -> dict:
     return kwargs
 
 
-def parse_json_plan_args(argv: list[str]) -> dict | None:
-    """Option values of a plain `plan --json` command line, or None for anything else (help,
-    search, spot, tables, a malformed value), which the typer command then handles with its
-    own messages."""
+def parse_json_plan_args(argv: list[str], allow_search: bool = False) -> dict | None:
+    """Option values of a plain `plan --json` command line (with `allow_search`, also
+    `plan --search --json`), or None for anything else (help, spot, tables, a malformed
+    value), which the typer command then handles with its own messages."""
     by_flag = {option.flag: option for option in OPTIONS}
     values = {option.name: option.default for option in OPTIONS}
     i = 0
@@ -132,6 +132,6 @@ def parse_json_plan_args(argv: list[str]) -> dict | None:
         except ValueError:
             return None
         i += 1
-    if not values["as_json"] or values["search"] or values["spot"]:
+    if not values["as_json"] or (values["search"] and not allow_search) or values["spot"]:
         return None
     return values

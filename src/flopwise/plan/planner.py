@@ -26,7 +26,9 @@ from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import (
     FRAMEWORKS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, Cluster, Layout, RunSpec, Workload,
 )
-from flopwise.plan.gemm import GemmProfile, device_rates
+from flopwise.plan.band import Band, band_for
+from flopwise.plan.fit import stack_speed
+from flopwise.plan.gemm import GemmProfile, curve_for, device_rates
 from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
 from flopwise.plan.timing import StepInputs, TimeEstimate, flat_time, step_time
 
@@ -62,6 +64,7 @@ class Plan:
     cost: CostEstimate
     warnings: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
+    band: Band | None = None  # expected error of the time forecast (plan/band.py)
 
     @property
     def fits(self) -> bool:
@@ -108,6 +111,7 @@ class Plan:
             "details": {"params": params},
             "warnings": list(self.warnings),
             "advice": list(self.advice),
+            "band": self.band.to_dict() if self.band is not None else None,
         }
 
 
@@ -265,7 +269,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if cnn:
         time, comm = _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings)
     else:
-        rates = device_rates(hw, work.precision, peak, profile, eff_value)
+        rates = device_rates(hw, work.precision, peak, profile, eff_value, stack_speed(spec.stack))
         if eff_value is None:
             eff_source = (f"operator model: GEMM rates and memory bandwidth from the measured device profile "
                           f"({getattr(profile, 'device', 'profile')})" if profile is not None else
@@ -287,7 +291,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if energy.kwh is None:
         warnings.append(f"{hw.key} has no known power (TDP); energy not estimated")
     cost = estimate_cost(time.device_hours, hw, cluster.price_per_device_hour)
-    return Plan(spec, pc, flops, memory, comm, time, energy, cost, tuple(warnings))
+    band = band_for(spec.stack, lay.zero_stage, work.precision, lay.devices, curve_for(hw).family)
+    return Plan(spec, pc, flops, memory, comm, time, energy, cost, tuple(warnings), band=band)
 
 
 def plan_memory(spec: RunSpec, check: bool = True) -> mem.MemoryEstimate:

@@ -120,3 +120,4 @@ class RunSpec:
     layout: Layout
     workload: Workload
     cluster: Cluster
+    stack: str = "flopwise"

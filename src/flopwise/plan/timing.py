@@ -256,11 +256,19 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
             replicate = max(1, dp // shard)
             root = sc.fsdp_root_params(pc, model.vocab_size, model.hidden, model.tied_embeddings) / tp
             gathers = sc.zero3_collectives(inputs.framework, pp, m, min(1.0, root / psi) if psi else 0.0)
+            units = max(1, layers_busiest)
             weights += inputs.frozen_gather_bytes  # a fine-tune's frozen base is gathered like any weight
-            gather = cm.reduce_scatter_seconds(links, shard, tp, weights)
+            # alpha-beta: the ring's bandwidth time plus its latency for every message a
+            # layer's gather issues (DeepSpeed: one per parameter tensor)
+            messages = units * sc.zero3_messages_per_gather(inputs.framework, model)
+            gather = (cm.reduce_scatter_seconds(links, shard, tp, weights)
+                      + messages * cm.ring_latency_seconds(links, shard, tp))
             reduce = (cm.reduce_scatter_seconds(links, shard, tp, grads)
                       + cm.all_reduce_seconds(links, replicate, tp * shard, grads / shard))
-            units = max(1, layers_busiest)
+            # prefetch hides a gather behind the previous layer's compute only as far as it reaches
+            hidden = sc.prefetch_share(inputs.framework, pc.per_layer / tp)
+            forward_window *= hidden
+            backward_window *= hidden
             per_fwd = gather
             per_bwd = gather * gathers.backward_share + (reduce if gathers.reduce_each_micro_batch else 0.0)
             dp_exposed = (gathers.forward_gathers * max(per_fwd - forward_window, per_fwd / units)
