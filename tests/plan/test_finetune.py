@@ -482,3 +482,12 @@ def test_qlora_plan_says_what_its_dequantisation_costs_and_what_eager_torchao_wo
     warning = next(w for w in qlora.warnings if w.startswith("QLoRA time assumes a fused NF4"))
     assert f"would add {(ft.EAGER_NF4_DEQUANT_FACTOR - 1) * fused:,.1f} s per step" in warning
     assert not any("NF4" in w for w in lora.warnings)
+
+
+def test_compare_local_json_carries_the_finetune_split():
+    result = plan_hybrid("llama2-7b", "1B", Site("rtx4090", 1, 128.0), sweep=False,
+                         finetune_options={"finetune": "qlora", "lora_rank": 8})
+    data = result.to_dict()
+    assert data["finetune"]["method"] == "qlora" and data["finetune"]["rank"] == 8
+    assert plan_hybrid("gpt3-125m", "1B", Site("rtx4090", 1, 128.0), sweep=False).to_dict()["finetune"] == {
+        "method": "full"}
