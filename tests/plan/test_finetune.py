@@ -390,3 +390,104 @@ def test_dropout_mask_is_one_byte_on_gpus_and_input_sized_on_cpus():
     h100 = get_hardware("h100-sxm")
     assert ft.dropout_mask_bytes(h100, 2.0) == 1.0
     assert ft.dropout_mask_bytes(dataclasses.replace(h100, key="cpu-test", vendor="cpu"), 4.0) == 4.0
+
+
+@pytest.mark.parametrize("fp32_adapters", [False, True])
+def test_peft_lora_llama_layer_saved_tensors_match_the_formula(fp32_adapters):
+    """Hugging Face's LlamaDecoderLayer in bf16 with PEFT's LoRA on all linears: saved-for-backward
+    bytes = full training's (measured) + the planned delta; PEFT's default fp32 adapters cast and keep
+    an fp32 copy of each adapted input (`input_copy_bytes=4`)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from peft import LoraConfig, get_peft_model
+
+    from flopwise.catalog.models import ModelSpec
+
+    torch.manual_seed(0)
+    s, b, h, f, r = 64, 2, 64, 160, 4
+    cfg = transformers.LlamaConfig(hidden_size=h, intermediate_size=f, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100, attn_implementation="sdpa")
+
+    def saved_bytes(model):
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+        positions = torch.arange(s).unsqueeze(0)
+        rotary = inner.model.rotary_emb(x, positions)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            inner.model.layers[0](x, position_embeddings=rotary, attention_mask=None, position_ids=positions)
+        return sum(storages.values())
+
+    full = saved_bytes(transformers.LlamaForCausalLM(cfg).to(torch.bfloat16))
+    lora = get_peft_model(transformers.LlamaForCausalLM(cfg).to(torch.bfloat16),
+                          LoraConfig(r=r, target_modules="all-linear", lora_dropout=0.0),
+                          autocast_adapter_dtype=fp32_adapters)
+    spec = ModelSpec(key="tiny-llama", name="tiny", n_layers=1, hidden=h, n_heads=4, n_kv_heads=2, ffn_hidden=f,
+                     vocab_size=100, mlp="swiglu", norm="rmsnorm", position="rope")
+    split = ft.finetune_split(spec, count_params(spec), "lora", r, "all-linear", "bf16")
+    delta = ft.activation_delta_bytes(spec, split, s, b, 2.0, 0.0, input_copy_bytes=4.0 if fp32_adapters else 0.0)
+    assert saved_bytes(lora) - full == delta
+
+
+def _torchao_nf4():
+    """torchao's NF4 module (it moved between releases)."""
+    pytest.importorskip("torchao")
+    import importlib
+
+    for name in ("torchao.quantization.quantize_.workflows.nf4.nf4_tensor", "torchao.dtypes.nf4tensor"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    pytest.skip("this torchao has no NF4Tensor")
+
+
+def test_torchao_nf4_tensor_holds_the_planned_bytes_and_keeps_only_itself_for_backward():
+    torch = pytest.importorskip("torch")
+    nf4 = _torchao_nf4()
+    weight = nf4.to_nf4(torch.randn(512, 1024, dtype=torch.bfloat16))  # block 64, scaler block 256
+    per_block = sum(getattr(weight, name).untyped_storage().nbytes()
+                    for name in ("quantized_data", "quantized_scalers", "quantization_factor"))
+    assert per_block / (512 * 1024) == ft.NF4_BYTES_PER_PARAM  # + one scaler mean and the 16-entry table per tensor
+    x = torch.randn(8, 1024, dtype=torch.bfloat16, requires_grad=True) * 1.0
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        nf4.linear_nf4(x, weight)
+    assert len(saved) == 1 and saved[0] is weight  # no input kept; dequantised again in backward
+
+
+def test_qlora_plan_says_what_its_dequantisation_costs_and_what_eager_torchao_would():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
+                         finetune="qlora")
+    qlora = plan(spec)
+    lora = plan(with_workload(spec, finetune="lora"))
+    from flopwise.plan.gemm import device_rates
+
+    hw = spec.cluster.hardware
+    fused = ft.dequant_seconds_per_step(spec, device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None))
+    assert qlora.time.step_seconds - lora.time.step_seconds == pytest.approx(fused, rel=1e-6)  # 3 passes x 32 x 8
+    warning = next(w for w in qlora.warnings if w.startswith("QLoRA time assumes a fused NF4"))
+    assert f"would add {(ft.EAGER_NF4_DEQUANT_FACTOR - 1) * fused:,.1f} s per step" in warning
+    assert not any("NF4" in w for w in lora.warnings)
+
+
+def test_compare_local_json_carries_the_finetune_split():
+    result = plan_hybrid("llama2-7b", "1B", Site("rtx4090", 1, 128.0), sweep=False,
+                         finetune_options={"finetune": "qlora", "lora_rank": 8})
+    data = result.to_dict()
+    assert data["finetune"]["method"] == "qlora" and data["finetune"]["rank"] == 8
+    assert plan_hybrid("gpt3-125m", "1B", Site("rtx4090", 1, 128.0), sweep=False).to_dict()["finetune"] == {
+        "method": "full"}

@@ -238,7 +238,8 @@ def dropout_mask_bytes(hardware, dtype_bytes: float) -> float:
 
 def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
                            dtype_bytes: float, lora_dropout: float, tp: int = 1,
-                           mask_bytes: float = DROPOUT_MASK_BYTES, attn_output_copy: bool = False) -> float:
+                           mask_bytes: float = DROPOUT_MASK_BYTES, attn_output_copy: bool = False,
+                           input_copy_bytes: float = 0.0) -> float:
     """What one block of a fine-tune keeps for backward beyond full training's activations
     (`memory.activation_terms`), per micro-batch and TP rank; negative terms are what it keeps less.
 
@@ -247,6 +248,12 @@ def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, 
     - per adapted matrix: the rank-r intermediate (B's input, e·T·r); with LoRA dropout, the
       dropped copy A reads (e·T·d_in) and the dropout's mask, and then nobody keeps the
       linear's own input;
+    - `input_copy_bytes` > 0: adapters that cast their input keep their own copy of it, of that
+      many bytes per element, and their rank-r intermediate in that dtype (PEFT's default keeps
+      fp32 adapters on a 16-bit base and casts each input to fp32, `autocast_adapter_dtype=True`:
+      4; under bf16 autocast the fp32 copy is cast back for the matmul: 2). 0 (the plan's
+      default): adapters compute in the activation dtype and read their input as it is (PEFT
+      with `autocast_adapter_dtype=False`, torchtune);
     - inputs full training counts that nobody keeps: the attention input (q, k, v), the MLP
       input (gate/up, or the GELU MLP's first linear) and the down projection's input, each
       when no adapter reads it undropped (− e·T·h, − e·T·h, − e·T·f); the out-projection's
@@ -259,12 +266,13 @@ def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, 
     e = dtype_bytes
     kept = 0.0
     targets = target_matrices(spec, split.targets)
+    adapter_e = input_copy_bytes or e
     for m in targets:
         seen = m.count * routed_share(spec, m) * tokens  # tokens through all copies (k per token for experts)
-        kept += e * seen * split.rank
-        if lora_dropout > 0:
-            kept += (e + mask_bytes) * seen * m.d_in / tp
-    read_whole = {m.name for m in targets} if lora_dropout == 0 else set()
+        kept += adapter_e * seen * split.rank
+        if lora_dropout > 0 or input_copy_bytes:
+            kept += (adapter_e + (mask_bytes if lora_dropout > 0 else 0.0)) * seen * m.d_in / tp
+    read_whole = {m.name for m in targets} if lora_dropout == 0 and not input_copy_bytes else set()
     experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
     if not read_whole & {"q", "k", "v"}:
         kept -= e * tokens * spec.hidden
@@ -374,6 +382,42 @@ def layer_times(layer, spec, rates):
         wgrad=wgrad,
         forward_gemm=layer.forward_gemm + fwd,
     )
+
+
+EAGER_NF4_DEQUANT_FACTOR = 23.8
+"""How much slower torchao's eager `NF4Tensor` dequantisation is than the fused pass the plan
+charges (read 0.516 + write 2 bytes per weight at the device's bandwidth): 0.72 ms for one
+4096 × 11008 weight on an H200 against 0.030 ms planned; QLoRA layers measured 6.4 ms slower than
+LoRA layers per Llama 2 7B layer at 2048 tokens, 22x the planned 0.29 ms (torch 2.11, torchao
+0.18, 2026-12-04; benchmarks/results/lora_layer_gpu.json). Eager PyTorch materialises int64
+indices, a gather and a stack per weight; bitsandbytes' CUDA kernel or torch.compile fuses them."""
+
+
+def dequant_seconds_per_step(spec, rates) -> float:
+    """Seconds of QLoRA's fused dequantisation in one optimizer step on one device (0 for LoRA)."""
+    split = split_of(spec)
+    if split is None or split.method != "qlora":
+        return 0.0
+    from flopwise.plan.ops import full_recompute_share
+
+    lay, model = spec.layout, spec.model
+    written = frozen_weight_bytes(spec.workload.precision)
+    per_pass = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + written),
+                                    len(block_linears(model)))
+    passes = 2.0 + full_recompute_share(lay.recompute)
+    return per_pass * passes * model.n_layers / max(1, lay.pp) * lay.grad_accum
+
+
+def time_warnings(spec, rates, step_seconds: float) -> list[str]:
+    """What the plan's time assumes for a QLoRA run, with the measured cost of the other choice."""
+    fused = dequant_seconds_per_step(spec, rates)
+    if not fused or not step_seconds:
+        return []
+    extra = (EAGER_NF4_DEQUANT_FACTOR - 1.0) * fused
+    return [f"QLoRA time assumes a fused NF4 dequantisation (bitsandbytes' kernel, or torchao under "
+            f"torch.compile): {fused:,.2f} s per step; torchao's eager NF4Tensor measured "
+            f"{EAGER_NF4_DEQUANT_FACTOR:g}x that on an H200, which would add {extra:,.1f} s per step "
+            f"(+{extra / step_seconds:.0%})"]
 
 
 def end_times(ends, spec, rates):

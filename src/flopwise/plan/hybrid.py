@@ -102,7 +102,15 @@ class HybridPlan:
             "amortize_years": self.amortize_years, "job": self.job.to_dict(),
             "sweep": [row.to_dict() for row in self.sweep], "findings": list(self.findings),
             "buy_break_even_tokens": self.buy_break_even_tokens,
+            "finetune": self._finetune(),
         }
+
+    def _finetune(self) -> dict:
+        """The asked job's fine-tune split (`{"method": "full"}` for full training)."""
+        from flopwise.plan.finetune import split_json
+
+        option = self.job.local or self.job.cloud
+        return split_json(option.plan.spec) if option is not None else {"method": "full"}
 
 
 def local_cost_usd(option: DeviceOption, electricity_usd_per_kwh: float, hardware_usd_per_device: float | None,

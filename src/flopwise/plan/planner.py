@@ -283,6 +283,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
         if tuned is not None:
             inputs = tuning.step_inputs(inputs, tuned, spec, pc, sb)
         time, comm = step_time(spec, inputs, rates, links, total_units, peak, eff_source, eff_conf)
+        warnings += tuning.time_warnings(spec, rates, time.step_seconds)
     if not total_units:
         warnings.append("no --tokens given: whole-job time, energy and cost are 0")
 
