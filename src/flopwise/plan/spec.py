@@ -113,3 +113,4 @@ class RunSpec:
     layout: Layout
     workload: Workload
     cluster: Cluster
+    stack: str = "flopwise"  # plan/stacks: whose kernels and memory conventions are planned

@@ -1,0 +1,21 @@
+"""Megatron-DeepSpeed (BLOOM, MT-NLG): Megatron's model code on DeepSpeed's ZeRO-1 and pipeline."""
+
+from flopwise.plan.stacks.base import Stack
+
+STACK = Stack(
+    name="megatron-deepspeed", title="Megatron-DeepSpeed (BLOOM, MT-NLG)", framework="deepspeed",
+    attention_kernel="fa2",
+    fp8_recipe="delayed",
+    fused_optimizer=True,  # apex / deepspeed FusedAdam
+    fused_cross_entropy=False,  # megatron/mpu/cross_entropy.py _VocabParallelCrossEntropy
+    overlap_grad_reduce=False, overlap_param_gather=False,  # pipeline engine reduces after the step's micro-batches
+    tp_comm_overlap=False,
+    grad_bytes=2.0, reduce_bytes=2.0,  # 16-bit grads + fp32 partition under ZeRO-1 (stage_1_and_2.py)
+    distributed_optimizer=True,
+    fp8_gemm_input_bytes=2.0,
+    loss_bytes_per_logit=4.0,  # vocab-parallel cross-entropy keeps the fp32 softmax
+    allocator_reserve=0.10,
+    memory_options=("recompute",),
+    sources=("microsoft/Megatron-DeepSpeed megatron/mpu/cross_entropy.py",
+             "microsoft/DeepSpeed deepspeed/runtime/pipe/engine.py, runtime/zero/stage_1_and_2.py"),
+)
