@@ -146,8 +146,13 @@ def activation_terms(
     rmsnorm_saves_normalized: bool = True,
     kv_repeated: bool = False,
     attn_output_copy: bool = False,
+    gemm_input_bytes: float | None = None,
 ) -> ActivationTerms:
     """Korthikanti et al. 2022 §4.1 per-layer breakdown, generalised.
+
+    `gemm_input_bytes`: bytes of the four saved GEMM inputs (QKV, out-projection, MLP up
+    and down) when they differ from e — 1 under Transformer Engine's fp8, which saves the
+    fp8 copy it cast for the forward GEMM (`module/linear.py`, `layernorm_linear.py`).
 
     With e = dtype bytes, s·b tokens, h hidden, d = heads·head_dim, k = kv_heads·head_dim,
     f the MLP width, a heads:
@@ -176,16 +181,17 @@ def activation_terms(
     k = d if kv_repeated else (spec.n_kv_heads or spec.n_heads) * head_dim
     f = spec.ffn_hidden or 4 * h
     mask = 1.0 if dropout else 0.0
+    g = e if gemm_input_bytes is None else gemm_input_bytes
 
-    replicated = e * sb * h  # QKV input
+    replicated = g * sb * h  # QKV input
     replicated += mask * sb * h  # attention output dropout mask
-    replicated += e * sb * h  # MLP input
+    replicated += g * sb * h  # MLP input
     replicated += mask * sb * h  # MLP output dropout mask
     per_norm = 2.0 if (spec.norm == "rmsnorm" and rmsnorm_saves_normalized) else 1.0
     replicated += spec.norms_per_layer * per_norm * e * sb * h  # norm inputs (+ normalised)
 
-    sharded = e * sb * (d + 2 * k) + e * sb * d  # Q, K, V + out-proj input
-    sharded += (4.0 if spec.mlp == "swiglu" else 2.0) * e * sb * f
+    sharded = e * sb * (d + 2 * k) + g * sb * d  # Q, K, V + out-proj input
+    sharded += (3.0 if spec.mlp == "swiglu" else 1.0) * e * sb * f + g * sb * f  # ... + down-proj input
 
     a = spec.n_heads
     if flash_attention:
@@ -473,6 +479,8 @@ class MemoryEstimate:
     framework: str = "fsdp"
     worst_stage: int = 0
     stages: tuple = ()
+    stack: str = "flopwise"
+    fits_with: tuple = ()  # the stack's memory options (plan/stacks) this estimate applies to fit
 
     @property
     def allocated_bytes(self) -> float:

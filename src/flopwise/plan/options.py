@@ -38,6 +38,11 @@ OPTIONS = (
     PlanOption("optimizer", "--optimizer", str, None, "adamw|sgd|adam8bit. [default: adamw]"),
     PlanOption("framework", "--framework", str, "fsdp",
                "Memory conventions: fsdp|megatron|deepspeed (gradient dtype, buffers, ZeRO-3 gathers)."),
+    PlanOption("stack", "--stack", str, "flopwise",
+               "Training software stack whose kernels and memory conventions are planned: flopwise|megatron-core"
+               "(nemo, megatron-bridge)|megatron-lm|deepspeed|megatron-deepspeed|composer|torchtitan|flash-attn."),
+    PlanOption("fp8_recipe", "--fp8-recipe", str, None,
+               "fp8 scaling: delayed|tensorwise|rowwise|mxfp8. [default: the stack's]"),
     PlanOption("zero", "--zero", int, None,
                "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3). [default: the fastest stage the "
                "framework offers that fits, printed with the reason; 0 without data parallelism]"),
@@ -57,8 +62,9 @@ OPTIONS = (
     PlanOption("pue", "--pue", float, 1.1, "Data-centre power usage effectiveness."),
     PlanOption("calibrate", "--calibrate", str, None, "Run dir whose predicted_vs_measured.json MFU becomes the efficiency. [default: none]"),
     PlanOption("memory_reserve_gib", "--memory-reserve-gib", float, 2.0, "Device memory kept back (CUDA context)."),
-    PlanOption("allocator_reserve", "--allocator-reserve", float, 0.10,
-               "Caching-allocator slack as a fraction of allocated memory, added to the reported total."),
+    PlanOption("allocator_reserve", "--allocator-reserve", float, None,
+               "Caching-allocator slack as a fraction of allocated memory, added to the reported total. "
+               "[default: the stack's; 0.10 for flopwise]"),
     PlanOption("nodes_per_rack", "--nodes-per-rack", int, 4, "Nodes per rack for the rack power density."),
     PlanOption("profile", "--profile", str, None,
                "A device profile (JSON) from `flopwise calibrate`: GEMM rates and bandwidths measured on the "
@@ -80,7 +86,7 @@ RUNSPEC_OPTIONS = (
     "model", "hardware", "gpus", "dp", "tp", "pp", "micro_batch", "global_batch", "batch_tokens", "seq_len",
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
-    "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap",
+    "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "stack", "fp8_recipe",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 

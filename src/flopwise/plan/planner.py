@@ -396,9 +396,11 @@ def build_runspec(
     memory_reserve_gib: float = 2.0,
     devices_per_node: int = 0,
     framework: str = "fsdp",
-    allocator_reserve: float = mem.ALLOCATOR_RESERVE_FRACTION,
+    allocator_reserve: float | None = None,
     nodes_per_rack: int = 4,
     profile: GemmProfile | None = None,
+    stack: str = "flopwise",
+    fp8_recipe: str | None = None,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -414,6 +416,17 @@ def build_runspec(
     options = dict(locals())
     from flopwise.catalog.hardware import get_hardware
     from flopwise.catalog.models import get_model
+    from flopwise.plan.stacks import FP8_RECIPES, get_stack
+
+    stack_spec = get_stack(stack or "flopwise")
+    stack = stack_spec.name
+    if stack != "flopwise" and framework == "fsdp":
+        framework = stack_spec.framework  # a named stack brings its framework's conventions
+    if allocator_reserve is None:
+        allocator_reserve = stack_spec.allocator_reserve
+    if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
+        raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)}")
+    tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
 
     warnings: list[str] = []
     model_spec = get_model(model or EXAMPLE["model"])
@@ -479,6 +492,10 @@ def build_runspec(
     if nodes_per_rack < 1:
         raise UserError(f"--nodes-per-rack must be >= 1, got {nodes_per_rack}")
     extra["warnings"] = tuple(warnings)
+    if stack != "flopwise":
+        extra["fp8_recipe"] = fp8_recipe or stack_spec.fp8_recipe
+    elif fp8_recipe is not None:
+        extra["fp8_recipe"] = fp8_recipe
 
     layout = Layout(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
@@ -497,7 +514,7 @@ def build_runspec(
         price_per_device_hour=price_per_hour, pue=pue, memory_reserve_gib=memory_reserve_gib,
         allocator_reserve=allocator_reserve, nodes_per_rack=nodes_per_rack, extra=extra,
     )
-    spec = RunSpec(model_spec, layout, workload, cluster)
+    spec = RunSpec(model_spec, layout, workload, cluster, stack=stack)
     validate(spec)
     if choose_zero and dp > 1 and offload != "params":
         spec = with_chosen_zero(spec, profile)

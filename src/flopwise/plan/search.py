@@ -250,6 +250,9 @@ def search_layouts(
     fits: list[RunSpec] = []
     smallest = None
     flash = spec.layout.flash_attention
+    # a named stack keeps its framework's conventions and TP overlap on every layout tried
+    stack_layout = {} if spec.stack == "flopwise" else {"framework": spec.layout.framework,
+                                                         "tp_comm_overlap": spec.layout.tp_comm_overlap}
     for tp, pp in shapes:
         dp = devices // (tp * pp)
         if global_batch % dp:
@@ -263,7 +266,8 @@ def search_layouts(
                 return RunSpec(spec.model, Layout(
                     dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
                     sequence_parallel=tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
-                    virtual_stages=v, flash_attention=flash), spec.workload, spec.cluster)
+                    virtual_stages=v, flash_attention=flash, **stack_layout), spec.workload, spec.cluster,
+                    stack=spec.stack)
 
             if host_limit is not None:
                 # offloaded bytes do not depend on the micro-batch: one evaluation judges the family
