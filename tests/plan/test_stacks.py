@@ -31,3 +31,59 @@ def test_unknown_stack_is_one_line():
     with pytest.raises(UserError) as err:
         get_stack("jax")
     assert "\n" not in str(err.value) and "megatron-core" in str(err.value)
+
+
+# --------------------------------------------------------------------------- memory under a stack
+
+from flopwise.plan.planner import build_runspec, plan  # noqa: E402
+
+GIB = 2**30
+
+
+def _plan(**kw):
+    return plan(build_runspec(**kw))
+
+
+def test_llama2_7b_fp8_on_8_h100_fits_under_megatron_core_and_says_how():
+    """A run that really ran (Llama 2 7B fp8, 8 H100, ZeRO-1, seq 4096) is judged to fit under
+    Megatron-Core's conventions; under the generic megatron ones (fp32 main_grad, 2-byte fp8
+    activations, 10 % slack) the same layout is over capacity."""
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="fp8", seq_len=4096, micro_batch=1,
+                  global_batch=128, zero=1)
+    generic = _plan(framework="megatron", **layout)
+    mcore = _plan(stack="megatron-core", **layout)
+    assert not generic.fits
+    assert mcore.fits and mcore.spec.layout.framework == "megatron"
+    assert mcore.memory.fits_with == ("bf16-grad-reduce",)
+    assert mcore.memory.gradients == pytest.approx(mcore.memory.weights)  # bf16 main_grad: 2 bytes/param
+    assert mcore.memory.allocated_bytes < generic.memory.allocated_bytes - 10 * GIB
+    assert mcore.to_dict()["fits_with"] == ["bf16-grad-reduce"]
+
+
+def test_llama31_405b_published_layout_fits_with_the_stacks_recompute():
+    """Llama 3.1 405B at its published layout (tp 8, pp 16, 8,192 H100, seq 8192, batch 2,048,
+    interleaved) is not discarded: Megatron-Core's memory options plus block recompute fit,
+    and the plan is timed with that recompute."""
+    result = _plan(model="llama3.1-405b", hardware="h100-sxm", gpus=8192, tp=8, pp=16, seq_len=8192, micro_batch=1,
+                   global_batch=2048, zero=1, sequence_parallel=True, schedule="interleaved", stack="megatron-core")
+    assert result.fits
+    assert result.memory.fits_with[-1].startswith("recompute ")
+    assert result.spec.layout.recompute != "none"
+    assert result.flops.hardware_per_unit > result.flops.model_per_unit  # the recompute is paid in time
+
+
+def test_megatron_pr482_peak_memory_within_10_percent():
+    """memory_points: Llama-2-7B, DP 8 x PP 2, micro-batch 2, seq 4096, bf16, ZeRO-1 on A100-80GB
+    (Megatron-LM PR #482): 69.1 GB measured peak (Megatron reports MiB-based GB)."""
+    result = _plan(model="llama2-7b", hardware="a100-80gb", gpus=16, tp=1, pp=2, zero=1, micro_batch=2, seq_len=4096,
+                   global_batch=2048, stack="megatron-lm")
+    assert result.fits
+    assert result.memory.total_bytes / GIB == pytest.approx(69.1, rel=0.10)
+
+
+def test_flopwise_stack_is_the_framework_conventions_unchanged():
+    """The default stack plans exactly as before stacks existed (what a run's plan.json uses)."""
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="fp8", seq_len=4096, zero=1)
+    assert _plan(framework="megatron", **layout).memory.total_bytes == \
+        _plan(framework="megatron", stack="flopwise", **layout).memory.total_bytes
+    assert _plan(framework="megatron", **layout).memory.fits_with == ()

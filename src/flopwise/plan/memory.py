@@ -147,12 +147,18 @@ def activation_terms(
     kv_repeated: bool = False,
     attn_output_copy: bool = False,
     gemm_input_bytes: float | None = None,
+    fused_swiglu: bool = False,
+    act_input_bytes: float | None = None,
 ) -> ActivationTerms:
     """Korthikanti et al. 2022 §4.1 per-layer breakdown, generalised.
 
     `gemm_input_bytes`: bytes of the four saved GEMM inputs (QKV, out-projection, MLP up
     and down) when they differ from e — 1 under Transformer Engine's fp8, which saves the
     fp8 copy it cast for the forward GEMM (`module/linear.py`, `layernorm_linear.py`).
+    `fused_swiglu`: a fused SwiGLU saves only its input, the up/gate output (2·e·sbf), and the
+    down projection its own input: 3·e·sbf instead of 4 (Megatron-Core
+    `fusions/fused_bias_swiglu.py`, `BiasSwiGLUFunction`). `act_input_bytes`: that input's
+    bytes when stored apart (1 with `--activation-func-fp8-input-store`, which casts it to fp8).
 
     With e = dtype bytes, s·b tokens, h hidden, d = heads·head_dim, k = kv_heads·head_dim,
     f the MLP width, a heads:
@@ -191,7 +197,10 @@ def activation_terms(
     replicated += spec.norms_per_layer * per_norm * e * sb * h  # norm inputs (+ normalised)
 
     sharded = e * sb * (d + 2 * k) + g * sb * d  # Q, K, V + out-proj input
-    sharded += (3.0 if spec.mlp == "swiglu" else 1.0) * e * sb * f + g * sb * f  # ... + down-proj input
+    if spec.mlp == "swiglu" and fused_swiglu:
+        sharded += 2.0 * (e if act_input_bytes is None else act_input_bytes) * sb * f + g * sb * f
+    else:
+        sharded += (3.0 if spec.mlp == "swiglu" else 1.0) * e * sb * f + g * sb * f  # ... + down-proj input
 
     a = spec.n_heads
     if flash_attention:

@@ -98,6 +98,8 @@ class Plan:
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
+            "fits_with": list(self.memory.fits_with),
+            "stack": self.spec.stack,
             "inputs": runspec_to_dict(self.spec),
             "flops": self.flops.to_dict(),
             "comm": self.comm.to_dict(),
@@ -118,6 +120,7 @@ def runspec_to_dict(spec: RunSpec) -> dict:
     return {
         "model": spec.model.key,
         "hardware": spec.cluster.hardware.key,
+        "stack": spec.stack,
         "layout": layout,
         "workload": dataclasses.asdict(spec.workload),
         "cluster": cluster,
@@ -193,7 +196,34 @@ def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     result = _evaluate(spec, profile)
     if result.fits:
         return result
+    with_recompute = _stack_recompute(spec, profile)
+    if with_recompute is not None:
+        return with_recompute
     return dataclasses.replace(result, advice=_advice(spec, result, profile))
+
+
+STACK_RECOMPUTE_LADDER = ("every:4", "every:2", "full")
+"""Recompute a named stack tries, least first, before it judges a layout not to fit:
+Megatron-Core's `--recompute-granularity full --recompute-method block --recompute-num-layers N`
+recomputes N layers per stage (a quarter, a half, all), as `every:K` plans it."""
+
+
+def _stack_recompute(spec: RunSpec, profile: GemmProfile | None) -> Plan | None:
+    """Under a named stack that offers recompute, the layout with the least recompute that fits
+    (timed with its recompute), its memory saying so in `fits_with`; None when none fits."""
+    if spec.stack == "flopwise" or spec.layout.recompute != "none" or spec.model.arch == "cnn":
+        return None
+    from flopwise.plan.stacks import get_stack
+
+    if "recompute" not in get_stack(spec.stack).memory_options:
+        return None
+    for policy in STACK_RECOMPUTE_LADDER:
+        tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))
+        result = _evaluate(tried, profile)
+        if result.fits:
+            memory = dataclasses.replace(result.memory, fits_with=(*result.memory.fits_with, f"recompute {policy}"))
+            return dataclasses.replace(result, memory=memory)
+    return None
 
 
 def _framework(spec: RunSpec) -> str:

@@ -170,7 +170,8 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.shard_group, lay.tp, lay.offload, framework)
     layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
     terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
-                                               lay.flash_attention, conv.gemm_input_bytes)
+                                               lay.flash_attention, conv.gemm_input_bytes, conv.fused_norm,
+                                               conv.fused_swiglu, conv.act_input_bytes)
     per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, lay.recompute)
     rebuilt = 0.0
     if not cnn and (lay.recompute == "full" or mem.every_k(lay.recompute) is not None):
@@ -238,9 +239,12 @@ def every_stage_memory(spec: RunSpec) -> tuple[StageMemory, ...]:
 
 @lru_cache(maxsize=4096)
 def _activation_terms(model, seq_len: int, micro_batch: int, e: float, dropout: bool, flash: bool,
-                      gemm_input_bytes: float | None = None) -> mem.ActivationTerms:
+                      gemm_input_bytes: float | None = None, fused_norm: bool = False, fused_swiglu: bool = False,
+                      act_input_bytes: float | None = None) -> mem.ActivationTerms:
     """`activation_terms`, cached: a search tries many layouts with the same micro-batch."""
-    return mem.activation_terms(model, seq_len, micro_batch, e, dropout, flash, gemm_input_bytes=gemm_input_bytes)
+    return mem.activation_terms(model, seq_len, micro_batch, e, dropout, flash,
+                                rmsnorm_saves_normalized=not fused_norm, gemm_input_bytes=gemm_input_bytes,
+                                fused_swiglu=fused_swiglu, act_input_bytes=act_input_bytes)
 
 
 @lru_cache(maxsize=256)

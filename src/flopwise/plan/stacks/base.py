@@ -47,5 +47,7 @@ class Stack:
     fp8_gemm_input_bytes: float
     loss_bytes_per_logit: float
     allocator_reserve: float
+    fused_norm: bool = False  # the norm saves only its input (TE LayerNormLinear / fused RMSNorm), not its output
+    fused_swiglu: bool = False  # SwiGLU saves only its input (Megatron-Core fused_bias_swiglu.py)
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

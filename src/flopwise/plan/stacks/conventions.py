@@ -9,7 +9,10 @@ published run used is judged "fits with <option>" rather than discarded:
 - `fp8-params`: Transformer Engine `fp8_model_init` (Megatron `--fp8-param-gather`): weights
   kept as fp8 (1 byte) with their fp8 transpose (1 byte) instead of bf16 weights (2) plus a
   cached fp8 copy and transpose (2).
-`recompute` changes the step's work as well, so it is left to the layout search.
+- `fp8-activation-store`: Megatron-Core `--activation-func-fp8-input-store`, the fused
+  SwiGLU's input saved in fp8 (`fusions/fused_bias_swiglu.py`).
+`recompute` changes the step's work as well: `planner.plan` tries it as a layout change,
+timed with its recompute, after these.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 
 from flopwise.plan.stacks.base import Stack
 
-MEMORY_ONLY_OPTIONS = ("bf16-grad-reduce", "fp8-params")
+MEMORY_ONLY_OPTIONS = ("bf16-grad-reduce", "fp8-params", "fp8-activation-store")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,9 @@ class MemoryConventions:
     gemm_input_bytes: float | None
     loss_bytes_per_logit: float | None
     options: tuple[str, ...] = ()
+    fused_norm: bool = False
+    fused_swiglu: bool = False
+    act_input_bytes: float | None = None
 
 
 FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
@@ -53,6 +59,9 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = ()) -> 
         gemm_input_bytes=stack.fp8_gemm_input_bytes if fp8 else None,
         loss_bytes_per_logit=stack.loss_bytes_per_logit if sixteen else None,
         options=options,
+        fused_norm=stack.fused_norm,
+        fused_swiglu=stack.fused_swiglu,
+        act_input_bytes=1.0 if (stack.fused_swiglu and "fp8-activation-store" in options) else None,
     )
 
 
@@ -61,5 +70,6 @@ def option_ladder(stack: Stack, precision: str) -> tuple[tuple[str, ...], ...]:
     the stack's memory-only options that applies at this precision."""
     usable = [o for o in stack.memory_options if o in MEMORY_ONLY_OPTIONS
               and (o != "fp8-params" or precision == "fp8")
+              and (o != "fp8-activation-store" or stack.fused_swiglu)
               and (o != "bf16-grad-reduce" or (stack.framework == "megatron" and stack.grad_bytes > 2))]
     return tuple(tuple(usable[: i + 1]) for i in range(len(usable)))

@@ -25,7 +25,10 @@ STACK = Stack(
     # NeMo/Megatron-Bridge launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps
     # pages into one segment instead of keeping per-size cached blocks (PyTorch CUDA semantics docs)
     allocator_reserve=0.02,
-    memory_options=("bf16-grad-reduce", "fp8-params", "recompute"),
+    # TE LayerNormLinear saves the norm's input and its fp8/bf16 output as the GEMM input
+    # (module/layernorm_linear.py); --bias-swiglu-fusion saves only the SwiGLU input
+    fused_norm=True, fused_swiglu=True,
+    memory_options=("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "recompute"),
     sources=("NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py",
              "NVIDIA/Megatron-LM megatron/training/arguments.py (--fp8-recipe, --use-distributed-optimizer)",
              "NVIDIA/Megatron-LM megatron/core/fusions/fused_cross_entropy.py",
