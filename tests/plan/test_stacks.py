@@ -87,3 +87,30 @@ def test_flopwise_stack_is_the_framework_conventions_unchanged():
     assert _plan(framework="megatron", **layout).memory.total_bytes == \
         _plan(framework="megatron", stack="flopwise", **layout).memory.total_bytes
     assert _plan(framework="megatron", **layout).memory.fits_with == ()
+
+
+# --------------------------------------------------------------------------- kernel rates under a stack
+
+
+def test_fp8_recipe_and_attention_kernel_change_the_step():
+    """rowwise-scaled fp8 GEMMs are slower than per-tensor ones (pytorch#147971), so the same
+    layout takes longer; Megatron-Core's cuDNN attention and kernel-level fp8 factor make its
+    fp8 step shorter than the flopwise stack's (FA2 attention, fp8 factor fitted on 2023 rows)."""
+    from flopwise.plan.gemm import curve_for, stack_curve
+    from flopwise.catalog.hardware import get_hardware
+
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="fp8", seq_len=4096, zero=1)
+    tensorwise = _plan(stack="torchtitan", fp8_recipe="tensorwise", **layout).time.step_seconds
+    rowwise = _plan(stack="torchtitan", fp8_recipe="rowwise", **layout).time.step_seconds
+    assert rowwise > tensorwise * 1.02
+    assert _plan(stack="megatron-core", **layout).time.step_seconds < _plan(**layout).time.step_seconds
+    hopper = curve_for(get_hardware("h100-sxm"))
+    assert stack_curve(hopper, "cudnn", None, False).attention_fraction[0] > hopper.attention_fraction[0] * 1.5
+    ampere = curve_for(get_hardware("a100-80gb"))
+    assert stack_curve(ampere, "fa3", None, True) is ampere  # no FlashAttention-3 / fp8 on Ampere
+
+
+def test_unknown_fp8_recipe_is_one_line():
+    with pytest.raises(UserError) as err:
+        build_runspec(model="llama2-7b", precision="fp8", fp8_recipe="blockwise")
+    assert "\n" not in str(err.value) and "rowwise" in str(err.value)

@@ -208,6 +208,17 @@ Megatron-Core's `--recompute-granularity full --recompute-method block --recompu
 recomputes N layers per stage (a quarter, a half, all), as `every:K` plans it."""
 
 
+def stack_rates(spec: RunSpec) -> tuple[str | None, str | None, bool]:
+    """(attention kernel, fp8 recipe, kernel-level fp8 factor) of the spec's stack, for
+    `gemm.device_rates`: the flopwise stack keeps the family curve unless a recipe is given."""
+    recipe = spec.cluster.extra.get("fp8_recipe")
+    if spec.stack == "flopwise":
+        return None, recipe, False
+    from flopwise.plan.stacks import get_stack
+
+    return get_stack(spec.stack).attention_kernel, recipe, True
+
+
 def _stack_recompute(spec: RunSpec, profile: GemmProfile | None) -> Plan | None:
     """Under a named stack that offers recompute, the layout with the least recompute that fits
     (timed with its recompute), its memory saying so in `fits_with`; None when none fits."""
@@ -289,7 +300,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if cnn:
         time, comm = _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings)
     else:
-        rates = device_rates(hw, work.precision, peak, profile, eff_value)
+        rates = device_rates(hw, work.precision, peak, profile, eff_value, *stack_rates(spec))
         if eff_value is None:
             eff_source = (f"operator model: GEMM rates and memory bandwidth from the measured device profile "
                           f"({getattr(profile, 'device', 'profile')})" if profile is not None else

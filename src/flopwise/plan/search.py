@@ -35,7 +35,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from flopwise.errors import UserError
-from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory
+from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory, stack_rates
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
 from flopwise.plan.gemm import device_rates
 from flopwise.plan.memory import state_bytes
@@ -358,7 +358,7 @@ def _bounder(reference: Plan, profile=None):
         return lambda candidate: reference.time.compute_seconds
     cluster, work = spec.cluster, spec.workload
     rates = device_rates(cluster.hardware, work.precision, cluster.hardware.peak_flops(work.precision),
-                         profile, cluster.efficiency)
+                         profile, cluster.efficiency, *stack_rates(spec))
     sb = state_bytes(work.precision, work.optimizer)
     total, framework = reference.params.total, _framework(spec)
 
