@@ -114,3 +114,22 @@ def test_unknown_fp8_recipe_is_one_line():
     with pytest.raises(UserError) as err:
         build_runspec(model="llama2-7b", precision="fp8", fp8_recipe="blockwise")
     assert "\n" not in str(err.value) and "rowwise" in str(err.value)
+
+
+# --------------------------------------------------------------------------- pure bf16
+
+
+def test_bf16_true_is_8_bytes_per_param_and_states_its_trade_off():
+    """Pure bf16 (torchtune / litgpt's fine-tuning default): 2 + 2 + 4 bytes/param with AdamW,
+    no master copy; the plan says what it costs in precision."""
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=1, seq_len=2048, zero=0)
+    mixed = _plan(precision="bf16", **layout)
+    pure = _plan(precision="bf16-true", **layout)
+    params = mixed.params.total
+    assert pure.memory.master_weights == 0.0
+    assert (pure.memory.weights + pure.memory.gradients + pure.memory.optimizer_states) / params == pytest.approx(8.0)
+    assert (mixed.memory.weights + mixed.memory.gradients + mixed.memory.optimizer_states
+            + mixed.memory.master_weights) / params == pytest.approx(16.0)
+    assert pure.fits and not mixed.fits  # 7B: 56 GB of states fit on 80 GB, 112 GB do not
+    assert any("master copy" in w for w in pure.warnings)
+    assert pure.time.peak_flops == mixed.time.peak_flops  # the matmuls still run in bf16

@@ -57,9 +57,28 @@ class StateBytes:
     grad_partition: float = 0.0
 
 
+BF16_TRUE_TRADE_OFF = ("bf16-true keeps no fp32 master copy: an update smaller than half a bf16 step of "
+                       "the weight (2^-8 of its magnitude) rounds away, so small learning rates late in "
+                       "training stall (torchtune / litgpt fine-tuning default; Zamirai et al. 2020)")
+"""The trade-off of pure bf16 training, stated wherever it is planned."""
+
+COMPUTE_DTYPE = {"bf16-true": "bf16"}
+"""The dtype matmuls run in, for precisions whose name says more than that (peaks, profiles)."""
+
+
+def compute_dtype(precision: str) -> str:
+    """The matmul dtype of a precision: `bf16-true` computes in bf16."""
+    return COMPUTE_DTYPE.get(precision, precision)
+
+
 def state_bytes(precision: str, optimizer: str) -> StateBytes:
-    """Bytes per parameter for weights, gradients, fp32 master copy and optimizer states."""
+    """Bytes per parameter for weights, gradients, fp32 master copy and optimizer states.
+
+    `bf16-true` (pure bf16): bf16 weights and gradients, no master copy and the optimizer's
+    states in bf16 (AdamW 2 + 2): 2 + 2 + 4 = 8 bytes/param, half of mixed precision's 16."""
     opt = OPTIMIZER_BYTES_PER_PARAM[optimizer]
+    if precision == "bf16-true":
+        return StateBytes(2.0, 2.0, 0.0, opt if optimizer == "adam8bit" else opt / 2.0)
     if precision in ("fp32", "tf32"):
         return StateBytes(4.0, 4.0, 0.0, opt)
     return StateBytes(2.0, 2.0, 4.0, opt)
@@ -86,6 +105,8 @@ def framework_state_bytes(precision: str, optimizer: str, framework: str, zero_s
     `fp32_partitioned_groups_flat`): 4 + 4 + 4 + optimizer, measured on its CPU runs.
     """
     base = state_bytes(precision, optimizer)
+    if precision == "bf16-true":
+        return base  # one dtype throughout: no fp32 gradient buffer or partition copy
     if precision in ("fp32", "tf32") and framework == "deepspeed" and zero_stage >= 1:
         return StateBytes(base.weight, base.grad, 4.0, base.optimizer)
     if precision in ("fp32", "tf32") or framework == "fsdp":

@@ -34,7 +34,8 @@ OPTIONS = (
     PlanOption("batch_tokens", "--batch-tokens", str, None, "Tokens per optimizer step, e.g. 4M. [default: 4Mi]"),
     PlanOption("seq_len", "--seq-len", int, None, "Training sequence length. [default: the model's]"),
     PlanOption("tokens", "--tokens", str, None, "Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T]"),
-    PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8. [default: bf16]"),
+    PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8|bf16-true (pure bf16: no fp32 master, bf16 AdamW states, 8 bytes/param; "
+               "updates below bf16's resolution are lost). [default: bf16]"),
     PlanOption("optimizer", "--optimizer", str, None, "adamw|sgd|adam8bit. [default: adamw]"),
     PlanOption("framework", "--framework", str, "fsdp",
                "Memory conventions: fsdp|megatron|deepspeed (gradient dtype, buffers, ZeRO-3 gathers)."),

@@ -165,7 +165,7 @@ def validate(spec: RunSpec) -> None:
     elif lay.tp > 1 or lay.pp > 1:
         raise UserError(f"{model.key} is a CNN: only data parallelism is planned (use --dp, not --tp/--pp)")
     hw = spec.cluster.hardware
-    if hw.peak_flops(work.precision) is None:
+    if hw.peak_flops(mem.compute_dtype(work.precision)) is None:
         known = [d for d in PRECISIONS if hw.peak_flops(d) is not None]
         raise UserError(
             f"{hw.key} has no published {work.precision} peak; choose --precision from {', '.join(known) or 'none'}"
@@ -249,7 +249,7 @@ def _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, w
         eff = Efficiency(cluster.efficiency, cluster.extra.get("efficiency_source", "--efficiency"),
                          cluster.extra.get("efficiency_confidence", "user"))
     else:
-        eff = efficiency_for(hw.key, spec.workload.precision)
+        eff = efficiency_for(hw.key, mem.compute_dtype(spec.workload.precision))
         if eff.confidence == "low":
             warnings.append(f"efficiency {eff.value:.0%} for {hw.key} {spec.workload.precision} is low-confidence "
                             f"({eff.source})")
@@ -285,7 +285,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     e = mem.activation_dtype_bytes(work.precision)
 
     # Communication and time: the operator model (ops.py, gemm.py, comm.py, timing.py)
-    peak = hw.peak_flops(work.precision)
+    peak = hw.peak_flops(mem.compute_dtype(work.precision))
     # the scale-up link reaches the whole scale-up domain (a TPU pod's ICI, an NVL72 rack), not just a host
     domain = cluster.devices_per_node or max(hw.devices_per_node or 8, hw.scale_up_domain or 0)
     links = links_for(hw, domain, profile)
@@ -300,7 +300,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if cnn:
         time, comm = _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings)
     else:
-        rates = device_rates(hw, work.precision, peak, profile, eff_value, *stack_rates(spec))
+        rates = device_rates(hw, mem.compute_dtype(work.precision), peak, profile, eff_value, *stack_rates(spec))
         if eff_value is None:
             eff_source = (f"operator model: GEMM rates and memory bandwidth from the measured device profile "
                           f"({getattr(profile, 'device', 'profile')})" if profile is not None else
@@ -532,6 +532,8 @@ def build_runspec(
         raise UserError(f"--price-per-hour must be >= 0, got {price_per_hour}")
     if nodes_per_rack < 1:
         raise UserError(f"--nodes-per-rack must be >= 1, got {nodes_per_rack}")
+    if precision == "bf16-true":
+        warnings.append(mem.BF16_TRUE_TRADE_OFF)
     extra["warnings"] = tuple(warnings)
     if stack != "flopwise":
         extra["fp8_recipe"] = fp8_recipe or stack_spec.fp8_recipe

@@ -38,7 +38,7 @@ from flopwise.errors import UserError
 from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory, stack_rates
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
 from flopwise.plan.gemm import device_rates
-from flopwise.plan.memory import state_bytes
+from flopwise.plan.memory import compute_dtype, state_bytes
 from flopwise.plan.timing import StepInputs, step_lower_bound
 
 OBJECTIVES = ("time", "cost", "energy")
@@ -357,7 +357,8 @@ def _bounder(reference: Plan, profile=None):
     if spec.model.arch == "cnn":
         return lambda candidate: reference.time.compute_seconds
     cluster, work = spec.cluster, spec.workload
-    rates = device_rates(cluster.hardware, work.precision, cluster.hardware.peak_flops(work.precision),
+    rates = device_rates(cluster.hardware, compute_dtype(work.precision),
+                         cluster.hardware.peak_flops(compute_dtype(work.precision)),
                          profile, cluster.efficiency, *stack_rates(spec))
     sb = state_bytes(work.precision, work.optimizer)
     total, framework = reference.params.total, _framework(spec)
