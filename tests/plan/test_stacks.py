@@ -133,3 +133,31 @@ def test_bf16_true_is_8_bytes_per_param_and_states_its_trade_off():
     assert pure.fits and not mixed.fits  # 7B: 56 GB of states fit on 80 GB, 112 GB do not
     assert any("master copy" in w for w in pure.warnings)
     assert pure.time.peak_flops == mixed.time.peak_flops  # the matmuls still run in bf16
+
+
+# --------------------------------------------------------------------------- search and compare inherit the stack
+
+
+def test_search_under_a_stack_keeps_the_published_layout():
+    """`plan --search --stack megatron-core`: every layout it tries carries the stack, and the
+    layout the published Llama 2 7B fp8 run used (dp 8, micro-batch 1, no TP/PP, no recompute)
+    is among those that fit (bf16 gradient reduce), where the generic megatron conventions reject it."""
+    from flopwise.plan.planner import plan_memory
+    from flopwise.plan.search import search_layouts
+
+    job = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="fp8", seq_len=4096, global_batch=128,
+               micro_batch=1, zero=1)
+    published = build_runspec(stack="megatron-core", **job)
+    assert plan_memory(published).fits
+    assert not plan_memory(build_runspec(framework="megatron", **job)).fits
+    result = search_layouts(published, 8, top=3)
+    assert result.ranked and all(p.spec.stack == "megatron-core" for p in result.ranked)
+    assert all(p.spec.layout.framework == "megatron" for p in result.ranked)
+
+
+def test_compare_passes_the_stack_through():
+    from flopwise.plan.compare import compare_devices
+
+    result = compare_devices("llama2-7b", "1B", ["h100-sxm"], gpus=8, seq_len=4096, stack="megatron-core")
+    chosen = result.verdicts[0].chosen
+    assert chosen is not None and chosen.plan.spec.stack == "megatron-core"
