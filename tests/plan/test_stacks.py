@@ -161,3 +161,11 @@ def test_compare_passes_the_stack_through():
     result = compare_devices("llama2-7b", "1B", ["h100-sxm"], gpus=8, seq_len=4096, stack="megatron-core")
     chosen = result.verdicts[0].chosen
     assert chosen is not None and chosen.plan.spec.stack == "megatron-core"
+
+
+def test_megatron_core_defaults_to_its_distributed_optimizer():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, stack="megatron-core")
+    assert spec.layout.zero_stage == 1 and spec.layout.framework == "megatron"
+    assert any("distributed optimizer" in d for d in spec.cluster.extra["defaults"])
+    big = build_runspec(model="llama3-70b", hardware="h100-sxm", gpus=64, stack="megatron-core")
+    assert big.layout.tp * big.layout.pp > 1  # the automatic split still runs when nothing fits unsplit

@@ -507,6 +507,12 @@ def build_runspec(
                         f"planned {accum * dp * micro_batch} sequences per step")
 
     choose_zero = zero is None
+    stack_default_zero = None
+    if choose_zero and stack != "flopwise" and framework == "megatron" and stack_spec.distributed_optimizer \
+            and dp > 1 and offload != "params":
+        # the stack's recipes run the distributed optimizer (Megatron's ZeRO-1): plan what they run
+        zero, choose_zero = 1, False
+        stack_default_zero = f"zero 1: {stack}'s distributed optimizer (--use-distributed-optimizer), on in its recipes"
     if zero is None:
         zero = 3 if offload == "params" else 0  # placeholder until `choose_zero_stage`
     total = parse_count(tokens if tokens is not None else EXAMPLE["tokens"], "--tokens")
@@ -535,6 +541,8 @@ def build_runspec(
     if precision == "bf16-true":
         warnings.append(mem.BF16_TRUE_TRADE_OFF)
     extra["warnings"] = tuple(warnings)
+    if stack_default_zero:
+        extra["defaults"] = (stack_default_zero,)
     if stack != "flopwise":
         extra["fp8_recipe"] = fp8_recipe or stack_spec.fp8_recipe
     elif fp8_recipe is not None:
@@ -561,7 +569,8 @@ def build_runspec(
     validate(spec)
     if choose_zero and dp > 1 and offload != "params":
         spec = with_chosen_zero(spec, profile)
-    if choose_zero and options["tp"] is None and options["pp"] is None and options["dp"] is None and not cnn:
+    if (choose_zero or stack_default_zero) and options["tp"] is None and options["pp"] is None \
+            and options["dp"] is None and not cnn:
         spec = _split_if_needed(spec, options)
     return spec
 
