@@ -29,10 +29,10 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from flopwise.train.checkpoint import resume as ckpt_resume
 from flopwise.train.checkpoint import store as ckpt
-from flopwise.train.config import ModelConfig, TrainingConfig
+from flopwise.config.schema import ModelConfig, TrainingConfig
 from flopwise.train.loop import TrainState, make_optimizer, make_scheduler
 from flopwise.train.model import build_model
-from flopwise.train.distributed import DistEnv
+from flopwise.train.parallel.distributed import DistEnv
 
 SIZES = {
     "small": dict(n_layers=2, hidden=128, n_heads=4),

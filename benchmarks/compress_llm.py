@@ -27,7 +27,7 @@ from flopwise.compress.evaluate import bytes_in_memory
 from flopwise.compress.llm import quantize_folder
 from flopwise.compress.llm_timing import pin_threads, rate, speedup_text, time_call
 from flopwise.compress.methods import get_method
-from flopwise.train.hf_logging import quiet_hf_libraries
+from flopwise.hf_logging import quiet_hf_libraries
 
 try:
     from machine import machine_info

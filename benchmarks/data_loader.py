@@ -24,11 +24,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from flopwise.train.config import DataConfig, RunConfig  # noqa: E402
-from flopwise.train.corpus import resolve_inputs  # noqa: E402
-from flopwise.train.data import TokenLoader, tokenizer_sample  # noqa: E402
-from flopwise.train.prepare import prepare_data  # noqa: E402
-from flopwise.train.tokenizer import train_bpe  # noqa: E402
+from flopwise.config.schema import DataConfig, RunConfig  # noqa: E402
+from flopwise.train.data.corpus import resolve_inputs  # noqa: E402
+from flopwise.train.data.files import TokenLoader, tokenizer_sample  # noqa: E402
+from flopwise.train.data.prepare import prepare_data  # noqa: E402
+from flopwise.train.data.tokenizer import train_bpe  # noqa: E402
 
 
 def time_preparation(cfg: DataConfig) -> tuple[dict, object]:

@@ -4,7 +4,7 @@ Each layout trains a tiny llama (4 blocks, hidden 32, seq 32, vocabulary 320, Ad
 for 3 steps on gloo CPU processes, where memory is counted exactly (tensor bytes of this
 rank's parameters, gradients, optimizer state, and the peak of tensors saved for backward;
 largest rank), and the bytes each rank's collectives send in one step, by mesh dimension
-(`train/comm_volume.py`; largest rank). The run's own `predicted_vs_measured.json` is collected, so both columns
+(`train/parallel/comm_volume.py`; largest rank). The run's own `predicted_vs_measured.json` is collected, so both columns
 come from the same run. Writes JSON (default benchmarks/results/mesh_memory.json).
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/mesh_memory.py [--out PATH] [--only NAME ...]

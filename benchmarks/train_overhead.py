@@ -60,11 +60,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from flopwise.train.config_loading import load_config
-    from flopwise.train.prepare import prepare_data
+    from flopwise.config.loading import load_config
+    from flopwise.train.data.prepare import prepare_data
     from flopwise.train.loop import build_state, make_loader, make_optimizer, make_scheduler
     from flopwise.train.step import StepHooks, train_step
-    from flopwise.train.distributed import init_distributed
+    from flopwise.train.parallel.distributed import init_distributed
 
     overrides = ["parallel.strategy=single", "parallel.nproc_per_node=1", *args.overrides]
     cfg = load_config(args.config, overrides)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.runrecord import Comparison, write_comparison
+from flopwise.runrecord.records import Comparison, write_comparison
 from flopwise.safe_write import copy_file, make_entry_folder, open_for_append, refuse_links, write_file
 
 ENTRIES = ["config.yaml", "plan.json", "environment.json", "tokenizer.json", "predicted_vs_measured.json",
@@ -53,8 +53,8 @@ def test_a_plain_write_follows_a_planted_link(tmp_path, victim):
 
 @pytest.mark.parametrize("name", ENTRIES)
 def test_the_trainer_refuses_a_run_directory_with_a_planted_link(tmp_path, victim, name):
-    from flopwise.train.config_loading import load_config
-    from flopwise.train.launch import launch
+    from flopwise.config.loading import load_config
+    from flopwise.train.launch.start import launch
 
     run_dir = tmp_path / "run"
     plant(run_dir, name, victim)
@@ -150,7 +150,7 @@ def test_the_metrics_writer_refuses_a_link(tmp_path, victim):
 
 
 def test_the_library_log_refuses_a_link(tmp_path, victim):
-    code = ("import sys, warnings; from flopwise.train.library_noise import route_library_noise; "
+    code = ("import sys, warnings; from flopwise.library_noise import route_library_noise; "
             "route_library_noise(sys.argv[1], verbose=False); warnings.warn('noise')")
     plant(tmp_path / "run", "library.log", victim)
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,

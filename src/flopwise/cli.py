@@ -23,6 +23,7 @@ def build_app():
 
     # Imported when the app is built, not at `import flopwise.cli`: tests and tools import the
     # CLI module without paying for every capability's command module.
+    from flopwise.artifacts import commands as artifacts_commands
     from flopwise.catalog import commands as catalog_commands
     from flopwise.compress import commands as compress_commands
     from flopwise.diagnose import commands as diagnose_commands
@@ -31,7 +32,7 @@ def build_app():
     from flopwise.train import commands as train_commands
 
     from flopwise.compress.config import parse_compress_config
-    from flopwise.train.config_loading import load_config
+    from flopwise.config.loading import load_config
 
     app = typer.Typer(
         name="flopwise",
@@ -46,6 +47,7 @@ def build_app():
     plan_commands.register(app, load_training_config=load_config)
     # ... and `flopwise train` validates a `compress:` section with compress's own parser.
     train_commands.register(app, check_compress=parse_compress_config)
+    artifacts_commands.register(app)
     for module in (catalog_commands, compress_commands, diagnose_commands, report_commands):
         module.register(app)
     app.command()(version)

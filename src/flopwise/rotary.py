@@ -1,5 +1,5 @@
 """Rotary position embedding (RoPE): the tables and the rotation, shared by the built-in model
-and the calibration micro-benchmark that times the same operator (`diagnose/calibrate.py`)."""
+and the calibration micro-benchmark that times the same operator (`measure/calibrate.py`)."""
 
 from __future__ import annotations
 

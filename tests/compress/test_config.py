@@ -4,7 +4,7 @@ import pytest
 
 from flopwise.compress.config import check_method, parse_compress_config
 from flopwise.errors import UserError
-from flopwise.train.config import PruningConfig
+from flopwise.config.schema import PruningConfig
 
 
 def test_seed_pruning_block_means_magnitude_pruning_at_its_sparsity():

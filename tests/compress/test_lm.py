@@ -18,9 +18,9 @@ def exported_run(tmp_path_factory):
     """A tiny decoder, briefly trained in-process, exported the way `flopwise export` writes it."""
     from safetensors.torch import save_file
 
-    from flopwise.train.config_loading import dump_config, load_config
-    from flopwise.train.data import TokenLoader
-    from flopwise.train.prepare import prepare_data
+    from flopwise.config.loading import dump_config, load_config
+    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.prepare import prepare_data
     from flopwise.train.model import build_model
 
     root = tmp_path_factory.mktemp("lmrun")

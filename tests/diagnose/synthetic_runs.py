@@ -1,6 +1,6 @@
 """Synthetic run directories in the layout `flopwise train` writes, with injected problems.
 
-Field names follow `flopwise.runrecord.StepRecord`: one JSON line per step per rank
+Field names follow `flopwise.runrecord.records.StepRecord`: one JSON line per step per rank
 in `metrics.rank<R>.jsonl`, memory as `memory_<component>_bytes`, non-finite values as
 null. Noise comes from a seeded generator, so every run dir is the same each time.
 """
@@ -99,7 +99,7 @@ def write_run_dir(
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     (root / "plan.json").write_text(json.dumps({"step_seconds": plan_step_seconds}))
     if plan_step_seconds is not None:
-        # The shape of `flopwise.runrecord.Comparison`, as the trainer writes it.
+        # The shape of `flopwise.runrecord.records.Comparison`, as the trainer writes it.
         pvm = {
             "hardware": {"key": hardware, "name": hardware, "devices": ranks},
             "predicted": {

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from flopwise.compress.config import CompressConfig
 from flopwise.plan.flag_bounds import BOUNDS, COUNT_BOUNDS
-from flopwise.train.config import RunConfig
+from flopwise.config.schema import RunConfig
 
 SEED = 20261203
 NON_FINITE = [".inf", "-.inf", ".nan", "1e400", "-1e400"]

@@ -21,7 +21,7 @@ import typer
 from flopwise.cli import app
 from flopwise.errors import UserError
 from flopwise.compress.config import parse_compress_config
-from flopwise.train.config_loading import load_train_config
+from flopwise.config.loading import load_train_config
 from tests.fuzz.bad_inputs import Case, generate, write_input_files
 
 CASE_LIMIT_SECONDS = 30  # a hang guard, not a speed claim: a valid plan on this CPU takes ~1 s

@@ -17,8 +17,8 @@ import pytest
 from flopwise.catalog.hardware import get_hardware
 from flopwise.errors import UserError
 from flopwise.plan.from_config import batch_layout, notes_for, processes_of, runspec_from_config
-from flopwise.plan.precision_mode import precision_of
-from flopwise.train.config_loading import load_config
+from flopwise.config.precision import precision_of
+from flopwise.config.loading import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "configs" / "default.yaml"
@@ -91,7 +91,7 @@ def test_the_bridge_imports_no_torch():
     code = (
         "import sys\n"
         "from flopwise.catalog.hardware import get_hardware\n"
-        "from flopwise.train.config_loading import load_config\n"
+        "from flopwise.config.loading import load_config\n"
         "from flopwise.plan.from_config import runspec_from_config\n"
         "from flopwise.plan.planner import plan\n"
         f"plan(runspec_from_config(load_config({str(DEFAULT)!r}, []), get_hardware('h100-sxm')))\n"

@@ -169,3 +169,15 @@ def test_megatron_core_defaults_to_its_distributed_optimizer():
     assert any("distributed optimizer" in d for d in spec.cluster.extra["defaults"])
     big = build_runspec(model="llama3-70b", hardware="h100-sxm", gpus=64, stack="megatron-core")
     assert big.layout.tp * big.layout.pp > 1  # the automatic split still runs when nothing fits unsplit
+
+
+def test_a_runspec_naming_an_undescribed_stack_plans_as_flopwise():
+    """RunSpecs built directly (the validation harness) may name a stack with no module (PaLM's
+    JAX): the planner falls back to the framework conventions rather than failing."""
+    import dataclasses
+
+    from flopwise.plan.planner import plan_memory
+
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, zero=1)
+    assert plan_memory(dataclasses.replace(spec, stack="jax")).total_bytes == plan_memory(spec).total_bytes
+    assert plan(dataclasses.replace(spec, stack="jax")).fits

@@ -16,8 +16,8 @@ from flopwise.plan import step_comm as sc
 from flopwise.plan.from_config import runspec_from_config
 from flopwise.plan.params import count_params
 from flopwise.plan.planner import plan
-from flopwise.train.config import ParallelConfig
-from flopwise.train.config_loading import load_config
+from flopwise.config.schema import ParallelConfig
+from flopwise.config.loading import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = get_hardware("h100-sxm")

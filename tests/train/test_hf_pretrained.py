@@ -16,9 +16,9 @@ import torch
 
 from flopwise.errors import UserError
 from flopwise.train.build import build_training_model
-from flopwise.train.config_loading import load_config
+from flopwise.config.loading import load_config
 from flopwise.train.hf_pretrained import parameters_on_meta, weight_files
-from flopwise.train.distributed import init_distributed
+from flopwise.train.parallel.distributed import init_distributed
 from tests.hf_fixtures import write_jsonl, write_pretrained
 
 
@@ -94,8 +94,8 @@ def test_two_ranks_start_from_the_pretrained_weights(folders, tmp_path, strategy
     wrapping): each rank's first loss equals transformers' on that rank's batch."""
     from transformers import AutoModelForCausalLM
 
-    from flopwise.train.data import TokenLoader
-    from flopwise.train.prepare import prepare_data
+    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.prepare import prepare_data
 
     run_dir = tmp_path / "run"
     overrides = ["model.kind=hf", f"model.pretrained={folders / name}", f"data.hf_dataset={folders / 'data.jsonl'}",

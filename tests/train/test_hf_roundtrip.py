@@ -63,9 +63,9 @@ def test_pretrained_folder_is_sharded(trained):
 def test_first_step_loss_equals_transformers_loss_on_the_same_batch(trained):
     from transformers import AutoModelForCausalLM
 
-    from flopwise.train.config_loading import load_config
-    from flopwise.train.data import TokenLoader
-    from flopwise.train.prepare import prepare_data
+    from flopwise.config.loading import load_config
+    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.prepare import prepare_data
 
     cfg = load_config(trained / "run" / "config.yaml", [])
     prepared = prepare_data(cfg.data)

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from flopwise.errors import UserError
-from flopwise.train.config import RunConfig
-from flopwise.train.config_loading import load_config
-from flopwise.train.prepare import prepare_data
+from flopwise.config.schema import RunConfig
+from flopwise.config.loading import load_config
+from flopwise.train.data.prepare import prepare_data
 from flopwise.train.loop import build_state, lr_at, run_training
 from flopwise.plan.from_config import batch_layout
 from flopwise.train.step import train_step
 from flopwise.train.metrics import SavedActivationMeter
-from flopwise.train.distributed import init_distributed
+from flopwise.train.parallel.distributed import init_distributed
 
 TINY = [
     "model.n_layers=2", "model.hidden=32", "model.n_heads=2", "model.max_seq_len=64",

@@ -7,7 +7,7 @@ import torch
 
 from flopwise.errors import UserError
 from flopwise.plan.params import count_params
-from flopwise.train.config import ModelConfig
+from flopwise.config.schema import ModelConfig
 from flopwise.plan.from_config import llama_ffn_hidden
 from flopwise.plan.from_config import model_spec_from_config as model_spec
 from flopwise.train.model import build_model, transformer_blocks
@@ -238,7 +238,7 @@ class TinyForCausalLM(LlamaForCausalLM):
 REMOTE_CHECK = """
 import sys, torch
 from flopwise.errors import UserError
-from flopwise.train.config import ModelConfig
+from flopwise.config.schema import ModelConfig
 from flopwise.train.model import build_model
 try:
     build_model(ModelConfig(kind="hf", hf_config=sys.argv[1]), 64)

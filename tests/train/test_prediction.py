@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from flopwise.plan.profile import load_profile
-from flopwise.train.config_loading import load_config
-from flopwise.train.distributed import DistEnv
+from flopwise.config.loading import load_config
+from flopwise.train.parallel.distributed import DistEnv
 from flopwise.train.prediction import (
     CPU_KEY,
     Forecast,
@@ -117,7 +117,7 @@ def test_plan_json_is_the_planners_output_for_this_run(tmp_path):
 def test_bf16_on_cpu_reports_mfu_against_the_bf16_peak(tmp_path):
     """A real bf16 run on this CPU: MFU divides by the measured bf16 peak, never the fp32 one, so it stays <= 100 %."""
     from flopwise.train.loop import run_training
-    from flopwise.train.distributed import init_distributed
+    from flopwise.train.parallel.distributed import init_distributed
 
     text = tmp_path / "text"
     text.mkdir()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from flopwise.runrecord import MemoryBytes
-from flopwise.train.prepare import prepare_data
+from flopwise.runrecord.records import MemoryBytes
+from flopwise.train.data.prepare import prepare_data
 from flopwise.train.loop import build_state
 from flopwise.train.step import StepHooks, train_step
-from flopwise.train.strategy_torch import TorchStrategy
+from flopwise.train.parallel.strategy_torch import TorchStrategy
 from tests.train.test_loop import corpus, single_env, tiny_cfg  # noqa: F401  (fixtures)
 
 

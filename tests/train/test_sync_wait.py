@@ -17,16 +17,16 @@ import sys
 import pytest
 import yaml
 
-from flopwise.train.config_loading import load_config
+from flopwise.config.loading import load_config
 from flopwise.train.loop import measure_sync_wait
-from flopwise.train.distributed import DistEnv
-from tests.train.test_distributed import base_config, corpus, metrics  # noqa: F401  (fixtures)
+from flopwise.train.parallel.distributed import DistEnv
+from tests.train.parallel.test_distributed import base_config, corpus, metrics  # noqa: F401  (fixtures)
 
 SLEEP = 0.3
 DRIVER = """
 import sys, time
-from flopwise.train.config_loading import load_config
-from flopwise.train.distributed import init_distributed, shutdown
+from flopwise.config.loading import load_config
+from flopwise.train.parallel.distributed import init_distributed, shutdown
 from flopwise.train.loop import run_training
 
 cfg = load_config(sys.argv[1], [])

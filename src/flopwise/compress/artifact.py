@@ -96,7 +96,7 @@ def save_compressed(out: Path, model: nn.Module, *, manifest: dict, example: tor
 def rebuild_float_model(path: Path, rebuild: dict) -> nn.Module:
     """The untrained float architecture described by a manifest's `rebuild` entry."""
     if rebuild["task"] == "lm":
-        from flopwise.train.config_loading import load_config
+        from flopwise.config.loading import load_config
         from flopwise.train.model import build_model
 
         return build_model(load_config(path / "config.yaml").model, rebuild["vocab_size"])

@@ -31,7 +31,7 @@ def resolve_config(target: Optional[str], options: dict):
         check_method(options["method"])
     set_options = {k: v for k, v in options.items() if v is not None}
     if target is not None and _is_yaml(target):
-        from flopwise.train.config_loading import load_config
+        from flopwise.config.loading import load_config
 
         run = load_config(Path(target))
         if run.compress is None and run.training.pruning is None:
@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
         cfg, source = resolve_config(target, options)
         out_dir = out or cfg.out or default_out(cfg, source)
         from flopwise.compress.config import LLM_METHODS
-        from flopwise.train.library_noise import route_library_noise
+        from flopwise.library_noise import route_library_noise
 
         if latency_batch is not None and latency_batch < 1:
             raise UserError(f"--latency-batch: {latency_batch} must be >= 1")

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from flopwise.errors import UserError
-from flopwise.train.config import refuse_booleans_for_numbers
+from flopwise.config.schema import refuse_booleans_for_numbers
 
 METHODS = ("int8-static", "int8-dynamic", "qat", "prune", "2:4", "int8-weight-only", "int4-weight-only", "w8a8-dynamic")
 LLM_METHODS = ("int8-weight-only", "int4-weight-only", "w8a8-dynamic")  # compress/methods/: HF folders out

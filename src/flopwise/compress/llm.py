@@ -33,8 +33,8 @@ def compress_llm_run(run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_
     """Quantize the run's model with `cfg.method`, save it in `out`, and return the measurements."""
     from flopwise.compress.llm_timing import pin_threads
     from flopwise.compress.methods import get_method
-    from flopwise.train.generate import load_for_generation, resolve_hf_folder
-    from flopwise.train.hf_logging import quiet_hf_libraries
+    from flopwise.artifacts.generate import load_for_generation, resolve_hf_folder
+    from flopwise.hf_logging import quiet_hf_libraries
 
     quiet_hf_libraries()
     method = get_method(cfg.method)
@@ -68,7 +68,7 @@ def quantize_folder(source: Path, out: Path, torchao_config) -> Path:
     """Load `source` quantized by torchao and save it (safetensors + quantization_config) with its tokenizer."""
     import shutil
 
-    from flopwise.train.hf_logging import quiet_hf_libraries
+    from flopwise.hf_logging import quiet_hf_libraries
 
     quiet_hf_libraries()
     from transformers import AutoModelForCausalLM, AutoTokenizer, TorchAoConfig
@@ -91,10 +91,10 @@ def held_out_tokens(run_dir: Path):
     """The run's validation-split token ids (numpy), read from its data cache (built again if gone)."""
     import numpy as np
 
-    from flopwise.train.config import RunConfig
-    from flopwise.train.config_loading import load_config
-    from flopwise.train.data import open_shard
-    from flopwise.train.prepare import prepare_data
+    from flopwise.config.schema import RunConfig
+    from flopwise.config.loading import load_config
+    from flopwise.train.data.files import open_shard
+    from flopwise.train.data.prepare import prepare_data
 
     config_path = Path(run_dir) / "config.yaml"
     if not config_path.is_file():
@@ -106,7 +106,7 @@ def held_out_tokens(run_dir: Path):
 
 
 def _seq_len(run_dir: Path) -> int:
-    from flopwise.train.config_loading import load_config
+    from flopwise.config.loading import load_config
 
     return load_config(Path(run_dir) / "config.yaml", []).data.seq_len
 

@@ -104,9 +104,9 @@ def lm_task(source: Path, eval_batches: int = 8, batch_size: int = 8, model: nn.
 
     `model` and `run_config` let a caller pass an in-memory model instead of an export.
     """
-    from flopwise.train.config_loading import dump_config, load_config
-    from flopwise.train.data import TokenLoader
-    from flopwise.train.prepare import prepare_data
+    from flopwise.config.loading import dump_config, load_config
+    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.prepare import prepare_data
     from flopwise.train.model import build_model
 
     config_path = None

@@ -1,6 +1,6 @@
 """`flopwise diagnose RUN_DIR`: what slowed a run down, in plain words, with the next step.
 
-Reads what `flopwise train` wrote, through `flopwise.runrecord` (`metrics.rank<R>.jsonl`,
+Reads what `flopwise train` wrote, through `flopwise.runrecord.records` (`metrics.rank<R>.jsonl`,
 one `StepRecord` per optimizer step per rank; `predicted_vs_measured.json`, a `Comparison`;
 `config.yaml`) and looks for the problems the seed articles list: a slow gradient sync
 or a straggling rank (load imbalance), a starved data pipeline, unstable loss, and a
@@ -19,7 +19,7 @@ from functools import reduce
 from pathlib import Path
 
 from flopwise.errors import UserError
-from flopwise.runrecord import TIME_COMPONENTS, config_path, metrics_files, read_comparison
+from flopwise.runrecord.records import TIME_COMPONENTS, config_path, metrics_files, read_comparison
 
 # Components of a step as `flopwise train` times them; "other" is the rest of step_seconds
 # (logging, checkpoint hooks, anything untimed). `sync_wait_seconds` (time blocked waiting

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flopwise.diagnose.commbench import DEFAULT_SIZES
+from flopwise.measure.commbench import DEFAULT_SIZES
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold"}
 SEVERITY_STYLE = {"info": "cyan", "warn": "yellow", "critical": "red bold"}
@@ -78,7 +78,7 @@ def bench(
     quiet: Annotated[bool, typer.Option("--quiet", hidden=True, help="Print nothing (used by the launcher).")] = False,
 ) -> None:
     """Time collectives (latency, algbw, busbw per size and rank) and show where bandwidth saturates."""
-    from flopwise.diagnose.commbench import parse_ops, parse_sizes, run_bench
+    from flopwise.measure.commbench import parse_ops, parse_sizes, run_bench
 
     ops, size_list = parse_ops(op), parse_sizes(sizes)
     if nproc is None:
@@ -102,7 +102,7 @@ def bench(
 def _render_bench(result: dict, out: Optional[Path]) -> None:
     from rich.table import Table
 
-    from flopwise.diagnose.commbench import format_size
+    from flopwise.measure.commbench import format_size
 
     console = _console()
     table = Table(
@@ -141,7 +141,7 @@ def calibrate(
     report_to: Annotated[Optional[Path], typer.Option("--report", hidden=True, help="Write where the profile went (used by the launcher).")] = None,
 ) -> None:
     """Measure this device's GEMM speed per shape and dtype, memory bandwidth, collectives and (CPU) a step's other operators; write a profile for `plan --profile` and the trainer."""
-    from flopwise.diagnose.calibrate import run_calibration
+    from flopwise.measure.calibrate import run_calibration
 
     result = run_calibration(out, dtypes, quick, threads, nproc)
     if result is not None and report_to is not None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flopwise.errors import UserError
-from flopwise.runrecord import comparison_path, read_comparison
+from flopwise.runrecord.records import comparison_path, read_comparison
 
 
 @dataclass(frozen=True)

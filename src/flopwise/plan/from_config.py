@@ -19,7 +19,8 @@ from pathlib import Path
 from flopwise.catalog.hardware import HardwareSpec
 from flopwise.catalog.models import ModelSpec, from_hf_config
 from flopwise.errors import UserError
-from flopwise.plan.precision_mode import precision_of
+from flopwise.config.precision import precision_of
+from flopwise.plan.finetune import config_fields
 from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
 
 FFN_MULTIPLE_OF = 64
@@ -40,7 +41,7 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
     micro_per_pass = cfg.parallel.pipeline_microbatches if pipeline else 1
     par = cfg.parallel
     tp = par.tp
-    # a pipeline takes what tp and the replicas leave unless parallel.pp says otherwise (train/mesh.py)
+    # a pipeline takes what tp and the replicas leave unless parallel.pp says otherwise (train/parallel/mesh.py)
     pp = (par.pp or world // (tp * par.dp_replicate)) if pipeline else 1
     dp = max(1, world // (tp * pp))  # tensor-parallel peers and pipeline stages read the same batch
     _, grad_accum = batch_layout(cfg.training, dp, micro_per_pass)
@@ -72,6 +73,7 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
         seq_len=seq_len,
         total_tokens=float(cfg.training.max_steps * layout.global_batch_size * seq_len),
         dropout=cfg.model.dropout > 0,
+        **config_fields(getattr(cfg, "finetune", None)),  # LoRA / QLoRA (plan/finetune.py)
     )
     model = model_spec_from_config(cfg.model, vocab, seq_len)
     # the trainer measures allocated bytes: no caching-allocator reserve on top

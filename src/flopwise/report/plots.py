@@ -24,7 +24,7 @@ from flopwise.diagnose.analyze import (  # noqa: E402
     finite_number,
     is_memory_figure,
 )
-from flopwise.runrecord import TIME_COMPONENTS  # noqa: E402
+from flopwise.runrecord.records import TIME_COMPONENTS  # noqa: E402
 from flopwise.safe_write import make_entry_folder, write_file  # noqa: E402
 
 COMPONENT_COLORS = {

@@ -20,7 +20,7 @@ from flopwise.diagnose.analyze import (
 )
 from flopwise.report import plots
 from flopwise.report.html_report import write_html_report
-from flopwise.runrecord import REPORT_FILE, TIME_COMPONENTS
+from flopwise.runrecord.records import REPORT_FILE, TIME_COMPONENTS
 from flopwise.safe_write import write_file
 
 

@@ -33,15 +33,15 @@ from typing import Callable, ContextManager
 
 from torch import nn
 
-from flopwise.train import activation_compression
-from flopwise.train.activation_checkpointing import apply_activation_checkpointing
-from flopwise.train.config import RunConfig
-from flopwise.train.distributed import DistEnv
+from flopwise.train.techniques import activation_compression
+from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing
+from flopwise.config.schema import RunConfig
+from flopwise.train.parallel.distributed import DistEnv
 from flopwise.train.model import build_model, transformer_blocks
-from flopwise.train.parallelize import (
+from flopwise.train.parallel.parallelize import (
     apply_tensor_parallel, attach_strategy, build_device_mesh, parallelize_model, unwrap,
 )
-from flopwise.train.precision import apply_fp32_norm, fsdp_mixed_precision_policy
+from flopwise.train.techniques.precision import apply_fp32_norm, fsdp_mixed_precision_policy
 
 
 @dataclass

@@ -79,7 +79,7 @@ def parameters_on_meta() -> Iterator[None]:
 
 def build_pretrained_skeleton(model_cfg, vocab_size: int) -> nn.Module:
     """The HF model of `model_cfg.pretrained` with parameters on meta (filled by `materialize_pretrained`)."""
-    from flopwise.train.hf_logging import quiet_hf_libraries
+    from flopwise.hf_logging import quiet_hf_libraries
     from flopwise.train.model import build_hf_model
 
     quiet_hf_libraries()

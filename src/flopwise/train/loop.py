@@ -20,20 +20,21 @@ import torch
 from torch import nn
 
 from flopwise.plan.from_config import batch_layout
-from flopwise.train import comm_volume, prediction
-from flopwise.train.mesh import mesh_shape_of
+from flopwise.train import prediction
+from flopwise.train.parallel import comm_volume
+from flopwise.train.parallel.mesh import mesh_shape_of
 from flopwise.train.build import BuiltModel, build_strategy, build_training_model
-from flopwise.train.config import RunConfig, TrainingConfig
-from flopwise.train.config_loading import dump_config
-from flopwise.train.data import TokenLoader
-from flopwise.train.heartbeat import note_step
-from flopwise.train.prepare import prepare_data
-from flopwise.train.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier, data_parallel_shape
+from flopwise.config.schema import RunConfig, TrainingConfig
+from flopwise.config.loading import dump_config
+from flopwise.train.data.files import TokenLoader
+from flopwise.train.launch.heartbeat import note_step
+from flopwise.train.data.prepare import prepare_data
+from flopwise.train.parallel.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier, data_parallel_shape
 from flopwise.train.checkpoint.policy import StepBoundary
-from flopwise.runrecord import MemoryBytes, StepRecord, config_path, write_comparison
+from flopwise.runrecord.records import MemoryBytes, StepRecord, config_path, write_comparison
 from flopwise.safe_write import copy_file, make_folder, write_file
 from flopwise.train.metrics import MetricsWriter, RunDisplay
-from flopwise.train.precision import make_grad_scaler
+from flopwise.train.techniques.precision import make_grad_scaler
 from flopwise.train.step import Strategy, StepHooks, train_step
 
 
@@ -211,7 +212,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
             result.train_losses.append(step.loss)
             result.memory = step.memory
             result.steps = state.step
-            note_step(state.step)  # carried by this rank's heartbeat (train/heartbeat.py)
+            note_step(state.step)  # carried by this rank's heartbeat (train/launch/heartbeat.py)
             # saves when due; stops on a signal, a NaN loss or endless fp16 overflows
             boundary.after_step(state, step.loss, step.skipped, step.loss_scale)
         boundary.finish(state)

@@ -22,9 +22,9 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from flopwise.runrecord import MemoryBytes, json_line, metrics_path
+from flopwise.runrecord.records import MemoryBytes, json_line, metrics_path
 from flopwise.safe_write import WriteFailed, make_folder, open_for_append, write_through_descriptor
-from flopwise.train.distributed import local_tensor
+from flopwise.train.parallel.distributed import local_tensor
 
 
 def _unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -8,8 +8,8 @@ biases. The "gpt2" variant is GPT-2 (Radford et al. 2019): LayerNorm with bias, 
 positions, GELU MLP of width 4h, biases everywhere.
 
 The model knows nothing about distribution or precision: parallelism, autocast and
-activation checkpointing are applied from outside (see `train/parallelize.py`,
-`train/precision.py`, `train/activation_checkpointing.py`). Every model's `forward(input_ids)`
+activation checkpointing are applied from outside (see `train/parallel/parallelize.py`,
+`train/techniques/precision.py`, `train/techniques/activation_checkpointing.py`). Every model's `forward(input_ids)`
 returns logits `[B, T, V]`.
 """
 
@@ -25,7 +25,7 @@ from torch import nn
 from flopwise.errors import UserError
 from flopwise.plan.from_config import check_shape, ffn_hidden_of, hf_config_path, kv_heads_of
 from flopwise.rotary import apply_rotary, rotary_tables
-from flopwise.train.config import ModelConfig
+from flopwise.config.schema import ModelConfig
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT initialisation
 class CausalSelfAttention(nn.Module):

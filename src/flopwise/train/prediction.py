@@ -30,11 +30,11 @@ import torch
 from flopwise.catalog.hardware import HardwareSpec, load_hardware
 from flopwise.plan.from_config import model_spec_from_config, notes_for, runspec_from_config
 from flopwise.plan.planner import plan
-from flopwise.plan.precision_mode import precision_of
-from flopwise.runrecord import MEMORY_COMPONENTS, Comparison, plan_path
+from flopwise.config.precision import precision_of
+from flopwise.runrecord.records import MEMORY_COMPONENTS, Comparison, plan_path
 from flopwise.safe_write import make_folder, write_file
-from flopwise.train.config import RunConfig
-from flopwise.train.distributed import DistEnv, all_reduce_mean
+from flopwise.config.schema import RunConfig
+from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
 
 CPU_KEY = "cpu-measured"
 # Square matmul sizes for the CPU peak: cache behaviour makes either one faster on a given
@@ -115,7 +115,7 @@ class Forecast:
             ratio["memory_host_offload"] = _ratio(measured_memory["host_offload"], host_predicted)
         ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
         ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
-        if measured.get("comm_bytes") is not None:  # one metered step (`train/comm_volume.py`)
+        if measured.get("comm_bytes") is not None:  # one metered step (`train/parallel/comm_volume.py`)
             planned = (self.plan or {}).get("comm") or {}
             predicted["comm_bytes_per_step"] = {dim: planned.get(f"{dim}_bytes") for dim in ("dp", "tp", "pp")}
             measured_out["comm_bytes_per_step"] = {dim: sum(kinds.values())
@@ -220,7 +220,7 @@ def model_flops_per_token(spec) -> float:
 
 def _device_profile(env: DistEnv, dtype: str, notes: list[str]):
     """(profile, record of which one) for this device; (None, None) and a note if it cannot be had."""
-    from flopwise.diagnose.calibrate import profile_for_device
+    from flopwise.measure.calibrate import profile_for_device
 
     try:
         profile, path = profile_for_device(env.device, dtype)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flopwise.train.distributed import DistEnv, wait_for_other_ranks
+from flopwise.train.parallel.distributed import DistEnv, wait_for_other_ranks
 from flopwise.train.metrics import MemoryBytes, SavedActivationMeter
 
 

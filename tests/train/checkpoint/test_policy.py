@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from flopwise.train.checkpoint import store as ckpt
-from flopwise.train.config_loading import load_config
+from flopwise.config.loading import load_config
 from flopwise.train.loop import run_training
-from flopwise.train.distributed import init_distributed
+from flopwise.train.parallel.distributed import init_distributed
 
 STEPS = 10
 

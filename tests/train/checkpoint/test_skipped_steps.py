@@ -13,7 +13,7 @@ import json
 import pytest
 
 from flopwise.train.checkpoint.policy import SkippedStepGuard
-from flopwise.train.config_loading import load_config
+from flopwise.config.loading import load_config
 from flopwise.train.loop import lr_at
 from tests.train.checkpoint.test_policy import config, corpus, train_cli, write  # noqa: F401
 

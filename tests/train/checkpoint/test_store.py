@@ -16,10 +16,10 @@ import torch
 from flopwise.errors import UserError
 from flopwise.train.checkpoint import store as ckpt
 from flopwise.train.checkpoint.safe_read import MetadataUnpickler, SafeFileSystemReader, safe_dcp_load
-from flopwise.train.config_loading import load_config
+from flopwise.config.loading import load_config
 from flopwise.train.checkpoint.policy import TrainingDiverged
 from flopwise.train.loop import run_training
-from flopwise.train.distributed import init_distributed
+from flopwise.train.parallel.distributed import init_distributed
 
 TINY = [
     "model.n_layers=2", "model.hidden=32", "model.n_heads=2", "model.max_seq_len=64",
@@ -149,7 +149,7 @@ def test_the_metadata_loader_refuses_anything_but_dcp_metadata(saved, tmp_path):
 def test_a_nan_loss_stops_the_run_with_a_diagnosis_and_saves_nothing_after_it(corpus, tmp_path):
     """The real step and step boundary; the divergence itself is forced by a NaN weight (the loop
     already skips updates with non-finite gradients, so a tiny model rarely gets there alone)."""
-    from flopwise.train.prepare import prepare_data
+    from flopwise.train.data.prepare import prepare_data
     from flopwise.train.checkpoint.policy import StepBoundary
     from flopwise.train.loop import build_state
     from flopwise.train.step import train_step
@@ -191,7 +191,7 @@ def test_export_writes_one_safetensors_file_that_compress_can_read(saved, tmp_pa
     from safetensors.torch import load_file
 
     from flopwise.compress.tasks import find_export
-    from flopwise.train.export import export_checkpoint
+    from flopwise.artifacts.export import export_checkpoint
     from flopwise.train.model import build_model
 
     result = export_checkpoint(saved, step=4)
@@ -214,7 +214,7 @@ def test_export_writes_one_safetensors_file_that_compress_can_read(saved, tmp_pa
 
 
 def test_a_time_interval_saves_when_the_minutes_have_passed(corpus, tmp_path):
-    from flopwise.train.prepare import prepare_data
+    from flopwise.train.data.prepare import prepare_data
     from flopwise.train.checkpoint.policy import StepBoundary
     from flopwise.train.loop import build_state
 
@@ -239,7 +239,7 @@ def test_a_time_interval_saves_when_the_minutes_have_passed(corpus, tmp_path):
 
 def test_export_of_an_hf_model_writes_a_folder_transformers_can_load(corpus, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from flopwise.train.export import export_checkpoint
+    from flopwise.artifacts.export import export_checkpoint
 
     config = transformers.LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,

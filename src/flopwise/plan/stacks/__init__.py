@@ -17,9 +17,15 @@ _STACKS = {module.STACK.name: module.STACK for module in (
     flopwise, megatron_core, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn)}
 STACK_NAMES = tuple(_STACKS)
 ALIASES = {"nemo": "megatron-core", "megatron-bridge": "megatron-core", "llm-foundry": "composer",
-           "mcore": "megatron-core"}
+           "mcore": "megatron-core", "gpt-neox": "megatron-deepspeed"}
 
-__all__ = ["ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack", "get_stack"]
+__all__ = ["ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack", "find_stack", "get_stack"]
+
+
+def find_stack(name: str) -> Stack | None:
+    """The stack called `name` (or an alias), None for a name no module describes (a RunSpec
+    built directly may name a stack the planner has no conventions for; it plans as flopwise)."""
+    return _STACKS.get(ALIASES.get(name, name))
 
 
 def get_stack(name: str) -> Stack:

@@ -34,8 +34,8 @@ from flopwise.train.checkpoint.resume import resume
 from flopwise.train.checkpoint.store import (
     SaveContext, checkpoints_dir, save_checkpoint,
 )
-from flopwise.train.distributed import agree_max
-from flopwise.plan.precision_mode import precision_of
+from flopwise.train.parallel.distributed import agree_max
+from flopwise.config.precision import precision_of
 
 DIVERGED_EXIT_CODE = 3
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # SIGINT: Ctrl-C, forwarded by torchrun

@@ -25,9 +25,9 @@ from flopwise.train.checkpoint.store import (
     read_manifest, remove_stale_temporaries, resolve_checkpoint, trainer_file,
     write_text_atomic,
 )
-from flopwise.train.config import CheckpointConfig
-from flopwise.train.distributed import DistEnv, agree_max, barrier
-from flopwise.runrecord import metrics_path
+from flopwise.config.schema import CheckpointConfig
+from flopwise.train.parallel.distributed import DistEnv, agree_max, barrier
+from flopwise.runrecord.records import metrics_path
 from flopwise.safe_write import make_entry_folder
 
 RESUMED_FROM = "resumed_from.json"

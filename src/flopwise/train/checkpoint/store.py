@@ -51,9 +51,9 @@ import torch
 import torch.distributed as dist
 
 from flopwise.errors import UserError
-from flopwise.runrecord import checkpoints_dir
+from flopwise.runrecord.records import checkpoints_dir
 from flopwise.safe_write import fsync_folder, make_entry_folder, write_file
-from flopwise.train.distributed import DistEnv, barrier
+from flopwise.train.parallel.distributed import DistEnv, barrier
 
 FORMAT_VERSION = 1
 LATEST = "latest"

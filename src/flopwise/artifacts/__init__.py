@@ -1,0 +1,1 @@
+"""Models out of a run: consolidated checkpoints, HF folders, sampling."""

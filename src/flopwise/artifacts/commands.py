@@ -1,0 +1,58 @@
+"""CLI commands of flopwise.artifacts (registered by flopwise.cli): `flopwise generate`, `flopwise export`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from flopwise.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    """Add this package's commands to the top-level app."""
+    from flopwise.artifacts.generate_cli import register_generate
+
+    register_generate(app)
+    register_export(app)
+
+
+EXPORT_HELP = (
+    "Consolidate a run's checkpoint into one model.safetensors (+ config.yaml; + an HF folder for HF "
+    "models) in RUN_DIR/export/, the input of `flopwise compress RUN_DIR`.\n\n"
+    "Examples: `flopwise export runs/default` | `flopwise export runs/default --step 1200 --out /tmp/model`"
+)
+
+
+def register_export(app: typer.Typer) -> None:
+    """`flopwise export RUN_DIR [--step N] [--out DIR]`."""
+
+    @app.command(name="export", help=EXPORT_HELP)
+    def export(
+        run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory with checkpoints/."),
+        step: Optional[int] = typer.Option(None, "--step", help="Export this step (default: the latest valid)."),
+        out: Optional[str] = typer.Option(None, "--out", help="Output folder (default: RUN_DIR/export)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show library warnings and logs."),
+    ) -> None:
+        """Verify and consolidate one checkpoint."""
+        import json
+
+        from flopwise.library_noise import route_library_noise
+
+        if not Path(run_dir).is_dir():  # before the library log would create RUN_DIR/export
+            raise UserError(f"{run_dir}: no such run directory")
+        route_library_noise(Path(out) if out else Path(run_dir) / "export", verbose)
+        from flopwise.artifacts.export import export_checkpoint
+
+        result = export_checkpoint(run_dir, step, out)
+        if as_json:
+            print(json.dumps({"checkpoint": str(result.checkpoint), "out": str(result.out), "step": result.step,
+                              "tensors": result.tensors, "parameters": result.parameters,
+                              "hf_folder": str(result.hf_folder) if result.hf_folder else None}))
+            return
+        print(f"exported {result.checkpoint} (step {result.step}, {result.parameters:,} parameters in "
+              f"{result.tensors} tensors) to {result.out / 'model.safetensors'}")
+        if result.hf_folder:
+            print(f"HF folder: {result.hf_folder}")

@@ -1,0 +1,1 @@
+"""Torch-free run configuration: the schema, loading YAML + overrides, precision modes."""

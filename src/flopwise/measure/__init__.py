@@ -1,0 +1,1 @@
+"""Measuring this machine: device detection and peaks, calibration, collective benchmarks."""

@@ -1,0 +1,1 @@
+"""Starting a run: in-process or torchrun, cluster job files, the run lock, heartbeats."""

@@ -1,0 +1,1 @@
+"""Training techniques, one unit and one switch each: precision, checkpointing, compression."""

@@ -1,0 +1,155 @@
+"""Numerics: autocast, loss scaling, fp32 norms and the FSDP2 mixed-precision policy.
+
+Modes (`precision.mode`):
+
+- `fp32`: everything fp32.
+- `bf16` / `fp16`: fp32 parameters, matmuls under `torch.autocast` (Micikevicius et al.
+  2018, "Mixed Precision Training", arXiv:1710.03740). `fp16` adds dynamic loss scaling.
+- `bf16-params` / `fp16-params`: as above, and FSDP2 also keeps the unsharded (compute)
+  parameters in 16 bits while the sharded master copy, the optimizer and the gradient
+  reduction stay fp32 (`MixedPrecisionPolicy`). Without FSDP2 these behave like the plain
+  autocast modes.
+
+Norms are numerically touchy in 16 bits (the seed's `MixedPrecisionLayerNorm`), so
+`apply_fp32_norm` makes each one compute in fp32. Decision: the norm returns the dtype it
+was given. Under plain `bf16`/`fp16` autocast the built-in model's residual stream is
+fp32 (embeddings are fp32 and fp32 + bf16 promotes), so norm outputs stay fp32 and
+autocast casts them for the next matmul; under `*-params` the residual stream is 16-bit
+and a 16-bit output is what the next (16-bit) matmul needs, so no dtype error can arise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flopwise.config.schema import PrecisionConfig
+from flopwise.config.precision import precision_of
+NORM_NAME_MARKERS = ("layernorm", "rmsnorm")
+
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def compute_dtype(mode: str) -> torch.dtype:
+    """The dtype matmuls run in for `mode`."""
+    return TORCH_DTYPES[precision_of(mode).compute_dtype]
+
+
+def uses_loss_scaling(mode: str) -> bool:
+    """fp16's 5-bit exponent underflows small gradients; bf16 has fp32's range and needs no scaling."""
+    return precision_of(mode).loss_scaling
+
+
+def autocast_context(mode: str, device_type: str):
+    """The context the forward pass (and loss) runs in: nothing for fp32, else torch.autocast."""
+    dtype = compute_dtype(mode)
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def make_grad_scaler(cfg: PrecisionConfig, device_type: str) -> torch.amp.GradScaler | None:
+    """Dynamic loss scaler for fp16 modes (None otherwise).
+
+    Doubles the scale after `growth_interval` clean steps and halves it (skipping the
+    step) on inf/nan gradients (Micikevicius et al. 2018, sec. 3.2). The plain
+    `torch.amp.GradScaler` works for DDP and FSDP2: with FSDP2 the gradients are DTensors
+    and DTensor's dispatch all-reduces the found-inf flag across the mesh, so every rank
+    skips together (FSDP1's `ShardedGradScaler` is not needed). Gradients must be fp32,
+    which holds here: parameters (FSDP2: the sharded ones) are always fp32.
+    """
+    if not uses_loss_scaling(cfg.mode):
+        return None
+    return torch.amp.GradScaler(
+        device_type,
+        init_scale=cfg.initial_scale,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=cfg.growth_interval,
+    )
+
+
+def fsdp_mixed_precision_policy(mode: str):
+    """FSDP2 policy: 16-bit compute parameters for `*-params`, fp32 gradient reduction; None otherwise."""
+    precision = precision_of(mode)
+    if precision.param_dtype == "fp32":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[precision.param_dtype], reduce_dtype=torch.float32)
+
+
+def fp32_layer_norm_forward(self: nn.LayerNorm, input: torch.Tensor) -> torch.Tensor:
+    """The seed's MixedPrecisionLayerNorm: F.layer_norm on fp32 input and weights, cast back."""
+    with torch.autocast(device_type=input.device.type, enabled=False):
+        out = F.layer_norm(
+            input.float(),
+            self.normalized_shape,
+            self.weight.float() if self.weight is not None else None,
+            self.bias.float() if self.bias is not None else None,
+            self.eps,
+        )
+    return out.to(input.dtype)
+
+
+def fp32_rms_norm_forward(self: nn.RMSNorm, input: torch.Tensor) -> torch.Tensor:
+    """RMSNorm (Zhang & Sennrich 2019) on fp32 input and weight, cast back to the input dtype."""
+    with torch.autocast(device_type=input.device.type, enabled=False):
+        out = F.rms_norm(
+            input.float(),
+            self.normalized_shape,
+            self.weight.float() if self.weight is not None else None,
+            self.eps,
+        )
+    return out.to(input.dtype)
+
+
+def fp32_wrapped_forward(original):
+    """For norms of other libraries (HF's LlamaRMSNorm, ...): run their own forward on fp32 input.
+
+    Their weights may be 16-bit (FSDP2 `*-params`); multiplying them with the fp32 input
+    promotes to fp32, so the arithmetic is fp32 whatever the weight dtype.
+    """
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+            out = original(self, hidden_states.float(), *args, **kwargs)
+        return out.to(hidden_states.dtype)
+
+    return forward
+
+
+def is_norm(module: nn.Module) -> bool:
+    """LayerNorm / RMSNorm of torch or of any library (matched by class name, e.g. LlamaRMSNorm)."""
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        return True
+    name = type(module).__name__.lower()
+    is_leaf = next(module.children(), None) is None  # not a block that merely has "Norm" in its name
+    return is_leaf and any(marker in name for marker in NORM_NAME_MARKERS)
+
+
+def apply_fp32_norm(model: nn.Module) -> int:
+    """Make every LayerNorm/RMSNorm in `model` compute in fp32; returns how many were changed.
+
+    Idempotent. Only the forward changes (per instance), so parameters, state_dict keys
+    and checkpoints are untouched; apply it before FSDP2 / activation checkpointing.
+    """
+    changed = 0
+    for module in model.modules():
+        if not is_norm(module) or getattr(module, "fp32_norm", False):
+            continue
+        if type(module) is nn.LayerNorm:
+            forward = fp32_layer_norm_forward
+        elif type(module) is nn.RMSNorm:
+            forward = fp32_rms_norm_forward
+        else:
+            forward = fp32_wrapped_forward(type(module).forward)
+        module.forward = types.MethodType(forward, module)
+        module.fp32_norm = True
+        changed += 1
+    return changed
