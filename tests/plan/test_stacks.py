@@ -181,3 +181,35 @@ def test_a_runspec_naming_an_undescribed_stack_plans_as_flopwise():
     spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, zero=1)
     assert plan_memory(dataclasses.replace(spec, stack="jax")).total_bytes == plan_memory(spec).total_bytes
     assert plan(dataclasses.replace(spec, stack="jax")).fits
+
+
+def test_deepspeed_zero3_gathers_one_module_not_a_block(tmp_path):
+    """Megatron-LM Table 2's 530B ZeRO-3 run (640 A100-80GB, micro-batch 4, full recompute) ran:
+    DeepSpeed fetches one module at a time, so its gather buffer is the largest Linear's 16-bit
+    weight and gradient (4 bytes/param), not a whole 5B-parameter block's."""
+    import json
+
+    from flopwise.plan.planner import plan_memory
+
+    config = tmp_path / "config.json"  # Narayanan et al. 2021 Table 2's 530B: 105 layers, h 20480, 128 heads
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 20480, "n_layer": 105, "n_head": 128,
+                                  "vocab_size": 51200, "n_positions": 2048}))
+    job = dict(model=str(config), hardware="a100-80gb", gpus=640, micro_batch=4, global_batch=2560,
+               seq_len=2048, precision="fp16", zero=3, recompute="full")
+    generic = plan_memory(build_runspec(framework="deepspeed", **job))
+    stack = plan_memory(build_runspec(stack="deepspeed", **job))
+    h = 20480
+    assert stack.comm_buffers == pytest.approx(4.0 * h * 4 * h)  # the 4h x h MLP Linear
+    assert generic.comm_buffers > 2.9 * stack.comm_buffers
+    assert stack.fits and not generic.fits
+
+
+def test_plan_memory_applies_the_stacks_recompute_as_plan_does():
+    from flopwise.plan.planner import plan_memory
+
+    spec = build_runspec(model="llama3.1-405b", hardware="h100-sxm", gpus=8192, tp=8, pp=16, seq_len=8192,
+                         micro_batch=1, global_batch=2048, zero=1, sequence_parallel=True, schedule="interleaved",
+                         stack="torchtitan")
+    memory = plan_memory(spec)
+    assert memory.fits and memory.fits_with[-1].startswith("recompute ")
+    assert plan(spec).memory.fits_with == memory.fits_with

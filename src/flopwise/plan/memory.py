@@ -545,8 +545,19 @@ def largest_unit_params(params: ParamCount, tp: int) -> float:
     return max(params.per_layer, params.embedding, params.output_head) / tp
 
 
+def largest_module_params(spec: ModelSpec, params: ParamCount, tp: int) -> float:
+    """Parameters of the biggest single module (one Linear, or the embedding/head) on one TP
+    rank: what DeepSpeed's ZeRO-3 gathers at a time, since it fetches parameters module by
+    module (`runtime/zero/partitioned_param_coordinator.py`), not a whole block."""
+    h = spec.hidden
+    head_dim = spec.head_dim or h // spec.n_heads
+    qkv = h * (spec.n_heads + 2 * (spec.n_kv_heads or spec.n_heads)) * head_dim
+    mlp = h * (spec.ffn_hidden or 4 * h)
+    return max(qkv / tp, mlp / tp, params.embedding / tp, params.output_head / tp)
+
+
 def comm_buffer_bytes(params: ParamCount, sb: StateBytes, zero_stage: int, dp: int, tp: int, offload: str,
-                      framework: str = "fsdp") -> float:
+                      framework: str = "fsdp", largest_unit: float | None = None) -> float:
     """Communication buffers, by framework.
 
     - fsdp: DDP 2 × 25 MiB buckets; ZeRO-3 (FULL_SHARD) two gathered units (current +
@@ -555,15 +566,18 @@ def comm_buffer_bytes(params: ParamCount, sb: StateBytes, zero_stage: int, dp: i
       4 bytes/param (`estimate_zero3_model_states_mem_needs`); ZeRO-1/2 as fsdp.
     - megatron: none beyond the contiguous gradient and parameter buffers, which the
       model states already count (the buckets are views into them).
+    `largest_unit`: the parameters one gather fetches when a stack gathers by module
+    (`largest_module_params`) rather than by block (`largest_unit_params`).
     """
+    unit = largest_unit_params(params, tp) if largest_unit is None else largest_unit
     if dp == 1 and zero_stage < 3:
         return 0.0
     if framework == "megatron" and zero_stage < 3 and offload != "params":
         return 0.0
     if zero_stage >= 3 or offload == "params":
         if framework == "deepspeed":
-            return 4.0 * largest_unit_params(params, tp)
-        return 2.0 * largest_unit_params(params, tp) * sb.weight
+            return 4.0 * unit
+        return 2.0 * unit * sb.weight
     return 2.0 * DDP_BUCKET_BYTES
 
 

@@ -227,15 +227,23 @@ def stack_rates(spec: RunSpec) -> tuple[str | None, str | None, bool]:
     return stack.attention_kernel, recipe, True
 
 
-def _stack_recompute(spec: RunSpec, profile: GemmProfile | None) -> Plan | None:
-    """Under a named stack that offers recompute, the layout with the least recompute that fits
-    (timed with its recompute), its memory saying so in `fits_with`; None when none fits."""
+def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:
+    """The recompute policies to try for `spec`, or None when its stack offers none (the
+    flopwise stack, a layout that already recomputes, a CNN)."""
     if spec.stack == "flopwise" or spec.layout.recompute != "none" or spec.model.arch == "cnn":
         return None
     from flopwise.plan.stacks import find_stack
 
     stack = find_stack(spec.stack)
     if stack is None or "recompute" not in stack.memory_options:
+        return None
+    return STACK_RECOMPUTE_LADDER
+
+
+def _stack_recompute(spec: RunSpec, profile: GemmProfile | None) -> Plan | None:
+    """Under a named stack that offers recompute, the layout with the least recompute that fits
+    (timed with its recompute), its memory saying so in `fits_with`; None when none fits."""
+    if _stack_recompute_ladder(spec) is None:
         return None
     for policy in STACK_RECOMPUTE_LADDER:
         tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))
@@ -344,7 +352,16 @@ def plan_memory(spec: RunSpec, check: bool = True) -> mem.MemoryEstimate:
     only build valid layouts."""
     if check:
         validate(spec)
-    return estimate_memory(spec, count_params(spec.model), [], every_stage=False)
+    pc = count_params(spec.model)
+    memory = estimate_memory(spec, pc, [], every_stage=False)
+    if memory.fits or _stack_recompute_ladder(spec) is None:
+        return memory
+    for policy in STACK_RECOMPUTE_LADDER:  # as `plan()` does (`_stack_recompute`)
+        tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))
+        with_recompute = estimate_memory(tried, pc, [], every_stage=False)
+        if with_recompute.fits:
+            return dataclasses.replace(with_recompute, fits_with=(*with_recompute.fits_with, f"recompute {policy}"))
+    return memory
 
 
 def _memory(spec: RunSpec, pc: ParamCount, warnings: list[str]) -> mem.MemoryEstimate:

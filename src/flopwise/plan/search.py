@@ -153,8 +153,18 @@ def objective_value(result: Plan, objective: str) -> float:
 def rank_key(result: Plan, objective: str) -> tuple:
     """Sort key: objective, then less offload, less recompute, less memory (unmodelled costs)."""
     lay = result.spec.layout
-    return (objective_value(result, objective), OFFLOAD.index(lay.offload), RECOMPUTE.index(lay.recompute),
+    return (objective_value(result, objective), OFFLOAD.index(lay.offload), _recompute_rank(lay.recompute),
             result.memory.total_bytes, lay.zero_stage, lay.pp, lay.tp)
+
+
+def _recompute_rank(policy: str) -> float:
+    """Less recompute first: none, selective, then by the share of the forward run again
+    (`every:K`, which a stack's recompute ladder may choose, sits between them and full)."""
+    from flopwise.plan.memory import recompute_forward_fraction
+
+    if policy in ("none", "selective"):
+        return RECOMPUTE.index(policy)
+    return 1.0 + recompute_forward_fraction(policy)
 
 
 def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) -> tuple[list[tuple[int, int]], dict[str, int]]:

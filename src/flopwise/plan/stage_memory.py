@@ -168,7 +168,11 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     if framework == "deepspeed" and lay.pp > 1 and lay.zero_stage >= 2:
         warnings.append("deepspeed: pipeline parallelism runs with ZeRO-0/1 only; planned as asked")
     largest = mem.largest_unit_params(pc, lay.tp)
-    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.shard_group, lay.tp, lay.offload, framework)
+    gather_unit = None
+    if conv.zero3_gathers_modules and model.arch != "cnn":
+        gather_unit = mem.largest_module_params(model, pc, lay.tp)
+    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.shard_group, lay.tp, lay.offload, framework,
+                                    gather_unit)
     layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
     terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
                                                lay.flash_attention, conv.gemm_input_bytes, conv.fused_norm,

@@ -49,5 +49,6 @@ class Stack:
     allocator_reserve: float
     fused_norm: bool = False  # the norm saves only its input (TE LayerNormLinear / fused RMSNorm), not its output
     fused_swiglu: bool = False  # SwiGLU saves only its input (Megatron-Core fused_bias_swiglu.py)
+    zero3_gathers_modules: bool = False  # ZeRO-3 fetches one module at a time (DeepSpeed), not a block (FSDP)
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

@@ -38,6 +38,7 @@ class MemoryConventions:
     fused_norm: bool = False
     fused_swiglu: bool = False
     act_input_bytes: float | None = None
+    zero3_gathers_modules: bool = False
 
 
 FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
@@ -62,6 +63,7 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = ()) -> 
         fused_norm=stack.fused_norm,
         fused_swiglu=stack.fused_swiglu,
         act_input_bytes=1.0 if (stack.fused_swiglu and "fp8-activation-store" in options) else None,
+        zero3_gathers_modules=stack.zero3_gathers_modules,
     )
 
 

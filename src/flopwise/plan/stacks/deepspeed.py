@@ -16,6 +16,8 @@ STACK = Stack(
     fp8_gemm_input_bytes=2.0,
     loss_bytes_per_logit=8.0,
     allocator_reserve=0.10,
+    # ZeRO-3 fetches parameters module by module (runtime/zero/partitioned_param_coordinator.py)
+    zero3_gathers_modules=True,
     memory_options=("recompute",),
     sources=("microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py, stage3.py",
              "microsoft/DeepSpeed deepspeed/ops/adam/fused_adam.py"),

@@ -15,6 +15,8 @@ STACK = Stack(
     fp8_gemm_input_bytes=2.0,
     loss_bytes_per_logit=4.0,  # vocab-parallel cross-entropy keeps the fp32 softmax
     allocator_reserve=0.10,
+    # ZeRO-3 fetches parameters module by module (runtime/zero/partitioned_param_coordinator.py)
+    zero3_gathers_modules=True,
     memory_options=("recompute",),
     sources=("microsoft/Megatron-DeepSpeed megatron/mpu/cross_entropy.py",
              "microsoft/DeepSpeed deepspeed/runtime/pipe/engine.py, runtime/zero/stage_1_and_2.py"),
