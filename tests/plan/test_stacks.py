@@ -10,7 +10,7 @@ from flopwise.plan.stacks import FP8_RECIPES, STACK_NAMES, get_stack
 def test_agreed_names_and_aliases():
     assert STACK_NAMES[0] == "flopwise"
     assert set(STACK_NAMES) == {"flopwise", "megatron-core", "megatron-lm", "deepspeed", "megatron-deepspeed",
-                                "composer", "torchtitan", "flash-attn"}
+                                "composer", "torchtitan", "flash-attn", "jax"}
     for alias in ("nemo", "megatron-bridge"):
         assert get_stack(alias) is get_stack("megatron-core")
     assert RunSpec.__dataclass_fields__["stack"].default == "flopwise"
@@ -29,7 +29,7 @@ def test_every_stack_is_complete_and_cites_sources():
 
 def test_unknown_stack_is_one_line():
     with pytest.raises(UserError) as err:
-        get_stack("jax")
+        get_stack("paxml")
     assert "\n" not in str(err.value) and "megatron-core" in str(err.value)
 
 
@@ -172,15 +172,15 @@ def test_megatron_core_defaults_to_its_distributed_optimizer():
 
 
 def test_a_runspec_naming_an_undescribed_stack_plans_as_flopwise():
-    """RunSpecs built directly (the validation harness) may name a stack with no module (PaLM's
-    JAX): the planner falls back to the framework conventions rather than failing."""
+    """RunSpecs built directly (the validation harness) may name a stack with no module: the
+    planner falls back to the framework conventions rather than failing."""
     import dataclasses
 
     from flopwise.plan.planner import plan_memory
 
     spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, zero=1)
-    assert plan_memory(dataclasses.replace(spec, stack="jax")).total_bytes == plan_memory(spec).total_bytes
-    assert plan(dataclasses.replace(spec, stack="jax")).fits
+    assert plan_memory(dataclasses.replace(spec, stack="paxml")).total_bytes == plan_memory(spec).total_bytes
+    assert plan(dataclasses.replace(spec, stack="paxml")).fits
 
 
 def test_deepspeed_zero3_gathers_one_module_not_a_block(tmp_path):
@@ -213,3 +213,32 @@ def test_plan_memory_applies_the_stacks_recompute_as_plan_does():
     memory = plan_memory(spec)
     assert memory.fits and memory.fits_with[-1].startswith("recompute ")
     assert plan(spec).memory.fits_with == memory.fits_with
+
+
+def test_palm_layout_fits_under_jax_gspmd(tmp_path):
+    """PaLM 540B (6,144 TPU v4, 12-way model x 256-way fully sharded data parallel per pod,
+    micro-batch 4, rematerialisation): GSPMD shards the saved activations over the model axis,
+    so the published layout fits; without that sharding the remat inputs alone overflow 32 GiB."""
+    import json
+
+    from flopwise.plan.planner import plan_memory
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 18432, "intermediate_size": 73728,
+                                  "num_hidden_layers": 118, "num_attention_heads": 48, "num_key_value_heads": 1,
+                                  "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 2048,
+                                  "tie_word_embeddings": True}))
+    job = dict(model=str(config), hardware="tpu-v4", gpus=6144, tp=12, micro_batch=4, global_batch=2048,
+               seq_len=2048, zero=3, recompute="full")
+    assert plan_memory(build_runspec(stack="jax", **job)).fits
+    assert not plan_memory(build_runspec(**job)).fits
+
+
+def test_deepspeed_bf16_optimizer_keeps_full_fp32_gradients():
+    """bf16 at ZeRO-1 under DeepSpeed runs BF16_Optimizer: bf16 .grad plus a full-size fp32
+    accumulation buffer (6 bytes/param), no separate fp32 partition; ZeRO-2 keeps its own scheme."""
+    job = dict(model="llama2-7b", hardware="a100-80gb", gpus=8, precision="bf16", seq_len=2048)
+    one = plan(build_runspec(stack="megatron-deepspeed", zero=1, **job)).memory
+    assert one.gradients == pytest.approx(3.0 * one.weights)
+    two = plan(build_runspec(stack="deepspeed", zero=2, **job)).memory
+    assert two.gradients < one.gradients / 3

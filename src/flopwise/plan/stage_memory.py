@@ -140,11 +140,12 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     if stack is None:
         return _estimate(spec, pc, warnings, every_stage, FRAMEWORK_DEFAULTS)
     precision = spec.workload.precision
-    first = _estimate(spec, pc, warnings, every_stage, conventions(stack, precision))
+    zero = spec.layout.zero_stage
+    first = _estimate(spec, pc, warnings, every_stage, conventions(stack, precision, (), zero))
     if first.fits:
         return first
     for options in option_ladder(stack, precision):
-        tried = _estimate(spec, pc, [], every_stage, conventions(stack, precision, options))
+        tried = _estimate(spec, pc, [], every_stage, conventions(stack, precision, options, zero))
         if tried.fits:
             return tried
     return first
@@ -157,10 +158,11 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     model, hw = spec.model, cluster.hardware
     framework = lay.framework
     sb = _state_bytes(work.precision, work.optimizer, framework, lay.zero_stage)
-    if conv.grad_bytes is not None or conv.weight_bytes is not None:
+    if conv.grad_bytes is not None or conv.weight_bytes is not None or conv.grad_partition_bytes is not None:
         sb = mem.StateBytes(sb.weight if conv.weight_bytes is None else conv.weight_bytes,
                             sb.grad if conv.grad_bytes is None else conv.grad_bytes,
-                            sb.master, sb.optimizer, sb.grad_partition)
+                            sb.master, sb.optimizer,
+                            sb.grad_partition if conv.grad_partition_bytes is None else conv.grad_partition_bytes)
     e = mem.activation_dtype_bytes(work.precision)
     cnn = model.arch == "cnn"
     if cnn:
@@ -177,11 +179,12 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
                                                lay.flash_attention, conv.gemm_input_bytes, conv.fused_norm,
                                                conv.fused_swiglu, conv.act_input_bytes)
-    per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, lay.recompute)
+    sharded = lay.sequence_parallel or conv.activations_sharded_over_tp  # SP, or GSPMD's model-axis sharding
+    per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, sharded, lay.recompute)
     rebuilt = 0.0
     if not cnn and (lay.recompute == "full" or mem.every_k(lay.recompute) is not None):
         # the layer being back-propagated is rebuilt whole for a moment
-        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
+        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, sharded, "none")
     tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths
     if tuned is not None:
         adapter = finetune.activation_delta_bytes(model, tuned, work.seq_len, lay.micro_batch_size, e,

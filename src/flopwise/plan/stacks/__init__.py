@@ -10,11 +10,11 @@ from __future__ import annotations
 from flopwise.errors import UserError
 from flopwise.plan.stacks.base import FP8_RECIPES, Stack
 from flopwise.plan.stacks import (
-    composer, deepspeed, flash_attn, flopwise, megatron_core, megatron_deepspeed, megatron_lm, torchtitan,
+    composer, deepspeed, flash_attn, flopwise, jax, megatron_core, megatron_deepspeed, megatron_lm, torchtitan,
 )
 
 _STACKS = {module.STACK.name: module.STACK for module in (
-    flopwise, megatron_core, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn)}
+    flopwise, megatron_core, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn, jax)}
 STACK_NAMES = tuple(_STACKS)
 ALIASES = {"nemo": "megatron-core", "megatron-bridge": "megatron-core", "llm-foundry": "composer",
            "mcore": "megatron-core", "gpt-neox": "megatron-deepspeed"}

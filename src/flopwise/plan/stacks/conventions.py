@@ -39,22 +39,28 @@ class MemoryConventions:
     fused_swiglu: bool = False
     act_input_bytes: float | None = None
     zero3_gathers_modules: bool = False
+    grad_partition_bytes: float | None = None
+    activations_sharded_over_tp: bool = False
 
 
 FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
 """The flopwise stack: the framework conventions plan/memory.py states, unchanged."""
 
 
-def conventions(stack: Stack, precision: str, options: tuple[str, ...] = ()) -> MemoryConventions:
-    """The stack's memory conventions at `precision`, with `options` applied."""
-    sixteen = precision not in ("fp32", "tf32")
+def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zero_stage: int = 0) -> MemoryConventions:
+    """The stack's memory conventions at `precision` and ZeRO stage, with `options` applied."""
+    sixteen = precision not in ("fp32", "tf32", "bf16-true")
     grad = None
     if sixteen and stack.framework == "megatron":
         grad = 2.0 if "bf16-grad-reduce" in options else stack.grad_bytes
+    if precision == "bf16" and stack.bf16_optimizer_fp32_grads and zero_stage <= 1:
+        grad = 2.0 + 4.0  # the bf16 .grad of the backward and the fp32 accumulation buffer
     fp8 = precision == "fp8"
     fp8_params = fp8 and "fp8-params" in options
     return MemoryConventions(
         grad_bytes=grad,
+        grad_partition_bytes=0.0 if (precision == "bf16" and stack.bf16_optimizer_fp32_grads and zero_stage <= 1)
+        else None,
         weight_bytes=1.0 if fp8_params else None,
         fp8_cache_bytes_per_param=1.0 if fp8_params else None,
         gemm_input_bytes=stack.fp8_gemm_input_bytes if fp8 else None,
@@ -64,6 +70,7 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = ()) -> 
         fused_swiglu=stack.fused_swiglu,
         act_input_bytes=1.0 if (stack.fused_swiglu and "fp8-activation-store" in options) else None,
         zero3_gathers_modules=stack.zero3_gathers_modules,
+        activations_sharded_over_tp=stack.activations_sharded_over_tp,
     )
 
 

@@ -17,6 +17,9 @@ STACK = Stack(
     allocator_reserve=0.10,
     # ZeRO-3 fetches parameters module by module (runtime/zero/partitioned_param_coordinator.py)
     zero3_gathers_modules=True,
+    # bf16 at ZeRO-0/1 runs DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py): a full-size fp32
+    # gradient buffer (`fp32_groups_gradients_flat`) filled from the bf16 .grad after backward
+    bf16_optimizer_fp32_grads=True,
     memory_options=("recompute",),
     sources=("microsoft/Megatron-DeepSpeed megatron/mpu/cross_entropy.py",
              "microsoft/DeepSpeed deepspeed/runtime/pipe/engine.py, runtime/zero/stage_1_and_2.py"),
