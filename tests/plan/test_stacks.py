@@ -153,6 +153,7 @@ def test_search_under_a_stack_keeps_the_published_layout():
     result = search_layouts(published, 8, top=3)
     assert result.ranked and all(p.spec.stack == "megatron-core" for p in result.ranked)
     assert all(p.spec.layout.framework == "megatron" for p in result.ranked)
+    assert all(p.spec.layout.zero_stage <= 1 and p.spec.layout.offload == "none" for p in result.ranked)
 
 
 def test_compare_passes_the_stack_through():

@@ -211,8 +211,12 @@ def schedules(n_layers: int, pp: int, max_virtual_stages: int) -> list[tuple[str
 def layout_families(spec: RunSpec, tp: int, pp: int, dp: int, max_virtual_stages: int):
     """(schedule, v, zero, offload, recompute) choices for one (tp, pp, dp); micro-batch varies inside."""
     recomputes = ("none",) if spec.model.arch == "cnn" else RECOMPUTE
+    options = memory_options(dp)
+    if spec.stack != "flopwise" and spec.layout.framework == "megatron":
+        # a Megatron stack offers its distributed optimizer (ZeRO-1) and no parameter sharding
+        options = [(z, o) for z, o in options if z <= 1 and o == "none"] or [(0, "none")]
     for schedule, v in schedules(spec.model.n_layers, pp, max_virtual_stages):
-        for zero, offload in memory_options(dp):
+        for zero, offload in options:
             for recompute in recomputes:
                 yield schedule, v, zero, offload, recompute
 
