@@ -243,3 +243,19 @@ def test_deepspeed_bf16_optimizer_keeps_full_fp32_gradients():
     assert one.gradients == pytest.approx(3.0 * one.weights)
     two = plan(build_runspec(stack="deepspeed", zero=2, **job)).memory
     assert two.gradients < one.gradients / 3
+
+
+def test_bloom_memory_under_megatron_deepspeed_of_its_time():
+    """BLOOM-176B (384 A100-80GB, TP 4 x PP 12 x DP 8, ZeRO-1, bf16, micro-batch 2, full recompute):
+    'one copy of the model takes 48 GPUs (using 60 GB of memory on each GPU)'. The 2022
+    BF16_Optimizer keeps a whole fp32 master and fp32 gradients beside the bf16 ones; the busiest
+    (first) stage's allocated peak lands on the published 60 GB, the reserved total 10 % above."""
+    from flopwise.plan.planner import plan_memory
+
+    memory = plan_memory(build_runspec(
+        model="bloom-176b", hardware="a100-80gb", gpus=384, tp=4, pp=12, zero=1, micro_batch=2, global_batch=2048,
+        seq_len=2048, precision="bf16", recompute="full", framework="megatron", stack="megatron-deepspeed",
+        flash_attention=False, allocator_reserve=0.10))
+    assert memory.fits
+    assert memory.master_weights == pytest.approx(2.0 * memory.weights)  # fp32, whole, on every rank
+    assert memory.allocated_bytes / 1e9 == pytest.approx(60.0, rel=0.05)

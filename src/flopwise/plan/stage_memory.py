@@ -11,6 +11,7 @@ places them on stages.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -194,6 +195,9 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group)
     # model states are linear in a stage's parameters: bytes per parameter, once
     unit = _states_per_param(sb, lay.zero_stage, lay.shard_group, lay.offload)
+    if conv.master_unsharded and lay.offload == "none":
+        # the stack keeps the whole fp32 master on every rank and steps a view of its partition
+        unit = dataclasses.replace(unit, master_weights=sb.master)
     # FSDP2 inside a pipeline stage: torch's schedule turns off resharding after backward and
     # gradient sync for every micro-batch but the last (`PipelineStage.backward_maybe_with_nosync`),
     # so from the first backward until the pass's reduce-scatter the stage holds its whole

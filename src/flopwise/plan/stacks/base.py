@@ -49,6 +49,7 @@ class Stack:
     allocator_reserve: float
     fused_norm: bool = False  # the norm saves only its input (TE LayerNormLinear / fused RMSNorm), not its output
     fused_swiglu: bool = False  # SwiGLU saves only its input (Megatron-Core fused_bias_swiglu.py)
+    bf16_optimizer_full_fp32_master: bool = False  # the 2022 BF16_Optimizer: a whole fp32 master on every rank
     bf16_optimizer_fp32_grads: bool = False  # DeepSpeed BF16_Optimizer: a full fp32 gradient buffer at ZeRO <= 1
     activations_sharded_over_tp: bool = False  # every saved activation split over the model axis (GSPMD)
     zero3_gathers_modules: bool = False  # ZeRO-3 fetches one module at a time (DeepSpeed), not a block (FSDP)

@@ -41,6 +41,7 @@ class MemoryConventions:
     zero3_gathers_modules: bool = False
     grad_partition_bytes: float | None = None
     activations_sharded_over_tp: bool = False
+    master_unsharded: bool = False
 
 
 FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
@@ -71,6 +72,7 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zer
         act_input_bytes=1.0 if (stack.fused_swiglu and "fp8-activation-store" in options) else None,
         zero3_gathers_modules=stack.zero3_gathers_modules,
         activations_sharded_over_tp=stack.activations_sharded_over_tp,
+        master_unsharded=(precision == "bf16" and stack.bf16_optimizer_full_fp32_master and zero_stage <= 1),
     )
 
 

@@ -20,6 +20,10 @@ STACK = Stack(
     # bf16 at ZeRO-0/1 runs DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py): a full-size fp32
     # gradient buffer (`fp32_groups_gradients_flat`) filled from the bf16 .grad after backward
     bf16_optimizer_fp32_grads=True,
+    # the BF16_Optimizer of BLOOM's time (DeepSpeed 2022, runtime/bf16_optimizer.py: "TODO: Need to only
+    # track fp32 params of this partition") keeps `fp32_groups_flat`, a whole fp32 copy, and steps a
+    # narrow() view of its partition; later DeepSpeed keeps only the partition (the deepspeed stack)
+    bf16_optimizer_full_fp32_master=True,
     memory_options=("recompute",),
     sources=("microsoft/Megatron-DeepSpeed megatron/mpu/cross_entropy.py",
              "microsoft/DeepSpeed deepspeed/runtime/pipe/engine.py, runtime/zero/stage_1_and_2.py"),
