@@ -103,6 +103,7 @@ def check_contract(data: dict) -> None:
     for key in LAYOUT_KEYS:
         assert isinstance(data["layout"][key], int) and not isinstance(data["layout"][key], bool), key
     assert data["schema_version"] == 2
+    assert isinstance(data["stack"], str) and all(isinstance(o, str) for o in data["fits_with"])
 
 
 def test_json_contract_every_key_and_type():
@@ -155,3 +156,16 @@ def test_help_shows_every_default():
     for flag in ("--model", "--gpus", "--zero", "--framework", "--allocator-reserve", "--recompute", "--tokens"):
         assert flag in text
     assert text.count("[default:") >= 30
+
+
+def test_stack_flag_through_a_real_process():
+    """`plan --json --stack nemo`: the alias resolves to megatron-core, the published Llama 2 7B
+    fp8 layout fits with the stack's bf16 gradient reduce; an unknown stack is one line, exit != 0."""
+    out = run("--json", "--stack", "nemo", "--precision", "fp8", "--seq-len", "4096", "--global-batch", "128",
+              "--micro-batch", "1", "--zero", "1")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    check_contract(data)
+    assert data["stack"] == "megatron-core" and data["fits"] and data["fits_with"] == ["bf16-grad-reduce"]
+    bad = run("--stack", "paxml")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--stack" in bad.stderr + bad.stdout

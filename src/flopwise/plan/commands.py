@@ -227,8 +227,11 @@ def print_plan(result) -> None:
         ("PF-days", f"{f.pf_days:,.1f}"),
     ])
     verdict = "[green]fits[/green]" if m.fits else "[red]does NOT fit[/red]"
+    if m.fits and m.fits_with:
+        verdict = f"[green]fits with {', '.join(m.fits_with)}[/green]"
     where = f"stage {m.worst_stage} of {lay.pp}, " if lay.pp > 1 else ""
-    table(f"Memory per device ({where}{lay.framework} conventions; {verdict})", [
+    conventions = f"{spec.stack} stack" if spec.stack != "flopwise" else f"{lay.framework} conventions"
+    table(f"Memory per device ({where}{conventions}; {verdict})", [
         ("weights" + (" (frozen base + adapters)" if tuned else ""), _gib(m.weights)), ("gradients", _gib(m.gradients)),
         ("optimizer states", _gib(m.optimizer_states)), ("fp32 master weights", _gib(m.master_weights)),
         (f"activations ({m.inflight_layers:g} layer-micro-batches)", _gib(m.activations)),

@@ -49,6 +49,7 @@ def compare_command(
     local_hardware_usd: Optional[float] = typer.Option(None, "--local-hardware-usd", help="--local: price of one of your cards, amortised."),
     amortize_years: float = typer.Option(3.0, "--amortize-years", help="--local: service life the card price is spread over."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    stack: str = typer.Option("flopwise", "--stack", help="Training software stack planned (see `flopwise plan --help`)."),
     finetune: str = typer.Option("full", "--finetune", help="full|lora|qlora: full training, or LoRA adapters on a frozen base (qlora: base in NF4)."),
     lora_rank: int = typer.Option(16, "--lora-rank", help="--finetune lora|qlora: adapter rank r."),
     lora_targets: str = typer.Option("all-linear", "--lora-targets", help="--finetune lora|qlora: all-linear|qkvo."),
@@ -82,7 +83,7 @@ def compare_command(
     result = compare_devices(model, tokens, keys, gpus=gpus, budget_usd=budget_usd, deadline_days=deadline_days,
                              max_devices=max_devices, seq_len=seq_len, batch_tokens=batch_tokens, precision=precision,
                              optimizer=optimizer, price_per_hour=price_per_hour, global_batch=global_batch,
-                             host_memory_gib=host_memory_gib, finetune_options=tuning)
+                             host_memory_gib=host_memory_gib, finetune_options=tuning, stack=stack)
     written = write_outputs(result, out) if out is not None else []
     if as_json:
         data = result.to_dict()

@@ -80,6 +80,31 @@ vendor micro-benchmark of fp8 training GEMMs sits in the sources; fitted on the 
 figure of published.md (MosaicML llm-foundry MPT-3b fp8 on 8 H100, 30,586 tokens/s/GPU), with
 the fp8 casts timed apart as memory-bound kernels (plan/ops.py)."""
 
+FP8_KERNEL_FACTOR_HOPPER = 0.96
+"""fp8 GEMM fraction of the doubled fp8 peak relative to the bf16 GEMM's of its own peak, from a
+kernel micro-benchmark, not a training run: FBGEMM PR #2546 (H100 500 W), fp8 GEMM alone over
+bf16 at 8192^3, 65536x8192x7168 and 65536x3584x8192: 1,125.5/585.2, 1,082.8/575.1, 1,141.4/546.3
+TFLOP/s = 1.92, 1.88, 2.09x; the median 1.92x is 0.96 of the 2x peak ratio. Casts are timed apart
+(plan/ops.py). Used for the named stacks (plan/stacks); the flopwise stack keeps FP8_FACTOR_HOPPER."""
+
+FP8_RECIPE_FACTOR = {"delayed": 1.0, "tensorwise": 1.0, "rowwise": 0.90, "mxfp8": 1.0}
+"""fp8 GEMM rate of a scaling recipe relative to per-tensor scaling (delayed and tensorwise run the
+same cuBLAS per-tensor-scaled GEMM). rowwise: torch `_scaled_mm` with row-wise scales runs a CUTLASS
+kernel that reaches 90-100 % of the tensor-wise cuBLAS one on most shapes with a tail down to 50 %
+(pytorch/pytorch issue #147971, H100): the lower end of the common range. mxfp8 (Blackwell block
+scales) is native to the tensor cores: 1.0."""
+
+ATTENTION_KERNEL_FRACTION_HOPPER = {
+    "fa2": (0.339, 0.295),
+    "fa3": (0.339 * 648 / 370, 0.295 * 1.5),
+    "cudnn": (0.339 * 595 / 370, 0.295 * 1.5),
+}
+"""Fused attention fwd/bwd fractions of the H100 bf16 peak by kernel generation (head dim 128,
+causal): FlashAttention-2 as the Hopper curve states; FlashAttention-3 and cuDNN 9 scaled from it by
+their non-causal forward at 16k over FlashAttention-2's (648 and 595 vs 370 TFLOP/s, Shah et al.
+2024, "FlashAttention-3", forward head dim 128 figure); backward 1.5x FlashAttention-2, the low end
+of the paper's stated 1.5-2.0x speed-up."""
+
 # Tile shapes: Ampere cuBLAS/CUTLASS CTA tiles 256x128 / 128x256 / 128x128; Hopper WGMMA
 # kernels 128x256 / 256x128 / 128x128 (CUTLASS profiler defaults); MI300X 256x256.
 _AMPERE = DeviceCurve(
@@ -250,15 +275,21 @@ _RATES: dict[tuple, tuple[object, DeviceRates]] = {}
 
 
 def device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmProfile | None = None,
-                 efficiency: float | None = None, stack_speed: float = 1.0) -> DeviceRates:
+                 efficiency: float | None = None, stack_speed: float = 1.0, attention_kernel: str | None = None,
+                 fp8_recipe: str | None = None, kernel_fp8: bool = False) -> DeviceRates:
     """DeviceRates for a catalog entry: the family curve, achievable bandwidth, an optional profile (cached).
     `stack_speed` scales the sustained share of compute-bound kernels for the software stack
-    (`flopwise.plan.fit.stack_speed`; 1 for PyTorch-native stacks)."""
-    key = (hw.key, hw.memory_bandwidth_gbs, precision, peak, id(profile), efficiency, stack_speed)
+    (`flopwise.plan.fit.stack_speed`; 1 for PyTorch-native stacks).
+
+    A stack's `attention_kernel` (fa2 | fa3 | cudnn) sets the Hopper attention fractions; an
+    `fp8_recipe` scales the fp8 GEMM factor (`FP8_RECIPE_FACTOR`); `kernel_fp8` takes the fp8
+    factor from the kernel micro-benchmark (`FP8_KERNEL_FACTOR_HOPPER`) instead of the curve's."""
+    key = (hw.key, hw.memory_bandwidth_gbs, precision, peak, id(profile), efficiency, stack_speed, attention_kernel,
+           fp8_recipe, kernel_fp8)
     hit = _RATES.get(key)
     if hit is not None and hit[0] is profile:
         return hit[1]
-    rates = _device_rates(hw, precision, peak, profile, efficiency)
+    rates = _device_rates(hw, precision, peak, profile, efficiency, attention_kernel, fp8_recipe, kernel_fp8)
     if stack_speed != 1.0 and rates.curve.family not in ("cpu", "generic"):
         rates = dataclasses.replace(rates, curve=dataclasses.replace(
             rates.curve, sustained=rates.curve.sustained * stack_speed))
@@ -269,8 +300,9 @@ def device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmPro
 
 
 def _device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmProfile | None,
-                  efficiency: float | None) -> DeviceRates:
-    curve = curve_for(hw)
+                  efficiency: float | None, attention_kernel: str | None = None, fp8_recipe: str | None = None,
+                  kernel_fp8: bool = False) -> DeviceRates:
+    curve = stack_curve(curve_for(hw), attention_kernel, fp8_recipe, kernel_fp8)
     if profile is not None and getattr(profile, "memory_bandwidth_bytes_per_s", None):
         bandwidth = float(profile.memory_bandwidth_bytes_per_s)
     else:
@@ -283,3 +315,19 @@ def _device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmPr
     attention_peak = hw.peak_flops("bf16") or peak / 2.0
     gemm_peak = peak if (efficiency is not None or profile is not None) else peak * curve.fp8_factor
     return DeviceRates(gemm_peak, bandwidth, curve, precision, attention_peak, profile, efficiency)
+
+
+def stack_curve(curve: DeviceCurve, attention_kernel: str | None, fp8_recipe: str | None,
+                kernel_fp8: bool) -> DeviceCurve:
+    """The family curve with a stack's attention kernel and fp8 recipe applied (Hopper only for
+    the attention kernel: FlashAttention-3 and cuDNN's Hopper kernels have no Ampere form here)."""
+    import dataclasses
+
+    changes = {}
+    if curve.family == "hopper" and attention_kernel in ATTENTION_KERNEL_FRACTION_HOPPER:
+        changes["attention_fraction"] = ATTENTION_KERNEL_FRACTION_HOPPER[attention_kernel]
+    factor = FP8_KERNEL_FACTOR_HOPPER if (kernel_fp8 and curve.family == "hopper") else curve.fp8_factor
+    factor *= FP8_RECIPE_FACTOR.get(fp8_recipe or "tensorwise", 1.0)
+    if factor != curve.fp8_factor:
+        changes["fp8_factor"] = factor
+    return dataclasses.replace(curve, **changes) if changes else curve

@@ -57,9 +57,28 @@ class StateBytes:
     grad_partition: float = 0.0
 
 
+BF16_TRUE_TRADE_OFF = ("bf16-true keeps no fp32 master copy: an update smaller than half a bf16 step of "
+                       "the weight (2^-8 of its magnitude) rounds away, so small learning rates late in "
+                       "training stall (torchtune / litgpt fine-tuning default; Zamirai et al. 2020)")
+"""The trade-off of pure bf16 training, stated wherever it is planned."""
+
+COMPUTE_DTYPE = {"bf16-true": "bf16"}
+"""The dtype matmuls run in, for precisions whose name says more than that (peaks, profiles)."""
+
+
+def compute_dtype(precision: str) -> str:
+    """The matmul dtype of a precision: `bf16-true` computes in bf16."""
+    return COMPUTE_DTYPE.get(precision, precision)
+
+
 def state_bytes(precision: str, optimizer: str) -> StateBytes:
-    """Bytes per parameter for weights, gradients, fp32 master copy and optimizer states."""
+    """Bytes per parameter for weights, gradients, fp32 master copy and optimizer states.
+
+    `bf16-true` (pure bf16): bf16 weights and gradients, no master copy and the optimizer's
+    states in bf16 (AdamW 2 + 2): 2 + 2 + 4 = 8 bytes/param, half of mixed precision's 16."""
     opt = OPTIMIZER_BYTES_PER_PARAM[optimizer]
+    if precision == "bf16-true":
+        return StateBytes(2.0, 2.0, 0.0, opt if optimizer == "adam8bit" else opt / 2.0)
     if precision in ("fp32", "tf32"):
         return StateBytes(4.0, 4.0, 0.0, opt)
     return StateBytes(2.0, 2.0, 4.0, opt)
@@ -86,6 +105,8 @@ def framework_state_bytes(precision: str, optimizer: str, framework: str, zero_s
     `fp32_partitioned_groups_flat`): 4 + 4 + 4 + optimizer, measured on its CPU runs.
     """
     base = state_bytes(precision, optimizer)
+    if precision == "bf16-true":
+        return base  # one dtype throughout: no fp32 gradient buffer or partition copy
     if precision in ("fp32", "tf32") and framework == "deepspeed" and zero_stage >= 1:
         return StateBytes(base.weight, base.grad, 4.0, base.optimizer)
     if precision in ("fp32", "tf32") or framework == "fsdp":
@@ -146,8 +167,19 @@ def activation_terms(
     rmsnorm_saves_normalized: bool = True,
     kv_repeated: bool = False,
     attn_output_copy: bool = False,
+    gemm_input_bytes: float | None = None,
+    fused_swiglu: bool = False,
+    act_input_bytes: float | None = None,
 ) -> ActivationTerms:
     """Korthikanti et al. 2022 §4.1 per-layer breakdown, generalised.
+
+    `gemm_input_bytes`: bytes of the four saved GEMM inputs (QKV, out-projection, MLP up
+    and down) when they differ from e — 1 under Transformer Engine's fp8, which saves the
+    fp8 copy it cast for the forward GEMM (`module/linear.py`, `layernorm_linear.py`).
+    `fused_swiglu`: a fused SwiGLU saves only its input, the up/gate output (2·e·sbf), and the
+    down projection its own input: 3·e·sbf instead of 4 (Megatron-Core
+    `fusions/fused_bias_swiglu.py`, `BiasSwiGLUFunction`). `act_input_bytes`: that input's
+    bytes when stored apart (1 with `--activation-func-fp8-input-store`, which casts it to fp8).
 
     With e = dtype bytes, s·b tokens, h hidden, d = heads·head_dim, k = kv_heads·head_dim,
     f the MLP width, a heads:
@@ -176,16 +208,20 @@ def activation_terms(
     k = d if kv_repeated else (spec.n_kv_heads or spec.n_heads) * head_dim
     f = spec.ffn_hidden or 4 * h
     mask = 1.0 if dropout else 0.0
+    g = e if gemm_input_bytes is None else gemm_input_bytes
 
-    replicated = e * sb * h  # QKV input
+    replicated = g * sb * h  # QKV input
     replicated += mask * sb * h  # attention output dropout mask
-    replicated += e * sb * h  # MLP input
+    replicated += g * sb * h  # MLP input
     replicated += mask * sb * h  # MLP output dropout mask
     per_norm = 2.0 if (spec.norm == "rmsnorm" and rmsnorm_saves_normalized) else 1.0
     replicated += spec.norms_per_layer * per_norm * e * sb * h  # norm inputs (+ normalised)
 
-    sharded = e * sb * (d + 2 * k) + e * sb * d  # Q, K, V + out-proj input
-    sharded += (4.0 if spec.mlp == "swiglu" else 2.0) * e * sb * f
+    sharded = e * sb * (d + 2 * k) + g * sb * d  # Q, K, V + out-proj input
+    if spec.mlp == "swiglu" and fused_swiglu:
+        sharded += 2.0 * (e if act_input_bytes is None else act_input_bytes) * sb * f + g * sb * f
+    else:
+        sharded += (3.0 if spec.mlp == "swiglu" else 1.0) * e * sb * f + g * sb * f  # ... + down-proj input
 
     a = spec.n_heads
     if flash_attention:
@@ -473,6 +509,8 @@ class MemoryEstimate:
     framework: str = "fsdp"
     worst_stage: int = 0
     stages: tuple = ()
+    stack: str = "flopwise"
+    fits_with: tuple = ()  # the stack's memory options (plan/stacks) this estimate applies to fit
 
     @property
     def allocated_bytes(self) -> float:
@@ -507,8 +545,19 @@ def largest_unit_params(params: ParamCount, tp: int) -> float:
     return max(params.per_layer, params.embedding, params.output_head) / tp
 
 
+def largest_module_params(spec: ModelSpec, params: ParamCount, tp: int) -> float:
+    """Parameters of the biggest single module (one Linear, or the embedding/head) on one TP
+    rank: what DeepSpeed's ZeRO-3 gathers at a time, since it fetches parameters module by
+    module (`runtime/zero/partitioned_param_coordinator.py`), not a whole block."""
+    h = spec.hidden
+    head_dim = spec.head_dim or h // spec.n_heads
+    qkv = h * (spec.n_heads + 2 * (spec.n_kv_heads or spec.n_heads)) * head_dim
+    mlp = h * (spec.ffn_hidden or 4 * h)
+    return max(qkv / tp, mlp / tp, params.embedding / tp, params.output_head / tp)
+
+
 def comm_buffer_bytes(params: ParamCount, sb: StateBytes, zero_stage: int, dp: int, tp: int, offload: str,
-                      framework: str = "fsdp") -> float:
+                      framework: str = "fsdp", largest_unit: float | None = None) -> float:
     """Communication buffers, by framework.
 
     - fsdp: DDP 2 × 25 MiB buckets; ZeRO-3 (FULL_SHARD) two gathered units (current +
@@ -517,15 +566,18 @@ def comm_buffer_bytes(params: ParamCount, sb: StateBytes, zero_stage: int, dp: i
       4 bytes/param (`estimate_zero3_model_states_mem_needs`); ZeRO-1/2 as fsdp.
     - megatron: none beyond the contiguous gradient and parameter buffers, which the
       model states already count (the buckets are views into them).
+    `largest_unit`: the parameters one gather fetches when a stack gathers by module
+    (`largest_module_params`) rather than by block (`largest_unit_params`).
     """
+    unit = largest_unit_params(params, tp) if largest_unit is None else largest_unit
     if dp == 1 and zero_stage < 3:
         return 0.0
     if framework == "megatron" and zero_stage < 3 and offload != "params":
         return 0.0
     if zero_stage >= 3 or offload == "params":
         if framework == "deepspeed":
-            return 4.0 * largest_unit_params(params, tp)
-        return 2.0 * largest_unit_params(params, tp) * sb.weight
+            return 4.0 * unit
+        return 2.0 * unit * sb.weight
     return 2.0 * DDP_BUCKET_BYTES
 
 

@@ -34,10 +34,16 @@ OPTIONS = (
     PlanOption("batch_tokens", "--batch-tokens", str, None, "Tokens per optimizer step, e.g. 4M. [default: 4Mi]"),
     PlanOption("seq_len", "--seq-len", int, None, "Training sequence length. [default: the model's]"),
     PlanOption("tokens", "--tokens", str, None, "Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T]"),
-    PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8. [default: bf16]"),
+    PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8|bf16-true (pure bf16: no fp32 master, bf16 AdamW states, 8 bytes/param; "
+               "updates below bf16's resolution are lost). [default: bf16]"),
     PlanOption("optimizer", "--optimizer", str, None, "adamw|sgd|adam8bit. [default: adamw]"),
     PlanOption("framework", "--framework", str, "fsdp",
                "Memory conventions: fsdp|megatron|deepspeed (gradient dtype, buffers, ZeRO-3 gathers)."),
+    PlanOption("stack", "--stack", str, "flopwise",
+               "Training software stack whose kernels and memory conventions are planned: flopwise|megatron-core"
+               "(nemo, megatron-bridge)|megatron-lm|deepspeed|megatron-deepspeed|composer|torchtitan|flash-attn."),
+    PlanOption("fp8_recipe", "--fp8-recipe", str, None,
+               "fp8 scaling: delayed|tensorwise|rowwise|mxfp8. [default: the stack's]"),
     PlanOption("zero", "--zero", int, None,
                "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3). [default: the fastest stage the "
                "framework offers that fits, printed with the reason; 0 without data parallelism]"),
@@ -66,8 +72,9 @@ OPTIONS = (
     PlanOption("pue", "--pue", float, 1.1, "Data-centre power usage effectiveness."),
     PlanOption("calibrate", "--calibrate", str, None, "Run dir whose predicted_vs_measured.json MFU becomes the efficiency. [default: none]"),
     PlanOption("memory_reserve_gib", "--memory-reserve-gib", float, 2.0, "Device memory kept back (CUDA context)."),
-    PlanOption("allocator_reserve", "--allocator-reserve", float, 0.10,
-               "Caching-allocator slack as a fraction of allocated memory, added to the reported total."),
+    PlanOption("allocator_reserve", "--allocator-reserve", float, None,
+               "Caching-allocator slack as a fraction of allocated memory, added to the reported total. "
+               "[default: the stack's; 0.10 for flopwise]"),
     PlanOption("nodes_per_rack", "--nodes-per-rack", int, 4, "Nodes per rack for the rack power density."),
     PlanOption("profile", "--profile", str, None,
                "A device profile (JSON) from `flopwise calibrate`: GEMM rates and bandwidths measured on the "
@@ -90,7 +97,7 @@ RUNSPEC_OPTIONS = (
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
-    "lora_dropout",
+    "lora_dropout", "stack", "fp8_recipe",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 

@@ -102,6 +102,8 @@ class Plan:
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
+            "fits_with": list(self.memory.fits_with),
+            "stack": self.spec.stack,
             "finetune": tuning.split_json(self.spec),
             "inputs": runspec_to_dict(self.spec),
             "flops": self.flops.to_dict(),
@@ -124,6 +126,7 @@ def runspec_to_dict(spec: RunSpec) -> dict:
     return {
         "model": spec.model.key,
         "hardware": spec.cluster.hardware.key,
+        "stack": spec.stack,
         "layout": layout,
         "workload": dataclasses.asdict(spec.workload),
         "cluster": cluster,
@@ -169,7 +172,7 @@ def validate(spec: RunSpec) -> None:
     elif lay.tp > 1 or lay.pp > 1:
         raise UserError(f"{model.key} is a CNN: only data parallelism is planned (use --dp, not --tp/--pp)")
     hw = spec.cluster.hardware
-    if hw.peak_flops(work.precision) is None:
+    if hw.peak_flops(mem.compute_dtype(work.precision)) is None:
         known = [d for d in PRECISIONS if hw.peak_flops(d) is not None]
         raise UserError(
             f"{hw.key} has no published {work.precision} peak; choose --precision from {', '.join(known) or 'none'}"
@@ -200,7 +203,55 @@ def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     result = _evaluate(spec, profile)
     if result.fits:
         return result
+    with_recompute = _stack_recompute(spec, profile)
+    if with_recompute is not None:
+        return with_recompute
     return dataclasses.replace(result, advice=_advice(spec, result, profile))
+
+
+STACK_RECOMPUTE_LADDER = ("every:4", "every:2", "full")
+"""Recompute a named stack tries, least first, before it judges a layout not to fit:
+Megatron-Core's `--recompute-granularity full --recompute-method block --recompute-num-layers N`
+recomputes N layers per stage (a quarter, a half, all), as `every:K` plans it."""
+
+
+def stack_rates(spec: RunSpec) -> tuple[str | None, str | None, bool]:
+    """(attention kernel, fp8 recipe, kernel-level fp8 factor) of the spec's stack, for
+    `gemm.device_rates`: the flopwise stack keeps the family curve unless a recipe is given."""
+    recipe = spec.cluster.extra.get("fp8_recipe")
+    from flopwise.plan.stacks import find_stack
+
+    stack = None if spec.stack == "flopwise" else find_stack(spec.stack)
+    if stack is None:
+        return None, recipe, False
+    return stack.attention_kernel, recipe, True
+
+
+def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:
+    """The recompute policies to try for `spec`, or None when its stack offers none (the
+    flopwise stack, a layout that already recomputes, a CNN)."""
+    if spec.stack == "flopwise" or spec.layout.recompute != "none" or spec.model.arch == "cnn":
+        return None
+    from flopwise.plan.stacks import find_stack
+
+    stack = find_stack(spec.stack)
+    if stack is None or "recompute" not in stack.memory_options:
+        return None
+    return STACK_RECOMPUTE_LADDER
+
+
+def _stack_recompute(spec: RunSpec, profile: GemmProfile | None) -> Plan | None:
+    """Under a named stack that offers recompute, the layout with the least recompute that fits
+    (timed with its recompute), its memory saying so in `fits_with`; None when none fits."""
+    if _stack_recompute_ladder(spec) is None:
+        return None
+    for policy in STACK_RECOMPUTE_LADDER:
+        tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))
+        result = _evaluate(tried, profile)
+        if result.fits:
+            memory = dataclasses.replace(result.memory, fits_with=(*result.memory.fits_with, f"recompute {policy}"))
+            return dataclasses.replace(result, memory=memory)
+    return None
 
 
 def _framework(spec: RunSpec) -> str:
@@ -215,7 +266,7 @@ def _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, w
         eff = Efficiency(cluster.efficiency, cluster.extra.get("efficiency_source", "--efficiency"),
                          cluster.extra.get("efficiency_confidence", "user"))
     else:
-        eff = efficiency_for(hw.key, spec.workload.precision)
+        eff = efficiency_for(hw.key, mem.compute_dtype(spec.workload.precision))
         if eff.confidence == "low":
             warnings.append(f"efficiency {eff.value:.0%} for {hw.key} {spec.workload.precision} is low-confidence "
                             f"({eff.source})")
@@ -254,7 +305,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     e = mem.activation_dtype_bytes(work.precision)
 
     # Communication and time: the operator model (ops.py, gemm.py, comm.py, timing.py)
-    peak = hw.peak_flops(work.precision)
+    peak = hw.peak_flops(mem.compute_dtype(work.precision))
     # the scale-up link reaches the whole scale-up domain (a TPU pod's ICI, an NVL72 rack), not just a host
     domain = cluster.devices_per_node or max(hw.devices_per_node or 8, hw.scale_up_domain or 0)
     links = links_for(hw, domain, profile)
@@ -269,7 +320,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if cnn:
         time, comm = _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings)
     else:
-        rates = device_rates(hw, work.precision, peak, profile, eff_value, stack_speed(spec.stack))
+        rates = device_rates(hw, mem.compute_dtype(work.precision), peak, profile, eff_value, stack_speed(spec.stack),
+                             *stack_rates(spec))
         if eff_value is None:
             eff_source = (f"operator model: GEMM rates and memory bandwidth from the measured device profile "
                           f"({getattr(profile, 'device', 'profile')})" if profile is not None else
@@ -301,7 +353,16 @@ def plan_memory(spec: RunSpec, check: bool = True) -> mem.MemoryEstimate:
     only build valid layouts."""
     if check:
         validate(spec)
-    return estimate_memory(spec, count_params(spec.model), [], every_stage=False)
+    pc = count_params(spec.model)
+    memory = estimate_memory(spec, pc, [], every_stage=False)
+    if memory.fits or _stack_recompute_ladder(spec) is None:
+        return memory
+    for policy in STACK_RECOMPUTE_LADDER:  # as `plan()` does (`_stack_recompute`)
+        tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))
+        with_recompute = estimate_memory(tried, pc, [], every_stage=False)
+        if with_recompute.fits:
+            return dataclasses.replace(with_recompute, fits_with=(*with_recompute.fits_with, f"recompute {policy}"))
+    return memory
 
 
 def _memory(spec: RunSpec, pc: ParamCount, warnings: list[str]) -> mem.MemoryEstimate:
@@ -410,9 +471,11 @@ def build_runspec(
     memory_reserve_gib: float = 2.0,
     devices_per_node: int = 0,
     framework: str = "fsdp",
-    allocator_reserve: float = mem.ALLOCATOR_RESERVE_FRACTION,
+    allocator_reserve: float | None = None,
     nodes_per_rack: int = 4,
     profile: GemmProfile | None = None,
+    stack: str = "flopwise",
+    fp8_recipe: str | None = None,
     finetune: str = "full",
     lora_rank: int = tuning.DEFAULT_LORA_RANK,
     lora_targets: str = "all-linear",
@@ -432,6 +495,17 @@ def build_runspec(
     options = dict(locals())
     from flopwise.catalog.hardware import get_hardware
     from flopwise.catalog.models import get_model
+    from flopwise.plan.stacks import FP8_RECIPES, get_stack
+
+    stack_spec = get_stack(stack or "flopwise")
+    stack = stack_spec.name
+    if stack != "flopwise" and framework == "fsdp":
+        framework = stack_spec.framework  # a named stack brings its framework's conventions
+    if allocator_reserve is None:
+        allocator_reserve = stack_spec.allocator_reserve
+    if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
+        raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)}")
+    tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
 
     warnings: list[str] = []
     model_spec = get_model(model or EXAMPLE["model"])
@@ -472,6 +546,12 @@ def build_runspec(
                         f"planned {accum * dp * micro_batch} sequences per step")
 
     choose_zero = zero is None
+    stack_default_zero = None
+    if choose_zero and stack != "flopwise" and framework == "megatron" and stack_spec.distributed_optimizer \
+            and dp > 1 and offload != "params":
+        # the stack's recipes run the distributed optimizer (Megatron's ZeRO-1): plan what they run
+        zero, choose_zero = 1, False
+        stack_default_zero = f"zero 1: {stack}'s distributed optimizer (--use-distributed-optimizer), on in its recipes"
     if zero is None:
         zero = 3 if offload == "params" else 0  # placeholder until `choose_zero_stage`
     total = parse_count(tokens if tokens is not None else tuning.default_tokens(finetune, EXAMPLE["tokens"]),
@@ -498,10 +578,19 @@ def build_runspec(
         raise UserError(f"--price-per-hour must be >= 0, got {price_per_hour}")
     if nodes_per_rack < 1:
         raise UserError(f"--nodes-per-rack must be >= 1, got {nodes_per_rack}")
+    if precision == "bf16-true":
+        warnings.append(mem.BF16_TRUE_TRADE_OFF)
     extra["warnings"] = tuple(warnings)
+    if stack_default_zero:
+        extra["defaults"] = (stack_default_zero,)
+    if stack != "flopwise":
+        extra["fp8_recipe"] = fp8_recipe or stack_spec.fp8_recipe
+    elif fp8_recipe is not None:
+        extra["fp8_recipe"] = fp8_recipe
     if finetune != "full":
-        extra["defaults"] = tuning.default_notes(tokens is None,
-                                                 options["batch_tokens"] is None and options["global_batch"] is None)
+        extra["defaults"] = (*extra.get("defaults", ()),
+                             *tuning.default_notes(tokens is None,
+                                                   options["batch_tokens"] is None and options["global_batch"] is None))
 
     layout = Layout(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
@@ -520,14 +609,15 @@ def build_runspec(
         price_per_device_hour=price_per_hour, pue=pue, memory_reserve_gib=memory_reserve_gib,
         allocator_reserve=allocator_reserve, nodes_per_rack=nodes_per_rack, extra=extra,
     )
-    spec = RunSpec(model_spec, layout, workload, cluster)
+    spec = RunSpec(model_spec, layout, workload, cluster, stack=stack)
     validate(spec)
     if choose_zero and dp > 1 and offload != "params":
         spec = with_chosen_zero(spec, profile)
     if recompute is None and finetune != "full":
         spec = tuning.recompute_if_needed(spec, lambda s: _evaluate(s, profile), choose_zero and dp > 1
                                           and offload != "params", lambda s: with_chosen_zero(s, profile))
-    if choose_zero and options["tp"] is None and options["pp"] is None and options["dp"] is None and not cnn:
+    if (choose_zero or stack_default_zero) and options["tp"] is None and options["pp"] is None \
+            and options["dp"] is None and not cnn:
         spec = _split_if_needed(spec, options)
     return spec
 

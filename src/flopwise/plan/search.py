@@ -36,12 +36,12 @@ import math
 from dataclasses import dataclass, field
 
 from flopwise.errors import UserError
-from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory
+from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory, stack_rates
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
 from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import device_rates
 from flopwise.plan.comm import links_for
-from flopwise.plan.memory import activation_dtype_bytes, state_bytes
+from flopwise.plan.memory import activation_dtype_bytes, compute_dtype, state_bytes
 from flopwise.plan.timing import StepInputs, step_lower_bound
 
 OBJECTIVES = ("time", "cost", "energy")
@@ -155,8 +155,18 @@ def objective_value(result: Plan, objective: str) -> float:
 def rank_key(result: Plan, objective: str) -> tuple:
     """Sort key: objective, then less offload, less recompute, less memory (unmodelled costs)."""
     lay = result.spec.layout
-    return (objective_value(result, objective), OFFLOAD.index(lay.offload), RECOMPUTE.index(lay.recompute),
+    return (objective_value(result, objective), OFFLOAD.index(lay.offload), _recompute_rank(lay.recompute),
             result.memory.total_bytes, lay.zero_stage, lay.pp, lay.tp)
+
+
+def _recompute_rank(policy: str) -> float:
+    """Less recompute first: none, selective, then by the share of the forward run again
+    (`every:K`, which a stack's recompute ladder may choose, sits between them and full)."""
+    from flopwise.plan.memory import recompute_forward_fraction
+
+    if policy in ("none", "selective"):
+        return RECOMPUTE.index(policy)
+    return 1.0 + recompute_forward_fraction(policy)
 
 
 def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) -> tuple[list[tuple[int, int]], dict[str, int]]:
@@ -203,8 +213,12 @@ def schedules(n_layers: int, pp: int, max_virtual_stages: int) -> list[tuple[str
 def layout_families(spec: RunSpec, tp: int, pp: int, dp: int, max_virtual_stages: int):
     """(schedule, v, zero, offload, recompute) choices for one (tp, pp, dp); micro-batch varies inside."""
     recomputes = ("none",) if spec.model.arch == "cnn" else RECOMPUTE
+    options = memory_options(dp)
+    if spec.stack != "flopwise" and spec.layout.framework == "megatron":
+        # a Megatron stack offers its distributed optimizer (ZeRO-1) and no parameter sharding
+        options = [(z, o) for z, o in options if z <= 1 and o == "none"] or [(0, "none")]
     for schedule, v in schedules(spec.model.n_layers, pp, max_virtual_stages):
-        for zero, offload in memory_options(dp):
+        for zero, offload in options:
             for recompute in recomputes:
                 yield schedule, v, zero, offload, recompute
 
@@ -253,6 +267,9 @@ def search_layouts(
     fits: list[RunSpec] = []
     smallest = None
     flash = spec.layout.flash_attention
+    # a named stack keeps its framework's conventions and TP overlap on every layout tried
+    stack_layout = {} if spec.stack == "flopwise" else {"framework": spec.layout.framework,
+                                                         "tp_comm_overlap": spec.layout.tp_comm_overlap}
     for tp, pp in shapes:
         dp = devices // (tp * pp)
         if global_batch % dp:
@@ -266,7 +283,8 @@ def search_layouts(
                 return RunSpec(spec.model, Layout(
                     dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
                     sequence_parallel=tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
-                    virtual_stages=v, flash_attention=flash), spec.workload, spec.cluster)
+                    virtual_stages=v, flash_attention=flash, **stack_layout), spec.workload, spec.cluster,
+                    stack=spec.stack)
 
             if host_limit is not None:
                 # offloaded bytes do not depend on the micro-batch: one evaluation judges the family
@@ -361,8 +379,9 @@ def _bounder(reference: Plan, profile=None):
     if spec.model.arch == "cnn":
         return lambda candidate: reference.time.compute_seconds
     cluster, work = spec.cluster, spec.workload
-    rates = device_rates(cluster.hardware, work.precision, cluster.hardware.peak_flops(work.precision),
-                         profile, cluster.efficiency, stack_speed(spec.stack))
+    rates = device_rates(cluster.hardware, compute_dtype(work.precision),
+                         cluster.hardware.peak_flops(compute_dtype(work.precision)),
+                         profile, cluster.efficiency, stack_speed(spec.stack), *stack_rates(spec))
     sb = state_bytes(work.precision, work.optimizer)
     total, framework = reference.params.total, _framework(spec)
     hw = cluster.hardware

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from flopwise.catalog.hardware import HardwareSpec
 from flopwise.catalog.models import ModelSpec
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "bf16-true")
+"""`bf16-true`: pure bf16 (no fp32 master copy, bf16 optimizer states; plan/memory.py `state_bytes`)."""
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
 RECOMPUTE = ("none", "selective", "full")
 """Policies the layout search tries; `op` and `every:K` are accepted too (plan/memory.py)."""
@@ -120,4 +121,4 @@ class RunSpec:
     layout: Layout
     workload: Workload
     cluster: Cluster
-    stack: str = "flopwise"
+    stack: str = "flopwise"  # plan/stacks: whose kernels and memory conventions are planned

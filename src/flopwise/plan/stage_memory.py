@@ -11,6 +11,7 @@ places them on stages.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -18,6 +19,8 @@ from flopwise.plan import finetune
 from flopwise.plan import memory as mem
 from flopwise.plan.params import ParamCount
 from flopwise.plan.spec import RunSpec
+from flopwise.plan.stacks import find_stack
+from flopwise.plan.stacks.conventions import FRAMEWORK_DEFAULTS, MemoryConventions, conventions, option_ladder
 from flopwise.plan.timing import split_layers
 
 
@@ -129,12 +132,38 @@ def busiest_stage_candidates(layers: tuple[int, ...]) -> tuple[int, ...]:
 def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: bool = True) -> mem.MemoryEstimate:
     """Per-stage memory and the busiest stage's figure with the fit verdict (appends warnings).
 
-    `every_stage=False` plans only `busiest_stage_candidates` (the same busiest figure,
-    fewer stages listed), for searches that call this many thousand times."""
+    Under a named stack (`spec.stack`, plan/stacks) its memory conventions apply and, when
+    the layout does not fit at the stack's defaults, its memory-only options are tried in
+    order (`stacks.conventions.option_ladder`); the first set that fits is the estimate, with
+    `fits_with` naming it. `every_stage=False` plans only `busiest_stage_candidates` (the same
+    busiest figure, fewer stages listed), for searches that call this many thousand times."""
+    stack = None if spec.stack == "flopwise" else find_stack(spec.stack)
+    if stack is None:
+        return _estimate(spec, pc, warnings, every_stage, FRAMEWORK_DEFAULTS)
+    precision = spec.workload.precision
+    zero = spec.layout.zero_stage
+    first = _estimate(spec, pc, warnings, every_stage, conventions(stack, precision, (), zero))
+    if first.fits:
+        return first
+    for options in option_ladder(stack, precision):
+        tried = _estimate(spec, pc, [], every_stage, conventions(stack, precision, options, zero))
+        if tried.fits:
+            return tried
+    return first
+
+
+def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: bool,
+              conv: MemoryConventions) -> mem.MemoryEstimate:
+    """`estimate_memory` under one set of memory conventions."""
     lay, work, cluster = spec.layout, spec.workload, spec.cluster
     model, hw = spec.model, cluster.hardware
     framework = lay.framework
     sb = _state_bytes(work.precision, work.optimizer, framework, lay.zero_stage)
+    if conv.grad_bytes is not None or conv.weight_bytes is not None or conv.grad_partition_bytes is not None:
+        sb = mem.StateBytes(sb.weight if conv.weight_bytes is None else conv.weight_bytes,
+                            sb.grad if conv.grad_bytes is None else conv.grad_bytes,
+                            sb.master, sb.optimizer,
+                            sb.grad_partition if conv.grad_partition_bytes is None else conv.grad_partition_bytes)
     e = mem.activation_dtype_bytes(work.precision)
     cnn = model.arch == "cnn"
     if cnn:
@@ -142,15 +171,21 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     if framework == "deepspeed" and lay.pp > 1 and lay.zero_stage >= 2:
         warnings.append("deepspeed: pipeline parallelism runs with ZeRO-0/1 only; planned as asked")
     largest = mem.largest_unit_params(pc, lay.tp)
-    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.shard_group, lay.tp, lay.offload, framework)
+    gather_unit = None
+    if conv.zero3_gathers_modules and model.arch != "cnn":
+        gather_unit = mem.largest_module_params(model, pc, lay.tp)
+    buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.shard_group, lay.tp, lay.offload, framework,
+                                    gather_unit)
     layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
     terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
-                                               lay.flash_attention)
-    per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, lay.recompute)
+                                               lay.flash_attention, conv.gemm_input_bytes, conv.fused_norm,
+                                               conv.fused_swiglu, conv.act_input_bytes)
+    sharded = lay.sequence_parallel or conv.activations_sharded_over_tp  # SP, or GSPMD's model-axis sharding
+    per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, sharded, lay.recompute)
     rebuilt = 0.0
     if not cnn and (lay.recompute == "full" or mem.every_k(lay.recompute) is not None):
         # the layer being back-propagated is rebuilt whole for a moment
-        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
+        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, sharded, "none")
     tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths
     if tuned is not None:
         adapter = finetune.activation_delta_bytes(model, tuned, work.seq_len, lay.micro_batch_size, e,
@@ -160,6 +195,9 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group)
     # model states are linear in a stage's parameters: bytes per parameter, once
     unit = _states_per_param(sb, lay.zero_stage, lay.shard_group, lay.offload)
+    if conv.master_unsharded and lay.offload == "none":
+        # the stack keeps the whole fp32 master on every rank and steps a view of its partition
+        unit = dataclasses.replace(unit, master_weights=sb.master)
     # FSDP2 inside a pipeline stage: torch's schedule turns off resharding after backward and
     # gradient sync for every micro-batch but the last (`PipelineStage.backward_maybe_with_nosync`),
     # so from the first backward until the pass's reduce-scatter the stage holds its whole
@@ -179,8 +217,11 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         if cnn:
             activations = logits = inflight = 0.0
         else:
-            activations, logits, inflight = _stage_activations(spec, e, terms, per_layer, rebuilt, i, n)
+            activations, logits, inflight = _stage_activations(spec, e, terms, per_layer, rebuilt, i, n,
+                                                               conv.loss_bytes_per_logit)
         fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest)
+        if conv.fp8_cache_bytes_per_param is not None and fp8:
+            fp8 *= conv.fp8_cache_bytes_per_param / mem.FP8_CACHED_BYTES_PER_PARAM
         weights, gradients = params * unit.weights, params * unit.gradients
         if whole_embedding_grad and i == 0:
             gradients += pc.embedding * (1 - 1 / lay.tp) * unit.gradients
@@ -207,7 +248,7 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         # (PyTorch "CUDA semantics — memory management"), so the fit is judged on allocated bytes
         bool(device_bytes) and worst.total_bytes - worst.allocator_reserve <= capacity,
         fp8_buffers=worst.fp8_buffers, allocator_reserve=worst.allocator_reserve, framework=framework,
-        worst_stage=worst.stage, stages=stages,
+        worst_stage=worst.stage, stages=stages, stack=spec.stack, fits_with=conv.options,
     )
 
 
@@ -220,9 +261,13 @@ def every_stage_memory(spec: RunSpec) -> tuple[StageMemory, ...]:
 
 
 @lru_cache(maxsize=4096)
-def _activation_terms(model, seq_len: int, micro_batch: int, e: float, dropout: bool, flash: bool) -> mem.ActivationTerms:
+def _activation_terms(model, seq_len: int, micro_batch: int, e: float, dropout: bool, flash: bool,
+                      gemm_input_bytes: float | None = None, fused_norm: bool = False, fused_swiglu: bool = False,
+                      act_input_bytes: float | None = None) -> mem.ActivationTerms:
     """`activation_terms`, cached: a search tries many layouts with the same micro-batch."""
-    return mem.activation_terms(model, seq_len, micro_batch, e, dropout, flash)
+    return mem.activation_terms(model, seq_len, micro_batch, e, dropout, flash,
+                                rmsnorm_saves_normalized=not fused_norm, gemm_input_bytes=gemm_input_bytes,
+                                fused_swiglu=fused_swiglu, act_input_bytes=act_input_bytes)
 
 
 @lru_cache(maxsize=256)
@@ -252,7 +297,7 @@ def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bo
 
 
 def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_layer: float, rebuilt: float,
-                       stage: int, layers: int) -> tuple[float, float, float]:
+                       stage: int, layers: int, loss_bytes_per_logit: float | None = None) -> tuple[float, float, float]:
     """(layer activations + embedding's token ids, head inputs + logits, in-flight layers) of one stage."""
     model, lay, work = spec.model, spec.layout, spec.workload
     chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages,
@@ -273,8 +318,12 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         # backward; once, the rest of the loss's peak (the fp32 logits, a 16-bit copy), which is freed
         # before the next micro-batch
         per_element = mem.loss_logits_bytes_per_element(lay.framework, e)
+        if loss_bytes_per_logit is not None:  # a named stack's loss (plan/stacks)
+            per_element = e + loss_bytes_per_logit
         elements = work.seq_len * lay.micro_batch_size * model.vocab_size / lay.tp
         held = held_loss_micro_batches(lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.interleaved_variant)
         kept = SAVED_LOSS_BYTES_PER_LOGIT
+        if loss_bytes_per_logit is not None:  # an in-place fused loss keeps only the logits' own bytes
+            kept = min(kept, loss_bytes_per_logit)
         logits = held * (2 * terms.layer_input + kept * elements) + (per_element - kept) * elements
     return activations, logits, inflight

@@ -1,0 +1,36 @@
+"""Training software stacks as planner inputs: `get_stack(name)` and `STACK_NAMES`.
+
+One module per stack, each a frozen `Stack` whose values cite that stack's source files
+or kernel micro-benchmarks (docs/planner.md, "Stacks"). The default, `flopwise`, is what
+`flopwise train` runs and what a run's plan.json is planned with.
+"""
+
+from __future__ import annotations
+
+from flopwise.errors import UserError
+from flopwise.plan.stacks.base import FP8_RECIPES, Stack
+from flopwise.plan.stacks import (
+    composer, deepspeed, flash_attn, flopwise, jax, megatron_core, megatron_deepspeed, megatron_lm, torchtitan,
+)
+
+_STACKS = {module.STACK.name: module.STACK for module in (
+    flopwise, megatron_core, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn, jax)}
+STACK_NAMES = tuple(_STACKS)
+ALIASES = {"nemo": "megatron-core", "megatron-bridge": "megatron-core", "llm-foundry": "composer",
+           "mcore": "megatron-core", "gpt-neox": "megatron-deepspeed"}
+
+__all__ = ["ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack", "find_stack", "get_stack"]
+
+
+def find_stack(name: str) -> Stack | None:
+    """The stack called `name` (or an alias), None for a name no module describes (a RunSpec
+    built directly may name a stack the planner has no conventions for; it plans as flopwise)."""
+    return _STACKS.get(ALIASES.get(name, name))
+
+
+def get_stack(name: str) -> Stack:
+    """The stack called `name` (or one of its aliases); one-line error for an unknown name."""
+    key = ALIASES.get(name, name)
+    if key not in _STACKS:
+        raise UserError(f"--stack {name!r} is not one of: {', '.join(STACK_NAMES + tuple(ALIASES))}")
+    return _STACKS[key]

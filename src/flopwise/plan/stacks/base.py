@@ -1,0 +1,57 @@
+"""The `Stack` record: what a training software stack decides that the planner must know.
+
+A stack (the trainer and the kernels it calls) sets kernel rates (attention kernel
+generation, fp8 recipe), what overlaps with what, and memory conventions (gradient
+buffer dtype, distributed optimizer, bytes a saved fp8 activation takes, what the loss
+keeps, allocator slack). Each stack module fills one record and cites, per value, the
+source file of that stack or the kernel micro-benchmark it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "mxfp8")
+"""fp8 scaling recipes: delayed (per-tensor amax history, TE `DelayedScaling`), tensorwise
+(per-tensor, current scaling), rowwise (per-row scales, torchao `Float8LinearConfig.from_recipe_name
+("rowwise")`), mxfp8 (32-element blocks with an 8-bit exponent scale, Blackwell)."""
+
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One stack's decisions. `framework` is the memory-convention family the planner's
+    formulas know (fsdp / megatron / deepspeed); the other fields refine it.
+
+    Memory fields are per parameter or per element: `grad_bytes` the gradient buffer's
+    dtype (4: fp32 `main_grad`, 2: the parameters' bf16), `fp8_gemm_input_bytes` what a
+    saved GEMM input takes under fp8 (1 when the fp8 copy is saved, 2 when the bf16 input
+    is), `loss_bytes_per_logit` the loss's peak per logit beyond the bf16 matmul output,
+    `allocator_reserve` the caching allocator's slack over the allocated peak.
+    """
+
+    name: str
+    title: str
+    framework: str
+    attention_kernel: str
+    fp8_recipe: str
+    fused_optimizer: bool
+    fused_cross_entropy: bool
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    tp_comm_overlap: bool
+    grad_bytes: float
+    reduce_bytes: float
+    distributed_optimizer: bool
+    fp8_gemm_input_bytes: float
+    loss_bytes_per_logit: float
+    allocator_reserve: float
+    fused_norm: bool = False  # the norm saves only its input (TE LayerNormLinear / fused RMSNorm), not its output
+    fused_swiglu: bool = False  # SwiGLU saves only its input (Megatron-Core fused_bias_swiglu.py)
+    bf16_optimizer_full_fp32_master: bool = False  # the 2022 BF16_Optimizer: a whole fp32 master on every rank
+    bf16_optimizer_fp32_grads: bool = False  # DeepSpeed BF16_Optimizer: a full fp32 gradient buffer at ZeRO <= 1
+    activations_sharded_over_tp: bool = False  # every saved activation split over the model axis (GSPMD)
+    zero3_gathers_modules: bool = False  # ZeRO-3 fetches one module at a time (DeepSpeed), not a block (FSDP)
+    memory_options: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()

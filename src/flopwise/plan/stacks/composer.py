@@ -1,0 +1,22 @@
+"""Composer / llm-foundry (MosaicML): FSDP (FULL_SHARD), flash attention, TE fp8."""
+
+from flopwise.plan.stacks.base import Stack
+
+STACK = Stack(
+    name="composer", title="Composer / llm-foundry (FSDP, flash attention)", framework="fsdp",
+    attention_kernel="fa2",  # llmfoundry/models/layers/attention.py flash_attn_func (FlashAttention-2)
+    fp8_recipe="delayed",  # llm-foundry fp8 through te.fp8_autocast(DelayedScaling) (composer precision amp_fp8)
+    fused_optimizer=False,  # llmfoundry DecoupledLionW / torch AdamW (foreach)
+    fused_cross_entropy=True,  # loss_fn "fused_crossentropy" (flash_attn.losses.cross_entropy)
+    overlap_grad_reduce=True, overlap_param_gather=True,  # FSDP backward/forward prefetch
+    tp_comm_overlap=False,
+    grad_bytes=2.0, reduce_bytes=2.0,  # fsdp_config mixed_precision PURE/DEFAULT: bf16 reduce
+    distributed_optimizer=True,
+    fp8_gemm_input_bytes=1.0,  # TE Linear saves the fp8 input under fp8_autocast
+    loss_bytes_per_logit=2.0,  # flash-attn's cross_entropy writes the gradient into the logits buffer
+    allocator_reserve=0.10,
+    memory_options=("recompute",),
+    sources=("mosaicml/llm-foundry llmfoundry/models/layers/attention.py, models/mpt/modeling_mpt.py",
+             "mosaicml/composer composer/core/precision.py (amp_fp8)",
+             "Dao-AILab/flash-attention flash_attn/ops/triton/cross_entropy.py"),
+)

@@ -1,0 +1,86 @@
+"""A stack's memory conventions as the planner's memory formulas take them, with or without
+the stack's own memory options.
+
+Memory options are switches the stack offers that change memory and not the step's work,
+tried in the stack's order when the layout does not fit at its defaults, so a layout that a
+published run used is judged "fits with <option>" rather than discarded:
+- `bf16-grad-reduce`: Megatron-Core `DistributedDataParallelConfig.grad_reduce_in_fp32=False`,
+  the `main_grad` buffer in the parameters' bf16 (2 bytes/param instead of 4).
+- `fp8-params`: Transformer Engine `fp8_model_init` (Megatron `--fp8-param-gather`): weights
+  kept as fp8 (1 byte) with their fp8 transpose (1 byte) instead of bf16 weights (2) plus a
+  cached fp8 copy and transpose (2).
+- `fp8-activation-store`: Megatron-Core `--activation-func-fp8-input-store`, the fused
+  SwiGLU's input saved in fp8 (`fusions/fused_bias_swiglu.py`).
+`recompute` changes the step's work as well: `planner.plan` tries it as a layout change,
+timed with its recompute, after these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flopwise.plan.stacks.base import Stack
+
+MEMORY_ONLY_OPTIONS = ("bf16-grad-reduce", "fp8-params", "fp8-activation-store")
+
+
+@dataclass(frozen=True)
+class MemoryConventions:
+    """Bytes the memory formulas use, for one stack, precision and set of options. None:
+    the framework's own convention (plan/memory.py)."""
+
+    grad_bytes: float | None
+    weight_bytes: float | None
+    fp8_cache_bytes_per_param: float | None
+    gemm_input_bytes: float | None
+    loss_bytes_per_logit: float | None
+    options: tuple[str, ...] = ()
+    fused_norm: bool = False
+    fused_swiglu: bool = False
+    act_input_bytes: float | None = None
+    zero3_gathers_modules: bool = False
+    grad_partition_bytes: float | None = None
+    activations_sharded_over_tp: bool = False
+    master_unsharded: bool = False
+
+
+FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
+"""The flopwise stack: the framework conventions plan/memory.py states, unchanged."""
+
+
+def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zero_stage: int = 0) -> MemoryConventions:
+    """The stack's memory conventions at `precision` and ZeRO stage, with `options` applied."""
+    sixteen = precision not in ("fp32", "tf32", "bf16-true")
+    grad = None
+    if sixteen and stack.framework == "megatron":
+        grad = 2.0 if "bf16-grad-reduce" in options else stack.grad_bytes
+    if precision == "bf16" and stack.bf16_optimizer_fp32_grads and zero_stage <= 1:
+        grad = 2.0 + 4.0  # the bf16 .grad of the backward and the fp32 accumulation buffer
+    fp8 = precision == "fp8"
+    fp8_params = fp8 and "fp8-params" in options
+    return MemoryConventions(
+        grad_bytes=grad,
+        grad_partition_bytes=0.0 if (precision == "bf16" and stack.bf16_optimizer_fp32_grads and zero_stage <= 1)
+        else None,
+        weight_bytes=1.0 if fp8_params else None,
+        fp8_cache_bytes_per_param=1.0 if fp8_params else None,
+        gemm_input_bytes=stack.fp8_gemm_input_bytes if fp8 else None,
+        loss_bytes_per_logit=stack.loss_bytes_per_logit if sixteen else None,
+        options=options,
+        fused_norm=stack.fused_norm,
+        fused_swiglu=stack.fused_swiglu,
+        act_input_bytes=1.0 if (stack.fused_swiglu and "fp8-activation-store" in options) else None,
+        zero3_gathers_modules=stack.zero3_gathers_modules,
+        activations_sharded_over_tp=stack.activations_sharded_over_tp,
+        master_unsharded=(precision == "bf16" and stack.bf16_optimizer_full_fp32_master and zero_stage <= 1),
+    )
+
+
+def option_ladder(stack: Stack, precision: str) -> tuple[tuple[str, ...], ...]:
+    """The option sets to try, in order, when the defaults do not fit: each adds the next of
+    the stack's memory-only options that applies at this precision."""
+    usable = [o for o in stack.memory_options if o in MEMORY_ONLY_OPTIONS
+              and (o != "fp8-params" or precision == "fp8")
+              and (o != "fp8-activation-store" or stack.fused_swiglu)
+              and (o != "bf16-grad-reduce" or (stack.framework == "megatron" and stack.grad_bytes > 2))]
+    return tuple(tuple(usable[: i + 1]) for i in range(len(usable)))

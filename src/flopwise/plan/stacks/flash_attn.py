@@ -1,0 +1,21 @@
+"""flash-attention's own trainer (training/ in Dao-AILab/flash-attention): Lightning DDP/FSDP,
+fused kernels (FlashAttention-2, fused dense, fused cross-entropy), A100."""
+
+from flopwise.plan.stacks.base import Stack
+
+STACK = Stack(
+    name="flash-attn", title="flash-attention's trainer (FA2, fused kernels)", framework="fsdp",
+    attention_kernel="fa2",  # flash_attn/modules/mha.py
+    fp8_recipe="tensorwise",
+    fused_optimizer=True,  # apex FusedAdam (training/configs/optimizer/adamw-apex.yaml)
+    fused_cross_entropy=True,  # flash_attn/losses/cross_entropy.py (inplace_backward)
+    overlap_grad_reduce=True, overlap_param_gather=False,  # DDP buckets overlap backward
+    tp_comm_overlap=False,
+    grad_bytes=2.0, reduce_bytes=2.0,
+    distributed_optimizer=True,  # ZeRO-2 style sharded optimizer (training/configs)
+    fp8_gemm_input_bytes=2.0,
+    loss_bytes_per_logit=2.0,  # inplace_backward: the gradient overwrites the logits
+    allocator_reserve=0.10,
+    memory_options=("recompute",),
+    sources=("Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py, flash_attn/modules/mha.py",),
+)

@@ -1,0 +1,37 @@
+"""Megatron-Core + Transformer Engine (what NeMo 2 and Megatron-Bridge run)."""
+
+from flopwise.plan.stacks.base import Stack
+
+STACK = Stack(
+    name="megatron-core", title="Megatron-Core + Transformer Engine (NeMo, Megatron-Bridge)", framework="megatron",
+    # TE DotProductAttention picks FusedAttention (cuDNN) on Hopper with bf16 and head dim <= 256
+    # (transformer_engine/pytorch/attention/dot_product_attention/utils.py get_attention_backend)
+    attention_kernel="cudnn",
+    fp8_recipe="delayed",  # megatron/training/arguments.py --fp8-recipe default 'delayed' (TE DelayedScaling)
+    fused_optimizer=True,  # megatron/core/optimizer: TE/apex FusedAdam
+    fused_cross_entropy=True,  # --cross-entropy-loss-fusion (megatron/core/fusions/fused_cross_entropy.py)
+    overlap_grad_reduce=True, overlap_param_gather=True,  # DistributedDataParallelConfig, on in the recipes
+    tp_comm_overlap=True,  # TE userbuffers (--tp-comm-overlap)
+    # megatron/core/distributed/distributed_data_parallel_config.py: grad_reduce_in_fp32 (default False
+    # there; Megatron-LM's arguments.py and NeMo's MegatronMixedPrecision turn it on for bf16): an fp32
+    # main_grad buffer by default, bf16 as the memory option `bf16-grad-reduce`
+    grad_bytes=4.0, reduce_bytes=4.0,
+    distributed_optimizer=True,  # --use-distributed-optimizer, on in the recipes
+    # TE Linear / LayerNormLinear save their input as a Float8Tensor under fp8_autocast
+    # (transformer_engine/pytorch/module/linear.py, layernorm_linear.py: saved inputmat / ln_out)
+    fp8_gemm_input_bytes=1.0,
+    # fused vocab-parallel cross-entropy keeps the fp32 softmax (exp_logits) and no fp32 logits copy
+    loss_bytes_per_logit=4.0,
+    # NeMo/Megatron-Bridge launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps
+    # pages into one segment instead of keeping per-size cached blocks (PyTorch CUDA semantics docs)
+    allocator_reserve=0.02,
+    # TE LayerNormLinear saves the norm's input and its fp8/bf16 output as the GEMM input
+    # (module/layernorm_linear.py); --bias-swiglu-fusion saves only the SwiGLU input
+    fused_norm=True, fused_swiglu=True,
+    memory_options=("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "recompute"),
+    sources=("NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py",
+             "NVIDIA/Megatron-LM megatron/training/arguments.py (--fp8-recipe, --use-distributed-optimizer)",
+             "NVIDIA/Megatron-LM megatron/core/fusions/fused_cross_entropy.py",
+             "NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py, layernorm_linear.py",
+             "NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py"),
+)

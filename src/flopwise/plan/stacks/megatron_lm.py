@@ -1,0 +1,21 @@
+"""Megatron-LM as Narayanan et al. 2021 ran it: fp16, fp32 gradient accumulation, no
+distributed optimizer, apex fused kernels, attention unfused (pre-FlashAttention)."""
+
+from flopwise.plan.stacks.base import Stack
+
+STACK = Stack(
+    name="megatron-lm", title="Megatron-LM 2021 (Narayanan et al.)", framework="megatron",
+    attention_kernel="fa2",  # timed through the planner's attention-core model; flash_attention=False in layouts
+    fp8_recipe="delayed",  # no fp8 in 2021; TE's default recipe if asked
+    fused_optimizer=True,  # apex FusedAdam (megatron/optimizer/__init__.py, 2021)
+    fused_cross_entropy=False,  # _VocabParallelCrossEntropy (megatron/mpu/cross_entropy.py)
+    overlap_grad_reduce=False, overlap_param_gather=False,  # 2021: all-reduce after backward
+    tp_comm_overlap=False,
+    grad_bytes=4.0, reduce_bytes=4.0,  # --accumulate-allreduce-grads-in-fp32 (main_grad fp32)
+    distributed_optimizer=False,
+    fp8_gemm_input_bytes=2.0,
+    loss_bytes_per_logit=4.0,  # _VocabParallelCrossEntropy keeps the fp32 softmax
+    allocator_reserve=0.10,
+    memory_options=("recompute",),
+    sources=("NVIDIA/Megatron-LM megatron/arguments.py, megatron/mpu/cross_entropy.py (2021 tree)",),
+)

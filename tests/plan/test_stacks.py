@@ -1,0 +1,261 @@
+"""The stack registry: every agreed name resolves, aliases resolve, unknown names are one line."""
+
+import pytest
+
+from flopwise.errors import UserError
+from flopwise.plan.spec import RunSpec
+from flopwise.plan.stacks import FP8_RECIPES, STACK_NAMES, get_stack
+
+
+def test_agreed_names_and_aliases():
+    assert STACK_NAMES[0] == "flopwise"
+    assert set(STACK_NAMES) == {"flopwise", "megatron-core", "megatron-lm", "deepspeed", "megatron-deepspeed",
+                                "composer", "torchtitan", "flash-attn", "jax"}
+    for alias in ("nemo", "megatron-bridge"):
+        assert get_stack(alias) is get_stack("megatron-core")
+    assert RunSpec.__dataclass_fields__["stack"].default == "flopwise"
+
+
+def test_every_stack_is_complete_and_cites_sources():
+    for name in STACK_NAMES:
+        stack = get_stack(name)
+        assert stack.name == name
+        assert stack.framework in ("fsdp", "megatron", "deepspeed")
+        assert stack.fp8_recipe in FP8_RECIPES
+        assert stack.grad_bytes in (2.0, 4.0) and stack.fp8_gemm_input_bytes in (1.0, 2.0)
+        assert 0.0 <= stack.allocator_reserve <= 0.2
+        assert stack.sources and all(source.strip() for source in stack.sources)
+
+
+def test_unknown_stack_is_one_line():
+    with pytest.raises(UserError) as err:
+        get_stack("paxml")
+    assert "\n" not in str(err.value) and "megatron-core" in str(err.value)
+
+
+# --------------------------------------------------------------------------- memory under a stack
+
+from flopwise.plan.planner import build_runspec, plan  # noqa: E402
+
+GIB = 2**30
+
+
+def _plan(**kw):
+    return plan(build_runspec(**kw))
+
+
+def test_llama2_7b_fp8_on_8_h100_fits_under_megatron_core_and_says_how():
+    """A run that really ran (Llama 2 7B fp8, 8 H100, ZeRO-1, seq 4096) is judged to fit under
+    Megatron-Core's conventions; under the generic megatron ones (fp32 main_grad, 2-byte fp8
+    activations, 10 % slack) the same layout is over capacity."""
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="fp8", seq_len=4096, micro_batch=1,
+                  global_batch=128, zero=1)
+    generic = _plan(framework="megatron", **layout)
+    mcore = _plan(stack="megatron-core", **layout)
+    assert not generic.fits
+    assert mcore.fits and mcore.spec.layout.framework == "megatron"
+    assert mcore.memory.fits_with == ("bf16-grad-reduce",)
+    assert mcore.memory.gradients == pytest.approx(mcore.memory.weights)  # bf16 main_grad: 2 bytes/param
+    assert mcore.memory.allocated_bytes < generic.memory.allocated_bytes - 10 * GIB
+    assert mcore.to_dict()["fits_with"] == ["bf16-grad-reduce"]
+
+
+def test_llama31_405b_published_layout_fits_with_the_stacks_recompute():
+    """Llama 3.1 405B at its published layout (tp 8, pp 16, 8,192 H100, seq 8192, batch 2,048,
+    interleaved) is not discarded: Megatron-Core's memory options plus block recompute fit,
+    and the plan is timed with that recompute."""
+    result = _plan(model="llama3.1-405b", hardware="h100-sxm", gpus=8192, tp=8, pp=16, seq_len=8192, micro_batch=1,
+                   global_batch=2048, zero=1, sequence_parallel=True, schedule="interleaved", stack="megatron-core")
+    assert result.fits
+    assert result.memory.fits_with[-1].startswith("recompute ")
+    assert result.spec.layout.recompute != "none"
+    assert result.flops.hardware_per_unit > result.flops.model_per_unit  # the recompute is paid in time
+
+
+def test_megatron_pr482_peak_memory_within_10_percent():
+    """memory_points: Llama-2-7B, DP 8 x PP 2, micro-batch 2, seq 4096, bf16, ZeRO-1 on A100-80GB
+    (Megatron-LM PR #482): 69.1 GB measured peak (Megatron reports MiB-based GB)."""
+    result = _plan(model="llama2-7b", hardware="a100-80gb", gpus=16, tp=1, pp=2, zero=1, micro_batch=2, seq_len=4096,
+                   global_batch=2048, stack="megatron-lm")
+    assert result.fits
+    assert result.memory.total_bytes / GIB == pytest.approx(69.1, rel=0.10)
+
+
+def test_flopwise_stack_is_the_framework_conventions_unchanged():
+    """The default stack plans exactly as before stacks existed (what a run's plan.json uses)."""
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="fp8", seq_len=4096, zero=1)
+    assert _plan(framework="megatron", **layout).memory.total_bytes == \
+        _plan(framework="megatron", stack="flopwise", **layout).memory.total_bytes
+    assert _plan(framework="megatron", **layout).memory.fits_with == ()
+
+
+# --------------------------------------------------------------------------- kernel rates under a stack
+
+
+def test_fp8_recipe_and_attention_kernel_change_the_step():
+    """rowwise-scaled fp8 GEMMs are slower than per-tensor ones (pytorch#147971), so the same
+    layout takes longer; Megatron-Core's cuDNN attention and kernel-level fp8 factor make its
+    fp8 step shorter than the flopwise stack's (FA2 attention, fp8 factor fitted on 2023 rows)."""
+    from flopwise.plan.gemm import curve_for, stack_curve
+    from flopwise.catalog.hardware import get_hardware
+
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="fp8", seq_len=4096, zero=1)
+    tensorwise = _plan(stack="torchtitan", fp8_recipe="tensorwise", **layout).time.step_seconds
+    rowwise = _plan(stack="torchtitan", fp8_recipe="rowwise", **layout).time.step_seconds
+    assert rowwise > tensorwise * 1.02
+    assert _plan(stack="megatron-core", **layout).time.step_seconds < _plan(**layout).time.step_seconds
+    hopper = curve_for(get_hardware("h100-sxm"))
+    assert stack_curve(hopper, "cudnn", None, False).attention_fraction[0] > hopper.attention_fraction[0] * 1.5
+    ampere = curve_for(get_hardware("a100-80gb"))
+    assert stack_curve(ampere, "fa3", None, True) is ampere  # no FlashAttention-3 / fp8 on Ampere
+
+
+def test_unknown_fp8_recipe_is_one_line():
+    with pytest.raises(UserError) as err:
+        build_runspec(model="llama2-7b", precision="fp8", fp8_recipe="blockwise")
+    assert "\n" not in str(err.value) and "rowwise" in str(err.value)
+
+
+# --------------------------------------------------------------------------- pure bf16
+
+
+def test_bf16_true_is_8_bytes_per_param_and_states_its_trade_off():
+    """Pure bf16 (torchtune / litgpt's fine-tuning default): 2 + 2 + 4 bytes/param with AdamW,
+    no master copy; the plan says what it costs in precision."""
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=1, seq_len=2048, zero=0)
+    mixed = _plan(precision="bf16", **layout)
+    pure = _plan(precision="bf16-true", **layout)
+    params = mixed.params.total
+    assert pure.memory.master_weights == 0.0
+    assert (pure.memory.weights + pure.memory.gradients + pure.memory.optimizer_states) / params == pytest.approx(8.0)
+    assert (mixed.memory.weights + mixed.memory.gradients + mixed.memory.optimizer_states
+            + mixed.memory.master_weights) / params == pytest.approx(16.0)
+    assert pure.fits and not mixed.fits  # 7B: 56 GB of states fit on 80 GB, 112 GB do not
+    assert any("master copy" in w for w in pure.warnings)
+    assert pure.time.peak_flops == mixed.time.peak_flops  # the matmuls still run in bf16
+
+
+# --------------------------------------------------------------------------- search and compare inherit the stack
+
+
+def test_search_under_a_stack_keeps_the_published_layout():
+    """`plan --search --stack megatron-core`: every layout it tries carries the stack, and the
+    layout the published Llama 2 7B fp8 run used (dp 8, micro-batch 1, no TP/PP, no recompute)
+    is among those that fit (bf16 gradient reduce), where the generic megatron conventions reject it."""
+    from flopwise.plan.planner import plan_memory
+    from flopwise.plan.search import search_layouts
+
+    job = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="fp8", seq_len=4096, global_batch=128,
+               micro_batch=1, zero=1)
+    published = build_runspec(stack="megatron-core", **job)
+    assert plan_memory(published).fits
+    assert not plan_memory(build_runspec(framework="megatron", **job)).fits
+    result = search_layouts(published, 8, top=3)
+    assert result.ranked and all(p.spec.stack == "megatron-core" for p in result.ranked)
+    assert all(p.spec.layout.framework == "megatron" for p in result.ranked)
+    assert all(p.spec.layout.zero_stage <= 1 and p.spec.layout.offload == "none" for p in result.ranked)
+
+
+def test_compare_passes_the_stack_through():
+    from flopwise.plan.compare import compare_devices
+
+    result = compare_devices("llama2-7b", "1B", ["h100-sxm"], gpus=8, seq_len=4096, stack="megatron-core")
+    chosen = result.verdicts[0].chosen
+    assert chosen is not None and chosen.plan.spec.stack == "megatron-core"
+
+
+def test_megatron_core_defaults_to_its_distributed_optimizer():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, stack="megatron-core")
+    assert spec.layout.zero_stage == 1 and spec.layout.framework == "megatron"
+    assert any("distributed optimizer" in d for d in spec.cluster.extra["defaults"])
+    big = build_runspec(model="llama3-70b", hardware="h100-sxm", gpus=64, stack="megatron-core")
+    assert big.layout.tp * big.layout.pp > 1  # the automatic split still runs when nothing fits unsplit
+
+
+def test_a_runspec_naming_an_undescribed_stack_plans_as_flopwise():
+    """RunSpecs built directly (the validation harness) may name a stack with no module: the
+    planner falls back to the framework conventions rather than failing."""
+    import dataclasses
+
+    from flopwise.plan.planner import plan_memory
+
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, zero=1)
+    assert plan_memory(dataclasses.replace(spec, stack="paxml")).total_bytes == plan_memory(spec).total_bytes
+    assert plan(dataclasses.replace(spec, stack="paxml")).fits
+
+
+def test_deepspeed_zero3_gathers_one_module_not_a_block(tmp_path):
+    """Megatron-LM Table 2's 530B ZeRO-3 run (640 A100-80GB, micro-batch 4, full recompute) ran:
+    DeepSpeed fetches one module at a time, so its gather buffer is the largest Linear's 16-bit
+    weight and gradient (4 bytes/param), not a whole 5B-parameter block's."""
+    import json
+
+    from flopwise.plan.planner import plan_memory
+
+    config = tmp_path / "config.json"  # Narayanan et al. 2021 Table 2's 530B: 105 layers, h 20480, 128 heads
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 20480, "n_layer": 105, "n_head": 128,
+                                  "vocab_size": 51200, "n_positions": 2048}))
+    job = dict(model=str(config), hardware="a100-80gb", gpus=640, micro_batch=4, global_batch=2560,
+               seq_len=2048, precision="fp16", zero=3, recompute="full")
+    generic = plan_memory(build_runspec(framework="deepspeed", **job))
+    stack = plan_memory(build_runspec(stack="deepspeed", **job))
+    h = 20480
+    assert stack.comm_buffers == pytest.approx(4.0 * h * 4 * h)  # the 4h x h MLP Linear
+    assert generic.comm_buffers > 2.9 * stack.comm_buffers
+    assert stack.fits and not generic.fits
+
+
+def test_plan_memory_applies_the_stacks_recompute_as_plan_does():
+    from flopwise.plan.planner import plan_memory
+
+    spec = build_runspec(model="llama3.1-405b", hardware="h100-sxm", gpus=8192, tp=8, pp=16, seq_len=8192,
+                         micro_batch=1, global_batch=2048, zero=1, sequence_parallel=True, schedule="interleaved",
+                         stack="torchtitan")
+    memory = plan_memory(spec)
+    assert memory.fits and memory.fits_with[-1].startswith("recompute ")
+    assert plan(spec).memory.fits_with == memory.fits_with
+
+
+def test_palm_layout_fits_under_jax_gspmd(tmp_path):
+    """PaLM 540B (6,144 TPU v4, 12-way model x 256-way fully sharded data parallel per pod,
+    micro-batch 4, rematerialisation): GSPMD shards the saved activations over the model axis,
+    so the published layout fits; without that sharding the remat inputs alone overflow 32 GiB."""
+    import json
+
+    from flopwise.plan.planner import plan_memory
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 18432, "intermediate_size": 73728,
+                                  "num_hidden_layers": 118, "num_attention_heads": 48, "num_key_value_heads": 1,
+                                  "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 2048,
+                                  "tie_word_embeddings": True}))
+    job = dict(model=str(config), hardware="tpu-v4", gpus=6144, tp=12, micro_batch=4, global_batch=2048,
+               seq_len=2048, zero=3, recompute="full")
+    assert plan_memory(build_runspec(stack="jax", **job)).fits
+    assert not plan_memory(build_runspec(**job)).fits
+
+
+def test_deepspeed_bf16_optimizer_keeps_full_fp32_gradients():
+    """bf16 at ZeRO-1 under DeepSpeed runs BF16_Optimizer: bf16 .grad plus a full-size fp32
+    accumulation buffer (6 bytes/param), no separate fp32 partition; ZeRO-2 keeps its own scheme."""
+    job = dict(model="llama2-7b", hardware="a100-80gb", gpus=8, precision="bf16", seq_len=2048)
+    one = plan(build_runspec(stack="megatron-deepspeed", zero=1, **job)).memory
+    assert one.gradients == pytest.approx(3.0 * one.weights)
+    two = plan(build_runspec(stack="deepspeed", zero=2, **job)).memory
+    assert two.gradients < one.gradients / 3
+
+
+def test_bloom_memory_under_megatron_deepspeed_of_its_time():
+    """BLOOM-176B (384 A100-80GB, TP 4 x PP 12 x DP 8, ZeRO-1, bf16, micro-batch 2, full recompute):
+    'one copy of the model takes 48 GPUs (using 60 GB of memory on each GPU)'. The 2022
+    BF16_Optimizer keeps a whole fp32 master and fp32 gradients beside the bf16 ones; the busiest
+    (first) stage's allocated peak lands on the published 60 GB, the reserved total 10 % above."""
+    from flopwise.plan.planner import plan_memory
+
+    memory = plan_memory(build_runspec(
+        model="bloom-176b", hardware="a100-80gb", gpus=384, tp=4, pp=12, zero=1, micro_batch=2, global_batch=2048,
+        seq_len=2048, precision="bf16", recompute="full", framework="megatron", stack="megatron-deepspeed",
+        flash_attention=False, allocator_reserve=0.10))
+    assert memory.fits
+    assert memory.master_weights == pytest.approx(2.0 * memory.weights)  # fp32, whole, on every rank
+    assert memory.allocated_bytes / 1e9 == pytest.approx(60.0, rel=0.05)
