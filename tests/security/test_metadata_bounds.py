@@ -3,7 +3,7 @@
 Nine bytes (`PROTO 4, NONE, LONG_BINPUT 2^27, STOP`) name no class, so the allow-list lets
 them through, and the C unpickler then sizes its memo table for index 2^27: 2 GiB. The
 first test proves the allocation with the allow-listed unpickler alone at a smaller index
-(2^24, 256 MiB); the others show the reader refuses the full-size payload with one line
+(2^25, 512 MiB); the others show the reader refuses the full-size payload with one line
 while its peak memory stays small.
 """
 
@@ -63,9 +63,9 @@ def peak_growth(tmp_path, how: str, payload: bytes) -> tuple[int, str]:
 
 
 def test_the_allow_list_alone_lets_nine_bytes_allocate(tmp_path):
-    assert len(memo_bomb(2**24)) == 9
-    growth, _ = peak_growth(tmp_path, "unpickler", memo_bomb(2**24))
-    assert growth > 200 * MiB  # 2^25 memo slots of 8 bytes
+    assert len(memo_bomb(2**25)) == 9
+    growth, _ = peak_growth(tmp_path, "unpickler", memo_bomb(2**25))
+    assert growth > 300 * MiB  # 2^26 memo slots of 8 bytes (peak RSS after imports may already hold some)
 
 
 @pytest.mark.parametrize("index", [2**27, 2**30, 2**32 - 1])

@@ -164,7 +164,8 @@ def hf_tokenizer(cfg, tokenizer_path: Path | None):
     own = Path(pretrained) / "tokenizer.json" if pretrained is not None else None
     if own is not None and own.is_file() and cfg.data.tokenizer is not None and _same_path(own, cfg.data.tokenizer):
         # the run used the model's own tokenizer: keep its config (special tokens, chat template)
-        return AutoTokenizer.from_pretrained(str(pretrained), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(pretrained), local_files_only=True,
+                                             trust_remote_code=cfg.model.trust_remote_code)  # the command line's
     raw = load_tokenizer(Path(tokenizer_path))
     eot = raw.id_to_token(end_of_text_id(raw, str(tokenizer_path)))
     return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=eot, bos_token=eot, pad_token=eot)

@@ -212,7 +212,8 @@ def chat_renderer(cfg: DataConfig):
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                                  trust_remote_code=False)  # a chat template needs no code
     except Exception as exc:
         raise UserError(f"data.hf_dataset.messages_field: cannot load the tokenizer in {folder} "
                         f"({str(exc).splitlines()[0][:160]})") from None
