@@ -127,6 +127,9 @@ def print_search(result: SearchResult) -> None:
     if ceiling and any(above_published(p) for p in result.ranked):
         console.print(f"[yellow]! MFU above the best published run on this device class ({ceiling[0]:.1%}, "
                       f"{ceiling[1]}): treat as optimistic[/yellow]")
+    for i, p in enumerate(result.ranked, 1):
+        if p.memory.fits_with:  # the stack's own memory options the fit relies on (plan/stacks)
+            console.print(f"#{i} fits with {', '.join(p.memory.fits_with)} ({p.spec.stack})")
     console.print(f"layouts evaluated: {result.evaluated:,} (memory), {result.timed:,} timed; "
                   f"{result.fitting:,} fit")
     for key, count in result.rejected.items():
