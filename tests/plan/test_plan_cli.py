@@ -149,6 +149,25 @@ def test_search_json_without_the_typer_app_is_the_typer_commands_output():
     assert all(row["plan"]["band"]["expected_error"] > 0 for row in json.loads(fast.stdout)["ranked"])
 
 
+def test_plain_plan_tables_without_the_typer_app_are_the_typer_commands_tables():
+    """A plain `flopwise plan` prints through the fast path without building the whole app
+    (no trainer or compress command module), and prints what the typer command prints."""
+    args = ["--model", "llama2-13b", "--gpus", "16", "--tp", "2"]
+    code = ("import sys; from flopwise.cli import main; main(['plan', *{args!r}]); "
+            "print(sorted(m for m in ('flopwise.train.commands', 'flopwise.compress.commands') if m in sys.modules), "
+            "file=sys.stderr)")
+    env = {**ENV, "COLUMNS": "120"}
+    fast = subprocess.run([sys.executable, "-c", code.format(args=args)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert fast.returncode == 0, fast.stderr
+    assert fast.stderr.strip().splitlines()[-1] == "[]"
+    typer_code = ("from flopwise.cli import build_app; "
+                  f"build_app()(args=['plan', *{args!r}], prog_name='flopwise', standalone_mode=False)")
+    slow = subprocess.run([sys.executable, "-c", typer_code], capture_output=True, text=True, env=env, timeout=120)
+    assert slow.returncode == 0, slow.stderr
+    assert slow.stdout == fast.stdout and "expected error (validated)" in fast.stdout
+
+
 def test_help_shows_every_default():
     out = run("--help")
     assert out.returncode == 0

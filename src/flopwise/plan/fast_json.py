@@ -1,8 +1,8 @@
-"""`flopwise plan --json` and `plan --search --json` without the typer app: the options are
-parsed from the same table (plan/options.py), so the process loads neither typer, rich nor
-pydantic and costs little more than the interpreter's start (and the search). Anything else
-(help, spot, tables, --profile, --config, a malformed value) is left to the typer command and
-its messages.
+"""`flopwise plan --json`, `plan --search --json` and a plain `flopwise plan` without the typer
+app: the options are parsed from the same table (plan/options.py), so a JSON plan loads
+neither typer, rich nor pydantic, and the tables load only what printing them needs (not
+every capability's commands). Anything else (help, spot, tables of a search, --profile,
+--config, a malformed value) is left to the typer command and its messages.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def run_json_plan(argv: list[str]) -> bool:
     """
     from flopwise.plan.options import parse_json_plan_args, runspec_kwargs
 
-    values = parse_json_plan_args(argv, allow_search=True)
+    values = parse_json_plan_args(argv, allow_search=True, allow_tables=True)
     if values is None or values["profile"] is not None:  # --profile: the typer command reads it
         return False
     if values.get("config") is not None or values.get("overrides"):
@@ -26,6 +26,11 @@ def run_json_plan(argv: list[str]) -> bool:
     check_flag_values(values)  # the same ranges as the typer command
     if values["search"]:
         out = _search(values)
+    elif not values["as_json"]:  # the tables, as the typer command prints them, without building its app
+        from flopwise.plan.commands import print_plan
+
+        print_plan(plan(build_runspec(**runspec_kwargs(values))))
+        return True
     else:
         out = plan(build_runspec(**runspec_kwargs(values))).to_dict()
     import json

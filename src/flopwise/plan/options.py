@@ -109,10 +109,11 @@ def runspec_kwargs(values: dict) -> dict:
     return kwargs
 
 
-def parse_json_plan_args(argv: list[str], allow_search: bool = False) -> dict | None:
+def parse_json_plan_args(argv: list[str], allow_search: bool = False, allow_tables: bool = False) -> dict | None:
     """Option values of a plain `plan --json` command line (with `allow_search`, also
-    `plan --search --json`), or None for anything else (help, spot, tables, a malformed
-    value), which the typer command then handles with its own messages."""
+    `plan --search --json`; with `allow_tables`, also a plain `plan` printing its tables), or
+    None for anything else (help, spot, a malformed value), which the typer command then
+    handles with its own messages."""
     by_flag = {option.flag: option for option in OPTIONS}
     values = {option.name: option.default for option in OPTIONS}
     i = 0
@@ -139,6 +140,8 @@ def parse_json_plan_args(argv: list[str], allow_search: bool = False) -> dict | 
         except ValueError:
             return None
         i += 1
-    if not values["as_json"] or (values["search"] and not allow_search) or values["spot"]:
+    if values["spot"] or (values["search"] and not (allow_search and values["as_json"])):
+        return None
+    if not values["as_json"] and not allow_tables:
         return None
     return values
