@@ -72,9 +72,11 @@ class SaveOutcome:
     step: int
     path: Path | None
     failure: str
-    write_seconds: float
+    write_seconds: float  # from the start of the background write until published (or failed)
     mebibytes: float
     blocking_seconds: float
+    published_at: float  # time.monotonic() when every rank knew the checkpoint was published
+    prune_seconds: float = 0.0  # retention, after the publish (rank 0)
 
 
 def async_supported(strategy) -> tuple[bool, str]:
@@ -178,6 +180,13 @@ class AsyncSaver:
             failure = self._broadcast(failure)
         except BaseException as exc:  # a broken process group: nothing was published
             failure = failure or store.describe_failure(exc)
+        published_at = time.monotonic()
+        prune_seconds = 0.0
+        if not failure and self.env.is_main:  # retention only after every rank knows the new one is published
+            from flopwise.train.checkpoint.checks import prune_keeping_valid
+
+            store._attempt(lambda: prune_keeping_valid(self.ctx.run_dir, self.keep_last, self.pin))
+            prune_seconds = time.monotonic() - published_at
         if failure and self.env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         if failure:
@@ -185,12 +194,19 @@ class AsyncSaver:
             failure = f"checkpoint step-{saved.step} could not be written to {root}: {failure}; {kept}"
         size = sum(entry["bytes"] for entry in files.values()) / 2**20
         self._outcome = SaveOutcome(saved.step, None if failure else final, failure,
-                                    time.monotonic() - started, size, blocked)
+                                    published_at - started, size, blocked, published_at, prune_seconds)
 
     def _write_parts(self, staged: dict, trainer: dict, tmp: Path, algorithm: str) -> dict[str, dict]:
         """This rank's DCP files and trainer JSON, each hashed on its way to disk; name -> {bytes, digest}."""
         writer = hashing_writer(tmp, algorithm)
-        dcp.save(staged, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
+        crc32 = torch.serialization.get_crc32_options()
+        # torch.save's per-record zip CRC32 would be a second checksum pass over the same bytes; the
+        # manifest's checksum covers every byte, and torch.load reads records written without it
+        torch.serialization.set_crc32_options(False)
+        try:
+            dcp.save(staged, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
+        finally:
+            torch.serialization.set_crc32_options(crc32)
         files = {str(path.relative_to(tmp)): {"bytes": size, algorithm: digest}
                  for path, (size, digest) in writer.fs.written.items()}
         _test_slowdown()  # tests: a kill lands between the model files and the trainer state
@@ -201,11 +217,8 @@ class AsyncSaver:
         return files
 
     def _publish(self, tmp: Path, final: Path, saved: SavedState, files: dict) -> None:
-        from flopwise.train.checkpoint.checks import prune_keeping_valid
-
         store._publish(tmp, final, saved.step, saved, self.ctx, self.env, verify=self.verify,
                        files=dict(sorted(files.items())))
-        prune_keeping_valid(self.ctx.run_dir, self.keep_last, self.pin)
 
     def _agree(self, failure: str) -> str:
         failure, _ = self._gather(failure, {})
