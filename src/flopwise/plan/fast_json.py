@@ -24,8 +24,13 @@ def run_json_plan(argv: list[str]) -> bool:
     result = plan(build_runspec(**runspec_kwargs(values)))
     import json
 
+    data = result.to_dict()
+    if values.get("storage_gbps") is not None:  # --storage-gbps: the checkpoint section
+        from flopwise.plan.checkpoint_cost import for_plan
+
+        data["checkpoint"] = for_plan(result, values).to_dict()
     try:
-        print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+        print(json.dumps(data, indent=2, allow_nan=False, default=str))
     except BrokenPipeError:  # `flopwise plan --json | head`: the reader left, nothing more to say
         import os
         import sys
