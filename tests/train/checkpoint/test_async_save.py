@@ -100,3 +100,61 @@ def test_sigterm_during_the_background_write_publishes_it_exits_75_and_resumes_b
     assert f"resumed from checkpoint step-{stopped_at}" in " ".join(out.split())
     for rank in (0, 1):
         assert losses(run_dir, rank) == losses(two_process_reference, rank)  # bit for bit
+
+
+class _Loader:
+    def state_dict(self) -> dict:
+        return {"position": 0}
+
+
+class _Strategy:
+    """The checkpoint half of the one-process strategy, on a bare module."""
+
+    checkpoint_format = "dcp"
+
+    def __init__(self, model):
+        self.model = model
+
+    def checkpoint_state_dict(self, state) -> dict:
+        from flopwise.train.checkpoint.dcp_state import dcp_state_dict
+
+        return dcp_state_dict(self.model, state.optimizer)
+
+
+def test_the_checkpoint_holds_the_state_at_the_save_step_while_training_changes_it(tmp_path):
+    """Staging copies: weights changed in place right after `start` returns are not in the checkpoint;
+    the manifest's checksums (computed while writing, `.metadata` after DCP's rename) match the files."""
+    import torch
+
+    from flopwise.train.checkpoint.async_save import AsyncSaver
+    from flopwise.train.checkpoint.dcp_state import load_dcp
+    from flopwise.train.checkpoint.hashing import algorithm_of, file_digest
+    from flopwise.train.loop import TrainState
+    from flopwise.train.parallel.distributed import DistEnv
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 64)).square().mean().backward()
+    optimizer.step()
+    state = TrainState(built=None, optimizer=optimizer, scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                       scaler=None, train_loader=_Loader(), step=5, strategy=_Strategy(model))
+    env = DistEnv(rank=0, world_size=1, local_rank=0, backend=None, device=torch.device("cpu"), distributed=False)
+    saver = AsyncSaver(ckpt.SaveContext(tmp_path, {}, 1, 1, "single"), env, keep_last=2, pin=[])
+    at_save = [p.detach().clone() for p in model.parameters()]
+    saver.start(state)
+    with torch.no_grad():  # the next steps, while the save is written
+        for p in model.parameters():
+            p.mul_(-3.0).add_(1.0)
+    outcome = saver.wait()
+    saver.close()
+    assert outcome.path == tmp_path / "checkpoints" / "step-5" and not outcome.failure
+    assert ckpt.verify_checkpoint(outcome.path) is None
+    manifest = ckpt.read_manifest(outcome.path)
+    assert ".metadata" in manifest["files"]
+    for name, entry in manifest["files"].items():
+        assert entry[algorithm_of(entry)] == file_digest(outcome.path / name, algorithm_of(entry))
+
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+    load_dcp(fresh, torch.optim.AdamW(fresh.parameters()), outcome.path)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), at_save))
