@@ -1,21 +1,28 @@
-"""Checkpoint save / load time and size against model size, on this machine (one process, CPU).
+"""Checkpoint save time, side by side on the same state: flopwise's background save against plain DCP.
 
-For three sizes of the built-in decoder (AdamW state included, so a checkpoint holds about
-3x the fp32 weights) it measures:
-  - flopwise save: DCP write + fsync + sha256 manifest + rename + re-verification (`save_checkpoint`)
-  - plain `dcp.save` (synchronous) and `dcp.async_save` (time until training could continue,
-    then time until the write finished) into a scratch folder, for the cost of our extras
-    and what an asynchronous save would hide
-  - load: verify (sha256) + DCP load into a fresh model and optimizer (`load_checkpoint`)
-Timings are the median of `--repeats` runs. Results go to benchmarks/results/checkpoint.json.
+One process on the CPU, a decoder whose checkpoint (fp32 weights + AdamW moments) is about
+100 MiB, the size the checkpoint issue measured. In each round, in turn, on the same state:
 
-    OMP_NUM_THREADS=1 python benchmarks/checkpoint.py [--out PATH] [--repeats 3] [--sizes small,medium,large]
+  - flopwise async (`checkpoint.async=true`, the default): blocking = time until training
+    may continue (staging into host memory, trainer state captured), total = until the
+    checkpoint is published (DCP write with each file hashed while written, fsync, trainer
+    state, manifest, atomic rename, `latest`, retention);
+  - flopwise blocking (`checkpoint.async=false`): the same write, in the step loop;
+  - plain `dcp.save` into a scratch folder (fsynced files, nothing else);
+  - plain `dcp.async_save` (blocking = until it returns, total = until its future resolves).
+
+Rounds alternate the methods so the machine's load hits each alike; figures are medians.
+Targets (issue 22): flopwise's blocking <= 1.5x dcp.async_save's, its total <= 1.2x dcp.save's.
+Results go to benchmarks/results/checkpoint.json.
+
+    OMP_NUM_THREADS=1 python benchmarks/checkpoint.py [--out PATH] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -25,20 +32,17 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from flopwise.train.checkpoint import resume as ckpt_resume
-from flopwise.train.checkpoint import store as ckpt
 from flopwise.config.schema import ModelConfig, TrainingConfig
+from flopwise.train.checkpoint import store as ckpt
+from flopwise.train.checkpoint.async_save import AsyncSaver
+from flopwise.train.checkpoint.dcp_state import dcp_state_dict, load_dcp, save_dcp
+from flopwise.train.checkpoint.hashing import preferred_algorithm
 from flopwise.train.loop import TrainState, make_optimizer, make_scheduler
 from flopwise.train.model import build_model
 from flopwise.train.parallel.distributed import DistEnv
 
-SIZES = {
-    "small": dict(n_layers=2, hidden=128, n_heads=4),
-    "medium": dict(n_layers=4, hidden=384, n_heads=6),
-    "large": dict(n_layers=8, hidden=768, n_heads=12),
-}
+MODEL = dict(n_layers=4, hidden=288, n_heads=6)  # 8.7M parameters: ~100 MiB with AdamW state
 VOCAB = 8192
 
 
@@ -52,110 +56,131 @@ class _Loader:
         pass
 
 
-def make_state(size: str) -> TrainState:
-    """A model of `size` with real AdamW state (one step on random tokens)."""
+class _Strategy:
+    """The checkpoint half of the one-process strategy (`strategy_torch.py`): DCP with plain names."""
+
+    checkpoint_format = "dcp"
+
+    def __init__(self, model):
+        self.model = model
+
+    def save_state(self, state, folder: Path) -> None:
+        save_dcp(self.model, state.optimizer, folder)
+
+    def checkpoint_state_dict(self, state) -> dict:
+        return dcp_state_dict(self.model, state.optimizer)
+
+    def load_state(self, state, folder: Path) -> None:
+        load_dcp(self.model, state.optimizer, folder)
+
+
+def make_state() -> TrainState:
+    """The model with real AdamW state (one step on random tokens)."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(**SIZES[size], max_seq_len=128), VOCAB)
+    model = build_model(ModelConfig(**MODEL, max_seq_len=128), VOCAB)
     training = TrainingConfig()
     optimizer = make_optimizer(model, training)
     tokens = torch.randint(0, VOCAB, (2, 65))
     torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    built = SimpleNamespace(model=model, module=model)
-    return TrainState(built=built, optimizer=optimizer, scheduler=make_scheduler(optimizer, training), scaler=None,
-                      train_loader=_Loader(), step=1)
-
-
-def timed(action, repeats: int) -> float:
-    """Median seconds of `action()` over `repeats` runs."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def measure(size: str, repeats: int, scratch: Path) -> dict:
-    env = DistEnv(rank=0, world_size=1, local_rank=0, backend=None, device=torch.device("cpu"), distributed=False)
-    state = make_state(size)
-    params = sum(p.numel() for p in state.built.model.parameters())
-    run_dir = scratch / size
-    ctx = ckpt.SaveContext(run_dir, config={}, vocab_size=VOCAB, global_batch=1, strategy="single")
-
-    def save():
-        state.step += 1
-        ckpt.save_checkpoint(state, ctx, env)
-        ckpt.prune_checkpoints(run_dir, keep_last=1, pin=[])
-
-    save_s = timed(save, repeats)
-    path = ckpt.published_steps(run_dir)[-1][1]
-    size_bytes = sum(f.stat().st_size for f in path.iterdir())
-
-    def plain(asynchronous: bool) -> tuple[float, float]:
-        folder = scratch / f"{size}-plain"
-        shutil.rmtree(folder, ignore_errors=True)
-        model_sd, optim_sd = get_state_dict(state.built.model, state.optimizer)
-        start = time.perf_counter()
-        with ckpt.quiet_single_process_notice():
-            if asynchronous:
-                future = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
-                blocked = time.perf_counter() - start
-                future.result()
-            else:
-                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
-                blocked = time.perf_counter() - start
-        return blocked, time.perf_counter() - start
-
-    sync = [plain(False) for _ in range(repeats)]
-    asyn = [plain(True) for _ in range(repeats)]
-
-    def load():
-        fresh = make_state(size)
-        assert ckpt.verify_checkpoint(path) is None
-        ckpt_resume.load_checkpoint(fresh, path, env)
-
-    load_s = timed(load, repeats)
-    build_s = timed(lambda: make_state(size), repeats)
-    return {
-        "size": size,
-        "parameters": params,
-        "checkpoint_bytes": size_bytes,
-        "flopwise_save_seconds": save_s,
-        "dcp_save_seconds": statistics.median(t for _, t in sync),
-        "dcp_async_save_blocking_seconds": statistics.median(b for b, _ in asyn),
-        "dcp_async_save_total_seconds": statistics.median(t for _, t in asyn),
-        "verify_and_load_seconds": max(0.0, load_s - build_s),
-        "save_mb_per_second": size_bytes / 2**20 / save_s,
-    }
+    return TrainState(built=SimpleNamespace(model=model, module=model), optimizer=optimizer,
+                      scheduler=make_scheduler(optimizer, training), scaler=None, train_loader=_Loader(), step=1,
+                      strategy=_Strategy(model))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "checkpoint.json"))
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    env = DistEnv(rank=0, world_size=1, local_rank=0, backend=None, device=torch.device("cpu"), distributed=False)
+    state = make_state()
+    times: dict[str, list[float]] = {key: [] for key in (
+        "flopwise_async_blocking", "flopwise_async_total", "flopwise_async_total_with_retention", "flopwise_blocking", "dcp_save",
+        "dcp_async_save_blocking", "dcp_async_save_total")}
     with tempfile.TemporaryDirectory(prefix="flopwise-ckpt-bench-") as scratch:
-        rows = [measure(size, args.repeats, Path(scratch)) for size in args.sizes.split(",")]
+        root = Path(scratch)
+        ctx = ckpt.SaveContext(root / "async", config={}, vocab_size=VOCAB, global_batch=1, strategy="single")
+        sync_ctx = ckpt.SaveContext(root / "sync", config={}, vocab_size=VOCAB, global_batch=1, strategy="single")
+        saver = AsyncSaver(ctx, env, keep_last=1, pin=[])
+
+        def flopwise_async() -> None:
+            state.step += 1
+            start = time.perf_counter()
+            begun = time.monotonic()
+            saver.start(state)
+            times["flopwise_async_blocking"].append(time.perf_counter() - start)
+            outcome = saver.wait()
+            times["flopwise_async_total_with_retention"].append(time.perf_counter() - start)
+            times["flopwise_async_total"].append(outcome.published_at - begun)
+
+        def flopwise_blocking() -> None:
+            state.step += 1
+            start = time.perf_counter()
+            ckpt.save_checkpoint(state, sync_ctx, env, verify=False)
+            ckpt.prune_checkpoints(sync_ctx.run_dir, keep_last=1, pin=[])
+            times["flopwise_blocking"].append(time.perf_counter() - start)
+
+        def plain(asynchronous: bool) -> None:
+            folder = root / "plain"
+            shutil.rmtree(folder, ignore_errors=True)
+            start = time.perf_counter()
+            with ckpt.quiet_single_process_notice():
+                sd = dcp_state_dict(state.built.model, state.optimizer)
+                if asynchronous:
+                    future = dcp.async_save(sd, checkpoint_id=str(folder))
+                    times["dcp_async_save_blocking"].append(time.perf_counter() - start)
+                    future.result()
+                    times["dcp_async_save_total"].append(time.perf_counter() - start)
+                else:
+                    dcp.save(sd, checkpoint_id=str(folder))
+                    times["dcp_save"].append(time.perf_counter() - start)
+
+        methods = [flopwise_async, flopwise_blocking, lambda: plain(False), lambda: plain(True)]
+        for method in methods:  # warm-up: first-call costs (imports, host buffers) are not a save's cost
+            method()
+        for key in times:
+            times[key].clear()
+        for round_ in range(args.repeats):
+            for method in methods[round_ % len(methods):] + methods[:round_ % len(methods)]:
+                method()
+        saver.close()
+        path = ckpt.published_steps(ctx.run_dir)[-1][1]
+        size_bytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        assert ckpt.verify_checkpoint(path) is None
+    median = {key: statistics.median(values) for key, values in times.items()}
     result = {
         "benchmark": "checkpoint",
         "torch": torch.__version__,
         "device": "cpu, 1 process, 1 thread",
-        "notes": "flopwise save = DCP write + fsync + sha256 manifest + atomic rename + re-verify; "
-                 "async blocking = time until training could continue with dcp.async_save (not used by the "
-                 "trainer yet); load includes the sha256 verification and excludes building the model",
-        "rows": rows,
+        "load_average_1min": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+        "parameters": sum(p.numel() for p in state.built.model.parameters()),
+        "checkpoint_bytes": size_bytes,
+        "checksum": preferred_algorithm(),
+        "repeats": args.repeats,
+        "median_seconds": median,
+        "all_seconds": times,
+        "blocking_vs_dcp_async_save": median["flopwise_async_blocking"] / median["dcp_async_save_blocking"],
+        "total_vs_dcp_save": median["flopwise_async_total"] / median["dcp_save"],
+        "targets": {"blocking_vs_dcp_async_save": 1.5, "total_vs_dcp_save": 1.2},
+        "notes": "flopwise async: blocking = staging into host memory + trainer state; total = until published "
+                 "(staging + write + fsync + checksums while writing + manifest + rename + latest); "
+                 "with_retention adds deleting the checkpoint that falls out of keep_last=1 (plain DCP's folder "
+                 "is deleted outside its timing). "
+                 "flopwise blocking = checkpoint.async=false with verify_on_save=false (no read-back).",
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    for row in rows:
-        print(f"{row['size']:>6}: {row['parameters'] / 1e6:6.1f}M params, {row['checkpoint_bytes'] / 2**20:7.1f} MiB | "
-              f"save {row['flopwise_save_seconds']:.2f} s (plain DCP {row['dcp_save_seconds']:.2f} s, async blocks "
-              f"{row['dcp_async_save_blocking_seconds']:.2f} s) | verify+load {row['verify_and_load_seconds']:.2f} s")
+    print(f"{result['parameters'] / 1e6:.1f}M parameters, {size_bytes / 2**20:.1f} MiB, checksums {result['checksum']}, "
+          f"load {result['load_average_1min']:.1f} on {result['cpus']} CPUs")
+    for key, value in median.items():
+        print(f"  {key:<26} {value:.3f} s")
+    print(f"  blocking / dcp.async_save blocking = {result['blocking_vs_dcp_async_save']:.2f} (target <= 1.5)")
+    print(f"  total / dcp.save                  = {result['total_vs_dcp_save']:.2f} (target <= 1.2)")
     print(f"wrote {out}")
 
 

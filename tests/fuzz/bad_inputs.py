@@ -94,7 +94,7 @@ def _sections(model: type[BaseModel], prefix: str = ""):
         if nested:
             yield from _sections(nested[0], f"{prefix}{name}.")
         else:
-            yield f"{prefix}{name}", field
+            yield f"{prefix}{field.alias or name}", field  # checkpoint.async: by the name users write
 
 
 CROSS_FIELD = [

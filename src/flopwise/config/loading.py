@@ -182,7 +182,8 @@ def allowed_keys(section_loc: tuple[str, ...]) -> list[str]:
     for part in section_loc:
         field = model.model_fields.get(part) if model is not None else None
         model = _nested_model(field.annotation) if field is not None else None
-    return list(model.model_fields) if model is not None else []
+    # a field named after a Python keyword (`checkpoint.async`) is spelled by its alias
+    return [field.alias or name for name, field in model.model_fields.items()] if model is not None else []
 
 
 def _nested_model(annotation: Any) -> type[BaseModel] | None:

@@ -263,7 +263,14 @@ class CheckpointConfig(Section):
     overwrite: bool = False  # resume=false in a used run_dir: move the old run aside to <run_dir>.old-<time>
     grace_seconds: float = Field(25.0, gt=0, le=86400)
     nan_patience: int = Field(3, ge=1, le=10**6)
-    verify_on_save: bool = True
+    # re-read every file after the rename: the checksums already come from the bytes as written, and a
+    # read right after the write comes from the page cache, not the disk, so it is off by default
+    verify_on_save: bool = False
+    # `checkpoint.async` (a Python keyword, hence the alias): stage to host memory and write in the
+    # background; strategies whose engine writes its own files (DeepSpeed) save while the run waits
+    async_: bool = Field(True, alias="async")
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
 
 class LoggingConfig(Section):

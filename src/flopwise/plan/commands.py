@@ -80,10 +80,27 @@ def plan_command(**options) -> None:
                                    o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"],
                                    show_plan=print_plan, profile=measured)
     result = plan(spec, profile=measured)
+    saving = _checkpoint_cost(result, o)
     if o["as_json"]:
-        print_plan_json(result)
+        print_plan_json(result, checkpoint=saving)
         return
     print_plan(result)
+    _print_checkpoint_cost(saving)
+
+
+def _checkpoint_cost(result, o: dict):
+    """`--storage-gbps`: what a checkpoint of this plan costs and how often to write one (None without it)."""
+    from flopwise.plan.checkpoint_cost import for_plan
+
+    return for_plan(result, o)
+
+
+def _print_checkpoint_cost(saving) -> None:
+    if saving is not None:
+        from flopwise.plan.checkpoint_cost import describe
+
+        for line in describe(saving):
+            print(line)
 
 
 def _typer_signature() -> inspect.Signature:
@@ -108,11 +125,14 @@ plan_command.__signature__ = _typer_signature()
 plan_command.__annotations__ = {p.name: p.annotation for p in plan_command.__signature__.parameters.values()}
 
 
-def print_plan_json(result) -> None:
-    """Print a Plan as the JSON of docs/planner.md ("JSON contract")."""
+def print_plan_json(result, checkpoint=None) -> None:
+    """Print a Plan as the JSON of docs/planner.md ("JSON contract"); `checkpoint` adds the `--storage-gbps` section."""
     import json
 
-    print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+    data = result.to_dict()
+    if checkpoint is not None:
+        data["checkpoint"] = checkpoint.to_dict()
+    print(json.dumps(data, indent=2, allow_nan=False, default=str))
 
 
 def plan_training_config(config: Path | None, overrides: list[str], hardware: str | None, as_json: bool,

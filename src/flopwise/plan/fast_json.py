@@ -32,7 +32,12 @@ def run_json_plan(argv: list[str]) -> bool:
         print_plan(plan(build_runspec(**runspec_kwargs(values))))
         return True
     else:
-        out = plan(build_runspec(**runspec_kwargs(values))).to_dict()
+        result = plan(build_runspec(**runspec_kwargs(values)))
+        out = result.to_dict()
+        if values.get("storage_gbps") is not None:  # --storage-gbps: the checkpoint section
+            from flopwise.plan.checkpoint_cost import for_plan
+
+            out["checkpoint"] = for_plan(result, values).to_dict()
     import json
 
     try:

@@ -36,6 +36,8 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
     "checkpoint_seconds": (0.0, 1e7, "seconds"),
     "restart_seconds": (0.0, 1e7, "seconds"),
     "host_memory_gib": (1e-3, 1e6, "GiB"),
+    "storage_gbps": (1e-6, 1e6, "GB/s"),
+    "host_copy_gbps": (1e-6, 1e5, "GB/s"),
     "local_host_memory_gib": (1e-3, 1e6, "GiB"),
     "budget_usd": (1e-6, 1e13, "USD"),
     "deadline_days": (1e-6, 1e5, "days"),

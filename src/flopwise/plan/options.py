@@ -88,6 +88,8 @@ OPTIONS = (
     PlanOption("checkpoint_seconds", "--checkpoint-seconds", float, None, "--spot: seconds to write one checkpoint. [default: estimated]"),
     PlanOption("restart_seconds", "--restart-seconds", float, 0.0, "--spot: seconds from preemption to training again."),
     PlanOption("spot_price_per_hour", "--spot-price-per-hour", float, None, "--spot: USD per device-hour (overrides the catalog). [default: the catalog's]"),
+    PlanOption("storage_gbps", "--storage-gbps", float, None, "Plan checkpoints: write bandwidth of the checkpoint storage in GB/s, all writers together; prints the save's blocking and total time (and, with --preemptions-per-day, the interval to save at). [default: not planned]"),
+    PlanOption("host_copy_gbps", "--host-copy-gbps", float, 63.0, "--storage-gbps: device-to-host copy bandwidth per device in GB/s (the part of a save the run waits for). [default: PCIe 5.0 x16, 63]"),
     PlanOption("host_memory_gib", "--host-memory-gib", float, None, "--search: host RAM per node for offloaded states. [default: unchecked]"),
 )
 """Every `flopwise plan` option, in `--help` order."""

@@ -15,6 +15,7 @@ import torch
 
 from flopwise.errors import UserError
 from flopwise.train.checkpoint import store as ckpt
+from flopwise.train.checkpoint.hashing import file_digest, preferred_algorithm
 from flopwise.train.checkpoint.safe_read import MetadataUnpickler, SafeFileSystemReader, safe_dcp_load
 from flopwise.config.loading import load_config
 from flopwise.train.checkpoint.policy import TrainingDiverged
@@ -78,7 +79,9 @@ def test_a_checkpoint_has_a_manifest_a_latest_pointer_and_json_trainer_state(sav
     names = set(manifest["files"])
     assert {".metadata", "trainer.rank00000.json"} <= names and any(n.endswith(".distcp") for n in names)
     for name, entry in manifest["files"].items():
-        assert (folder / "step-8" / name).stat().st_size == entry["bytes"] and len(entry["sha256"]) == 64
+        assert (folder / "step-8" / name).stat().st_size == entry["bytes"]
+        assert len(entry[preferred_algorithm()]) == 64  # blake3 (or sha256 without the package): 256 bits
+        assert entry[preferred_algorithm()] == file_digest(folder / "step-8" / name, preferred_algorithm())
     trainer = json.loads((folder / "step-8" / "trainer.rank00000.json").read_text())
     assert trainer["step"] == 8 and trainer["tokens_seen"] == 8 * 4 * 32
     assert trainer["loader"]["position"] == 8 * 4
@@ -101,7 +104,7 @@ def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_is_used(
     capsys.readouterr()
     result = run(corpus, run_dir)  # automatic resume: latest valid
     out = capsys.readouterr().out
-    assert "step-4: " in out and "fails its sha256 checksum (corrupted); falling back to the previous one" in out
+    assert "step-4: " in out and f"fails its {preferred_algorithm()} checksum (corrupted); falling back to the previous one" in out
     assert "resumed from checkpoint step-2" in out
     assert result.train_losses == reference[2:]
 

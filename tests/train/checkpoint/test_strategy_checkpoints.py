@@ -105,7 +105,7 @@ def test_at_end_publishes_a_verified_checkpoint(reference, name):
     assert (ref_dir / "checkpoints" / "latest").read_text().strip() == final.name
     manifest = json.loads((final / "manifest.json").read_text())
     assert manifest["strategy"] == STRATEGIES[name]["strategy"] and manifest["world_size"] == 2
-    assert all(len(entry["sha256"]) == 64 for entry in manifest["files"].values())
+    assert all(len(entry.get("blake3") or entry["sha256"]) == 64 for entry in manifest["files"].values())
     assert not list((ref_dir / "checkpoints").glob(".tmp-step-*"))
 
 

@@ -33,13 +33,18 @@ def state_dict_options(per_parameter: bool):
     return StateDictOptions(flatten_optimizer_state_dict=per_parameter)
 
 
-def save_dcp(model: nn.Module, optimizer: Optimizer, folder: Path, per_parameter: bool = False) -> None:
-    """Write this rank's part of model + optimizer into `folder` (collective; files fsynced)."""
+def dcp_state_dict(model: nn.Module, optimizer: Optimizer, per_parameter: bool = False) -> dict:
+    """Model + optimizer as DCP saves them (`{"model": ..., "optim": ...}`; live tensors, not copies)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer, options=state_dict_options(per_parameter))
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save_dcp(model: nn.Module, optimizer: Optimizer, folder: Path, per_parameter: bool = False) -> None:
+    """Write this rank's part of model + optimizer into `folder` (collective; files fsynced)."""
     with quiet_single_process_notice():
-        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=FileSystemWriter(folder, sync_files=True))
+        dcp.save(dcp_state_dict(model, optimizer, per_parameter), storage_writer=FileSystemWriter(folder, sync_files=True))
 
 
 def load_dcp(model: nn.Module, optimizer: Optimizer, folder: Path, per_parameter: bool = False) -> None:

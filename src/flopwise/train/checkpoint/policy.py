@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from flopwise.errors import PREEMPTED_EXIT_CODE, Preempted, UserError  # noqa: F401  (re-exported)
+from flopwise.train.checkpoint.async_save import AsyncSaver, SaveOutcome, async_supported
 from flopwise.train.checkpoint.checks import prune_keeping_valid
 from flopwise.train.checkpoint.resume import resume
 from flopwise.train.checkpoint.store import (
@@ -146,6 +147,7 @@ class StepBoundary:
         self.signals = StopSignals().install()
         self.last_save_time = time.monotonic()
         self.last_saved_step: int | None = None
+        self.saver: AsyncSaver | None = None  # checkpoint.async: set up by `resume`, once the strategy is known
 
     def resume(self, state) -> list[str]:
         """Load the checkpoint to continue from (named, or the latest valid one); notes for the log."""
@@ -159,7 +161,18 @@ class StepBoundary:
         notes = resume(state, self.cfg, self.run_dir, self.env, self.max_steps, report=self.report)
         if notes:
             self.last_saved_step = state.step
-        return notes
+        return notes + self._choose_saving(state)
+
+    def _choose_saving(self, state) -> list[str]:
+        """Background saves when `checkpoint.async` asks for them and the strategy allows it; the reason, once."""
+        if not self.cfg.async_:
+            return ["checkpoints: saved while the run waits (checkpoint.async=false)"]
+        supported, why_not = async_supported(state.strategy)
+        if not supported:
+            return [f"checkpoints: saved while the run waits: {why_not}"]
+        self.saver = AsyncSaver(self.ctx, self.env, self.cfg.keep_last, self.cfg.pin, verify=self.cfg.verify_on_save)
+        return ["checkpoints: staged to host memory, then written, hashed and published in the background "
+                "(checkpoint.async=true; the next save, a stop signal and the end of the run wait for it)"]
 
     def after_step(self, state, loss: float, skipped: bool = False, loss_scale: float | None = None) -> None:
         """Agree over ranks, then stop on divergence or endless skipped steps, save when due, or save and stop on a signal."""
@@ -169,8 +182,13 @@ class StepBoundary:
                 and time.monotonic() - self.last_save_time >= self.cfg.every_minutes * 60)
         )
         nonfinite = not math.isfinite(loss)
-        signal_any, due_any, bad_rank = self._agree(self.signals.received is not None, due,
-                                                    self.env.rank if nonfinite else -1)
+        save_failed = self.saver is not None and self.saver.failed()
+        signal_any, due_any, bad_rank, failed_any = self._agree(self.signals.received is not None, due,
+                                                                self.env.rank if nonfinite else -1, save_failed)
+        if failed_any:  # a background save failed: every rank stops here, at the same step
+            self.saver.wait()
+            raise UserError("a background checkpoint save failed on another rank (see its message)")
+        self._report_finished()
         if self.guard.observe(state.step, bad_rank >= 0):
             raise TrainingDiverged(self._divergence_message(state.step, bad_rank))
         if self.skips.observe(skipped):
@@ -179,7 +197,7 @@ class StepBoundary:
             return  # never checkpoint weights that may already be damaged
         if signal_any:
             self.signals.note_agreed()
-            path = self._save(state)
+            path = self._save(state, wait=True)
             message = self._preemption_message(state.step, path)
             if self.env.is_main:
                 self.report(message)
@@ -191,15 +209,29 @@ class StepBoundary:
         """The final checkpoint (`checkpoint.at_end`), unless this step is already saved."""
         if self.cfg.at_end and self.guard.healthy and self.last_saved_step != state.step:
             self._save(state)
+        if self.saver is not None:  # the run ends only when its last checkpoint is published
+            self._report(self.saver.wait())
 
     def close(self) -> None:
-        """Give the signal handlers back."""
+        """Wait for a background save still in flight, then give the signal handlers back."""
+        if self.saver is not None:
+            self.saver.close()
         self.signals.restore()
 
     # ----------------------------------------------------------------------------------
 
-    def _save(self, state):
+    def _save(self, state, wait: bool = False):
+        """Save `state` (in the background when `checkpoint.async`; `wait`: until it is published)."""
         if self.last_saved_step == state.step:
+            if wait and self.saver is not None:
+                self._report(self.saver.wait())
+            return checkpoints_dir(self.run_dir) / f"step-{state.step}"
+        if self.saver is not None:
+            self.saver.start(state)
+            self.last_save_time = time.monotonic()
+            self.last_saved_step = state.step
+            if wait:
+                self._report(self.saver.wait())
             return checkpoints_dir(self.run_dir) / f"step-{state.step}"
         started = time.monotonic()
         path = save_checkpoint(state, self.ctx, self.env, verify=self.cfg.verify_on_save)
@@ -211,9 +243,19 @@ class StepBoundary:
         self.last_saved_step = state.step
         return path
 
-    def _agree(self, signal_seen: bool, due: bool, bad_rank: int) -> tuple[bool, bool, int]:
-        flags = agree_max([int(signal_seen), int(due), bad_rank], self.env)
-        return bool(flags[0]), bool(flags[1]), flags[2]
+    def _report_finished(self) -> None:
+        """The log line of a background save that finished since the last step."""
+        if self.saver is not None:
+            self._report(self.saver.take())
+
+    def _report(self, outcome: SaveOutcome | None) -> None:
+        if outcome is not None and outcome.path is not None and self.env.is_main:
+            self.report(f"checkpoint {outcome.path.name}: {outcome.mebibytes:.1f} MiB; the run waited "
+                        f"{outcome.blocking_seconds:.2f} s, written in the background in {outcome.write_seconds:.2f} s")
+
+    def _agree(self, signal_seen: bool, due: bool, bad_rank: int, save_failed: bool) -> tuple[bool, bool, int, bool]:
+        flags = agree_max([int(signal_seen), int(due), bad_rank, int(save_failed)], self.env)
+        return bool(flags[0]), bool(flags[1]), flags[2], bool(flags[3])
 
     def _latest_name(self) -> str:
         try:

@@ -55,6 +55,7 @@ from flopwise.errors import UserError
 from flopwise.runrecord.records import checkpoints_dir
 from flopwise.safe_write import fsync_folder, make_entry_folder, write_file
 from flopwise.config.signature import sign_manifest
+from flopwise.train.checkpoint.hashing import algorithm_of, bytes_digest, file_digest, preferred_algorithm
 from flopwise.train.parallel.distributed import DistEnv, barrier
 
 FORMAT_VERSION = 1
@@ -102,8 +103,9 @@ def verify_checkpoint(path: Path) -> str | None:
         size = file.stat().st_size
         if size != expected["bytes"]:
             return f"{name} has {size} bytes, the manifest says {expected['bytes']} (truncated?)"
-        if _sha256(file) != expected["sha256"]:
-            return f"{name} fails its sha256 checksum (corrupted)"
+        algorithm = algorithm_of(expected)
+        if expected.get(algorithm) is None or file_digest(file, algorithm) != expected[algorithm]:
+            return f"{name} fails its {algorithm} checksum (corrupted)"
     return None
 
 
@@ -189,10 +191,14 @@ def save_checkpoint(state, ctx: SaveContext, env: DistEnv, verify: bool = True) 
     return final
 
 
-def _publish(tmp: Path, final: Path, step: int, state, ctx: SaveContext, env: DistEnv, verify: bool) -> None:
-    files = {}
-    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        files[str(file.relative_to(tmp))] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
+def _publish(tmp: Path, final: Path, step: int, state, ctx: SaveContext, env: DistEnv, verify: bool,
+             files: dict | None = None) -> None:
+    """Manifest, rename, `latest`. `files`: name -> {bytes, <algorithm>} hashed while writing
+    (async saves); without it every file is read and hashed here."""
+    if files is None:
+        algorithm = preferred_algorithm()
+        files = {str(file.relative_to(tmp)): {"bytes": file.stat().st_size, algorithm: file_digest(file, algorithm)}
+                 for file in sorted(p for p in tmp.rglob("*") if p.is_file())}
     manifest = {
         "format": FORMAT_VERSION,
         "step": step,

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from flopwise.train.checkpoint.dcp_state import load_dcp, save_dcp
+from flopwise.train.checkpoint.dcp_state import dcp_state_dict, load_dcp, save_dcp
 from flopwise.config.schema import ParallelConfig, PrecisionConfig
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, measure_memory
@@ -183,6 +183,10 @@ class PipelineStrategy:
         hyper-parameters are stored per parameter, so the stages' keys are disjoint.
         """
         save_dcp(self.module, state.optimizer, folder, per_parameter=True)
+
+    def checkpoint_state_dict(self, state) -> dict:
+        """This stage's layers and optimizer state as `save_state` writes them, for a background save."""
+        return dcp_state_dict(self.module, state.optimizer, per_parameter=True)
 
     def load_state(self, state, folder: Path) -> None:
         """This stage's layers and optimizer state, read by name from whichever stage wrote them."""

@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from flopwise.train.checkpoint.dcp_state import load_dcp, save_dcp
+from flopwise.train.checkpoint.dcp_state import dcp_state_dict, load_dcp, save_dcp
 from flopwise.config.schema import PrecisionConfig
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, measure_memory
@@ -84,6 +84,10 @@ class TorchStrategy:
     def save_state(self, state, folder: Path) -> None:
         """Model and optimizer through DCP (plain module names whatever the wrapping)."""
         save_dcp(self.built.model, state.optimizer, folder)
+
+    def checkpoint_state_dict(self, state) -> dict:
+        """Model and optimizer as `save_state` writes them, for a background save to stage."""
+        return dcp_state_dict(self.built.model, state.optimizer)
 
     def load_state(self, state, folder: Path) -> None:
         """Model and optimizer from DCP, resharded to this world size."""
