@@ -96,7 +96,8 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         from flopwise.train.techniques.lora import apply_lora
 
         notes += apply_lora(model, cfg.finetune, env.device, frozen_base_dtype(cfg.precision.mode),
-                            adapter_dtype=torch.bfloat16 if pure else torch.float32)
+                            adapter_dtype=torch.bfloat16 if pure else torch.float32,
+                            shards=env.world_size if cfg.parallel.strategy == "fsdp" else 1)
     if pure:
         apply_pure_bf16(model)
         notes.append(PURE_BF16_TRADE_OFF)

@@ -127,3 +127,13 @@ def test_a_run_lowers_the_loss_and_checkpoints_only_adapters(folders, tmp_path, 
     keys = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
     model_keys = [k for k in keys if k.startswith("model.")]
     assert model_keys and all("lora_" in k for k in model_keys)
+
+
+def test_nf4_groups_fit_each_fsdp_shard():
+    from flopwise.train.techniques.lora import nf4_scaler_block
+
+    assert nf4_scaler_block(4096 * 4096) == 256  # QLoRA's 256 constants per scale on a 7B's linears
+    assert nf4_scaler_block(32 * 64) == 32  # a small weight: one group of its 32 blocks
+    assert nf4_scaler_block(32 * 64, shards=2) == 16  # two shards: a group on each
+    assert nf4_scaler_block(100) is None  # not a whole number of 64-weight blocks
+    assert nf4_scaler_block(64 * 3, shards=2) is None

@@ -64,25 +64,28 @@ def nf4_api():
     return NF4Tensor, to_nf4
 
 
-def nf4_scaler_block(numel: int) -> int | None:
+def nf4_scaler_block(numel: int, shards: int = 1) -> int | None:
     """The double-quantisation group for a weight of `numel` elements: 256 absmax constants, or the
-    largest smaller power of two that divides their count (small test models); None: not quantisable."""
-    if numel % NF4_BLOCK:
+    largest smaller power of two that leaves a whole number of groups on each of `shards` FSDP2
+    shards (small models); None: the weight cannot be stored in NF4 this way."""
+    if numel % (NF4_BLOCK * shards):
         return None
     blocks = numel // NF4_BLOCK
     size = NF4_SCALER_BLOCK
-    while size > 1 and blocks % size:
+    while size > 1 and (blocks % size or (blocks // size) % shards):
         size //= 2
     return size if size > 1 else None
 
 
 @torch.no_grad()
-def quantize_linears_to_nf4(model: nn.Module, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> int:
+def quantize_linears_to_nf4(model: nn.Module, device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                            shards: int = 1) -> int:
     """Store the weight of every linear in the transformer blocks as a frozen torchao NF4Tensor on `device`.
 
     QLoRA quantises all block linears whether or not they carry an adapter (sec. 4); embeddings,
     the LM head and norms stay in `dtype`. Each weight goes to `device` alone, so a GPU never holds
-    the whole 16-bit base. Returns the number of linears quantised.
+    the whole 16-bit base. `shards`: the FSDP2 shards each NF4 weight is split into (each needs a
+    whole number of blocks and scale groups). Returns the number of linears quantised.
     """
     to_nf4 = nf4_api()[1]
     quantized = 0
@@ -91,10 +94,11 @@ def quantize_linears_to_nf4(model: nn.Module, device: torch.device, dtype: torch
             if type(module) is not nn.Linear:
                 continue
             weight = module.weight.detach().to(device=device, dtype=dtype)
-            scaler_block = nf4_scaler_block(weight.numel())
+            scaler_block = nf4_scaler_block(weight.numel(), shards)
             if scaler_block is None:
                 raise UserError(f"finetune.method: qlora cannot store a {tuple(weight.shape)} weight in NF4 "
-                                f"(its size is not a multiple of {NF4_BLOCK}); use finetune.method=lora")
+                                f"split over {shards} shard(s) (blocks of {NF4_BLOCK}, at least 2 scale "
+                                "groups per shard); use finetune.method=lora or fewer processes")
             module.weight = nn.Parameter(to_nf4(weight, NF4_BLOCK, scaler_block), requires_grad=False)
             quantized += 1
     return quantized
@@ -114,18 +118,18 @@ def freeze_base_and_cast(model: nn.Module, dtype: torch.dtype, adapter_dtype: to
 
 
 def apply_lora(model: nn.Module, cfg: FinetuneConfig, device: torch.device, frozen_dtype: torch.dtype,
-               adapter_dtype: torch.dtype = torch.float32) -> list[str]:
+               adapter_dtype: torch.dtype = torch.float32, shards: int = 1) -> list[str]:
     """Freeze the materialised pretrained `model`, quantise its block linears for QLoRA, inject PEFT adapters.
 
     Call it after the pretrained weights are loaded and before activation checkpointing and
-    DDP / FSDP2. Returns lines for the run header.
+    DDP / FSDP2 (`shards`: the processes FSDP2 will shard over, else 1). Returns lines for the run header.
     """
     from peft import inject_adapter_in_model
 
     hf = getattr(model, "hf", model)
     notes = []
     if cfg.method == "qlora":
-        quantized = quantize_linears_to_nf4(model, device)
+        quantized = quantize_linears_to_nf4(model, device, shards=shards)
         notes.append(f"QLoRA: {quantized} block linears stored in NF4 (torchao, blocks of {NF4_BLOCK}), "
                      "dequantised to bf16 per matmul")
     model.to(device)
