@@ -20,6 +20,7 @@ from flopwise.catalog.hardware import HardwareSpec
 from flopwise.catalog.models import ModelSpec, from_hf_config
 from flopwise.errors import UserError
 from flopwise.config.precision import precision_of
+from flopwise.plan.finetune import config_fields
 from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
 
 FFN_MULTIPLE_OF = 64
@@ -72,6 +73,7 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
         seq_len=seq_len,
         total_tokens=float(cfg.training.max_steps * layout.global_batch_size * seq_len),
         dropout=cfg.model.dropout > 0,
+        **config_fields(getattr(cfg, "finetune", None)),  # LoRA / QLoRA (plan/finetune.py)
     )
     model = model_spec_from_config(cfg.model, vocab, seq_len)
     # the trainer measures allocated bytes: no caching-allocator reserve on top
