@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
-    BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator, model_validator,
+    BaseModel, ConfigDict, Field, PrivateAttr, StrictFloat, StrictInt, ValidationInfo, field_validator, model_validator,
 )
 
 # Practical ceilings: far above any real run, low enough that no value reaches torch or the
@@ -330,11 +330,21 @@ class RunConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     compress: dict | None = None  # validated by flopwise.compress.config
     finetune: FinetuneConfig | None = None  # LoRA / QLoRA of a pretrained model; None = train every weight
+    # lines the trainer prints: fine-tuning defaults set on fields the user left unset (finetune_defaults.py)
+    _default_notes: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def default_notes(self) -> list[str]:
+        """The fine-tuning defaults this config received, each with its reason."""
+        return list(self._default_notes)
 
     @model_validator(mode="after")
     def _check_across_sections(self) -> "RunConfig":
         if self.model.pretrained is not None:
             _resolve_pretrained(self)
+            from flopwise.config.finetune_defaults import apply_finetune_defaults
+
+            self._default_notes = apply_finetune_defaults(self)
         if self.data.hf_dataset is not None and self.data.paths:
             raise ValueError("data.hf_dataset: set either data.hf_dataset or data.paths, not both")
         if self.model.kind != "hf" and self.data.seq_len > self.model.max_seq_len:

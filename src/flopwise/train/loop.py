@@ -295,6 +295,9 @@ def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -
         f"tokens ({grad_accum} micro-step(s) of {cfg.training.micro_batch_size} per rank)",
     ]
     lines += [f"  {note}" for note in built.notes]
+    if cfg.default_notes:
+        lines.append("fine-tuning defaults for a pretrained model (give any of them to override):")
+        lines += [f"  {note}" for note in cfg.default_notes]
     lines += forecast.notes
     if cfg.training.pruning is not None:
         p = cfg.training.pruning

@@ -109,7 +109,7 @@ def test_qkvo_targets_only_attention_projections(folders, tmp_path):
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
-def test_a_run_lowers_the_loss_and_checkpoints_only_adapters(folders, tmp_path, method):
+def test_a_run_lowers_the_loss_and_checkpoints_only_adapters(folders, tmp_path, method, capsys):
     from flopwise.train.loop import run_training
     from flopwise.train.parallel.distributed import init_distributed
 
@@ -118,6 +118,8 @@ def test_a_run_lowers_the_loss_and_checkpoints_only_adapters(folders, tmp_path, 
     result = run_training(cfg, init_distributed(cfg.parallel))
     first, last = sum(result.train_losses[:3]) / 3, sum(result.train_losses[-3:]) / 3
     assert last < first - 0.05, result.train_losses
+    out = capsys.readouterr().out  # the defaults the run took, with their reasons (weight decay was not given)
+    assert "fine-tuning defaults for a pretrained model" in out and "training.weight_decay=0: no decay" in out
     # the checkpoint holds the adapters (and their optimizer state), not the frozen base
     from flopwise.train.checkpoint import store as ckpt
 
