@@ -34,7 +34,7 @@ from flopwise.train.checkpoint.policy import StepBoundary
 from flopwise.runrecord.records import MemoryBytes, StepRecord, config_path, write_comparison
 from flopwise.safe_write import copy_file, make_folder, write_file
 from flopwise.train.metrics import MetricsWriter, RunDisplay
-from flopwise.train.techniques.precision import make_grad_scaler
+from flopwise.train.techniques.precision import make_grad_scaler, pretrained_precision_default
 from flopwise.train.step import Strategy, StepHooks, train_step
 
 
@@ -142,6 +142,9 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     one to slow a rank down on purpose); a real run has none.
     """
     run_dir = Path(cfg.logging.run_dir)
+    device_default = pretrained_precision_default(cfg, env.device)  # before anything reads the mode
+    if device_default is not None:
+        cfg._default_notes.append(device_default)
     if env.is_main:
         make_folder(run_dir)
         write_file(config_path(run_dir), dump_config(cfg))

@@ -48,3 +48,14 @@ def test_a_pure_bf16_run_lowers_the_loss(corpus, tmp_path, capsys):  # noqa: F81
     result = run_training(cfg, init_distributed(cfg.parallel))
     assert sum(result.train_losses[-3:]) / 3 < sum(result.train_losses[:3]) / 3 - 0.3, result.train_losses
     assert capsys.readouterr().out.count("precision bf16-true:") == 1
+
+
+def test_a_pretrained_run_takes_bf16_only_where_the_device_has_it(tmp_path):
+    from flopwise.train.techniques.precision import pretrained_precision_default
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 256}')
+    cfg = load_config(None, ["model.kind=hf", f"model.pretrained={tmp_path}"])
+    assert pretrained_precision_default(cfg, torch.device("cpu")) is None and cfg.precision.mode == "fp32"
+    given = load_config(None, ["model.kind=hf", f"model.pretrained={tmp_path}", "precision.mode=fp16"])
+    assert pretrained_precision_default(given, torch.device("cuda")) is None  # given: never replaced
+    assert given.precision.mode == "fp16"
