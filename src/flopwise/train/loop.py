@@ -21,6 +21,7 @@ from torch import nn
 
 from flopwise.plan.from_config import batch_layout
 from flopwise.train import prediction
+from flopwise.train.run_forecast import forecast_line, gpu_config_on_cpu
 from flopwise.train.parallel import comm_volume
 from flopwise.train.parallel.mesh import mesh_shape_of
 from flopwise.train.build import BuiltModel, build_strategy, build_training_model
@@ -302,6 +303,10 @@ def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -
         lines.append("fine-tuning defaults for a pretrained model (give any of them to override):")
         lines += [f"  {note}" for note in cfg.default_notes]
     lines += forecast.notes
+    for line in (forecast_line(forecast.plan, forecast.hardware_name),
+                 gpu_config_on_cpu(cfg, env.device.type, forecast.plan)):
+        if line:
+            lines.append(line)
     if cfg.training.pruning is not None:
         p = cfg.training.pruning
         lines.append(
