@@ -1,10 +1,12 @@
 """LoRA under DDP and QLoRA under FSDP2 on 2 real CPU processes started by `flopwise train`, with
 activation checkpointing; a QLoRA run killed with SIGKILL after a published checkpoint continues,
-when the identical command is rerun, with every rank's losses equal to an uninterrupted run's bit for bit."""
+when the identical command is rerun, with every rank's losses equal to an uninterrupted run's bit for bit,
+and its merged export (transformers) and adapter export (PEFT) load and agree."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from flopwise.train.checkpoint import store as ckpt
 from tests.hf_fixtures import write_jsonl, write_pretrained
@@ -79,3 +81,18 @@ def test_qlora_under_fsdp2_killed_then_rerun_continues_bit_for_bit(folders, tmp_
     saved = [step for step, _ in ckpt.published_steps(run_dir)]
     assert saved and max(saved) < STEPS
     assert_the_same_command_continues(path, max(saved), run_dir, ref_dir)
+
+    # the resumed run's adapters out: merged (transformers) and alone (PEFT) agree on the logits
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.artifacts.test_export_lora import cli, logits
+
+    for extra, out in (([], "merged"), (["--adapter"], "adapter-only")):
+        done = cli("export", str(run_dir), "--out", str(tmp_path / out), *extra)
+        assert done.returncode == 0, done.stderr[-2000:]
+    ids = torch.arange(1, 33).view(1, 32)
+    base = AutoModelForCausalLM.from_pretrained(str(folders / "pretrained"), dtype=torch.float32).eval()
+    adapted = PeftModel.from_pretrained(base, str(tmp_path / "adapter-only" / "adapter")).eval()
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged" / "hf")).eval()
+    torch.testing.assert_close(logits(merged, ids), logits(adapted, ids), atol=1e-4, rtol=1e-4)
