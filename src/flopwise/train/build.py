@@ -80,6 +80,7 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
 
         model = build_pretrained_skeleton(cfg.model, vocab_size)
         if adapters:  # the base is loaded whole, frozen (and for QLoRA quantised) before any wrapping
+            _hold_parameters_in(model, frozen_base_dtype(cfg.precision.mode))  # read as bf16, never fp32
             materialize_pretrained(model, pretrained, _base_load_device(cfg, env))
         elif cfg.parallel.strategy != "fsdp":  # FSDP2 shards the meta model first, then loads per rank
             materialize_pretrained(model, pretrained, env.device)
@@ -141,6 +142,14 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         notes=notes,
         pp_group=mesh["pp"].get_group() if mesh is not None and cfg.parallel.strategy == "pipeline" else None,
     )
+
+
+def _hold_parameters_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Give the (meta) parameters `dtype`, so a frozen base is read straight into it: a 7B base takes
+    14 GB in bf16 instead of 28 GB in fp32. Buffers (rotary tables) keep their dtype."""
+    for param in model.parameters():
+        if param.dtype.is_floating_point and param.dtype != dtype:
+            param.data = param.data.to(dtype)
 
 
 def _base_load_device(cfg: RunConfig, env: DistEnv):

@@ -3,6 +3,8 @@ what the optimizer holds, NF4 weights, and a kill -9 + exact resume on 2 process
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -139,3 +141,18 @@ def test_nf4_groups_fit_each_fsdp_shard():
     assert nf4_scaler_block(32 * 64, shards=2) == 16  # two shards: a group on each
     assert nf4_scaler_block(100) is None  # not a whole number of 64-weight blocks
     assert nf4_scaler_block(64 * 3, shards=2) is None
+
+
+def test_a_bf16_run_reads_the_frozen_base_in_bf16_and_trains_fp32_adapters(folders, tmp_path):
+    from flopwise.train.launch.machine_fit import weight_bytes_per_parameter
+    from flopwise.train.parallel.distributed import init_distributed
+    from flopwise.train.step import train_step
+
+    cfg, state = built_state(folders, tmp_path, "lora", "precision.mode=bf16")
+    named = dict(state.built.module.named_parameters())
+    assert {p.dtype for n, p in named.items() if not p.requires_grad} == {torch.bfloat16}
+    assert {p.dtype for n, p in named.items() if p.requires_grad} == {torch.float32}
+    assert weight_bytes_per_parameter(cfg) == 2  # the pre-launch memory bound counts 2 bytes, not 4
+    assert weight_bytes_per_parameter(load_config(None, overrides(folders, tmp_path, "lora"))) == 4  # fp32
+    step = train_step(state, init_distributed(cfg.parallel), 1, None)
+    assert math.isfinite(step.loss) and step.loss > 0
