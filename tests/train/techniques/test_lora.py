@@ -1,5 +1,6 @@
-"""LoRA and QLoRA on a real pretrained llama (saved by the test): what is frozen, what trains,
-what the optimizer holds, NF4 weights, and a kill -9 + exact resume on 2 processes (FSDP2 QLoRA)."""
+"""LoRA and QLoRA on a real pretrained llama (saved by the test), one process: config errors, what is
+frozen, what trains, what the optimizer and the checkpoint hold, NF4 weights, the base's dtype.
+The 2-process runs (DDP, FSDP2 with kill -9 and exact resume) are in test_lora_distributed.py."""
 
 from __future__ import annotations
 
