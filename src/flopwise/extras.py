@@ -11,7 +11,7 @@ EXTRA_OF_MODULE = {
     "torch": "train", "numpy": "train", "tokenizers": "train", "safetensors": "train",
     "tensorboard": "train", "matplotlib": "train", "tfrecord": "train", "psutil": "train",
     "transformers": "hf", "deepspeed": "deepspeed", "torchao": "compress", "sklearn": "compress",
-    "wandb": "wandb",
+    "wandb": "wandb", "peft": "finetune",
 }
 PACKAGE_OF_MODULE = {"sklearn": "scikit-learn"}
 

@@ -33,11 +33,15 @@ class ExportResult:
     tensors: int
     parameters: int
     hf_folder: Path | None = None
+    adapter_folder: Path | None = None
 
 
 def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None = None, *,
-                      trust_remote_code: bool = False, accept_run: bool = False) -> ExportResult:
-    """Export the latest valid checkpoint of `run_dir` (or step `step`) as safetensors into `out`.
+                      adapter: bool = False, trust_remote_code: bool = False,
+                      accept_run: bool = False) -> ExportResult:
+    """Export the latest valid checkpoint of `run_dir` (or step `step`) as safetensors into `out`;
+    a LoRA/QLoRA run's adapters merged into its base, or with `adapter` only them in PEFT's format
+    (`artifacts/export_lora.py`).
 
     The manifest must carry this user's signature unless `accept_run`; the model is rebuilt
     from its config with remote code only when `trust_remote_code` (the command line's flag).
@@ -45,10 +49,7 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     from safetensors.torch import save_file
 
     # torch loads only when an export runs, not when the CLI starts
-    from flopwise.train.checkpoint.safe_read import LOAD_ERRORS, safe_dcp_load
-    from flopwise.train.checkpoint.store import (
-        latest_valid, quiet_single_process_notice, read_manifest, resolve_checkpoint,
-    )
+    from flopwise.train.checkpoint.store import latest_valid, read_manifest, resolve_checkpoint
     from flopwise.config.loading import dump_config
     from flopwise.config.signature import check_manifest, manifest_config, signed_config_text
     from flopwise.hf_logging import quiet_hf_libraries
@@ -71,24 +72,26 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     manifest = read_manifest(path)
     check_manifest(path / "manifest.json", manifest, accept_run=accept_run)
     cfg = manifest_config(path / "manifest.json", manifest, trust_remote_code=trust_remote_code)
-    model = build_model(cfg.model, int(manifest["vocab_size"]))
-    if manifest.get("state_format", "dcp") == "deepspeed":  # the engine's own files, ZeRO partitions merged
-        from flopwise.train.checkpoint.deepspeed_state import consolidated_fp32_state
+    out = Path(out) if out is not None else run_dir / "export"
+    adapters = cfg.finetune is not None and cfg.finetune.adapters
+    if adapter and not adapters:
+        raise UserError(f"--adapter: {run_dir} trained every weight (no finetune.method lora or qlora); "
+                        "it has no adapter to export")
+    if adapters:  # LoRA/QLoRA: the base from model.pretrained, the adapters from the checkpoint
+        from flopwise.artifacts.export_lora import adapted_model, merge_adapters, write_adapter
 
-        load_deepspeed_state(model, consolidated_fp32_state(path), path)
+        model, peft_model = adapted_model(cfg, int(manifest["vocab_size"]), path)
+        if adapter:
+            trained = [p for name, p in peft_model.named_parameters() if "lora_" in name]
+            return ExportResult(checkpoint=path, out=out, step=int(manifest["step"]), tensors=len(trained),
+                                parameters=sum(p.numel() for p in trained),
+                                adapter_folder=write_adapter(peft_model, make_folder(out) / "adapter"))
+        model = merge_adapters(model, peft_model)
     else:
-        state = model.state_dict()
-        try:
-            with quiet_single_process_notice():
-                safe_dcp_load({"model": state}, path)
-        except UserError:
-            raise
-        except LOAD_ERRORS as exc:
-            raise UserError(f"checkpoint {path} does not fit the model in its manifest: "
-                            f"{str(exc).splitlines()[0][:160]}") from None
-        model.load_state_dict(state)
+        model = build_model(cfg.model, int(manifest["vocab_size"]))
+        load_model_state(model, manifest, path)
 
-    out = make_folder(Path(out) if out is not None else run_dir / "export")  # one line when it cannot be one
+    out = make_folder(out)  # one line when it cannot be one
     tensors = _unshared(model.state_dict())
     metadata = {"format": "pt", "step": str(manifest["step"]), "checkpoint": str(path),
                 "tokens_seen": str(manifest.get("tokens_seen", ""))}
@@ -109,6 +112,28 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
         checkpoint=path, out=out, step=int(manifest["step"]), tensors=len(tensors),
         parameters=sum(p.numel() for p in model.parameters()), hf_folder=hf_folder,
     )
+
+
+def load_model_state(model, manifest: dict, path: Path) -> None:
+    """Fill a freshly built `model` from checkpoint `path` (DCP, or DeepSpeed's merged partitions)."""
+    from flopwise.train.checkpoint.safe_read import LOAD_ERRORS, safe_dcp_load
+    from flopwise.train.checkpoint.store import quiet_single_process_notice
+
+    if manifest.get("state_format", "dcp") == "deepspeed":  # the engine's own files, ZeRO partitions merged
+        from flopwise.train.checkpoint.deepspeed_state import consolidated_fp32_state
+
+        load_deepspeed_state(model, consolidated_fp32_state(path), path)
+        return
+    state = model.state_dict()
+    try:
+        with quiet_single_process_notice():
+            safe_dcp_load({"model": state}, path)
+    except UserError:
+        raise
+    except LOAD_ERRORS as exc:
+        raise UserError(f"checkpoint {path} does not fit the model in its manifest: "
+                        f"{str(exc).splitlines()[0][:160]}") from None
+    model.load_state_dict(state)
 
 
 def load_deepspeed_state(model, state: dict, path: Path) -> None:

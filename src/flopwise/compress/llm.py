@@ -53,7 +53,16 @@ def compress_llm_run(run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_
     device_type = "cpu"  # loaded, quantized and measured on the CPU; a GPU path is not wired yet
     note = method.note(device_type)
     report(f"quantizing {baseline_folder} with {method.name}{f' ({note})' if note else ''} ...")
-    quantize_folder(baseline_folder, Path(out), method.torchao_config(device_type), trust_remote_code=trust_remote_code)
+    group = method.group_size(device_type)
+    skipped = ungroupable_linears(baseline_folder, group, trust_remote_code=trust_remote_code) if group else []
+    if skipped:
+        shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+        note = (f"{note}; " if note else "") + (
+            f"{len(skipped)} linear(s) left in float: input width not a multiple of the group size {group} ({shown})")
+        report(f"note: {len(skipped)} linear(s) keep float weights, their input width is not a multiple of "
+               f"{method.name}'s group size {group}: {shown}")
+    quantize_folder(baseline_folder, Path(out), method.torchao_config(device_type), skip=skipped,
+                    trust_remote_code=trust_remote_code)
 
     measurements = {}
     for label, folder in (("before", baseline_folder), ("after", Path(out))):
@@ -70,8 +79,29 @@ def compress_llm_run(run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_
     return result
 
 
-def quantize_folder(source: Path, out: Path, torchao_config, *, trust_remote_code: bool = False) -> Path:
-    """Load `source` quantized by torchao and save it (safetensors + quantization_config) with its tokenizer."""
+def ungroupable_linears(source: Path, group_size: int, *, trust_remote_code: bool = False) -> list[str]:
+    """Names of the linears of the HF folder `source` whose input width is not a multiple of
+    `group_size`: grouped quantization cannot split their rows (torchao raises), so they stay float.
+    The model is built on the meta device: no weight is read."""
+    import torch
+    from torch import nn
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(source), local_files_only=True, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except ValueError as exc:  # e.g. an auto_map without --trust-remote-code: transformers refuses to run it
+        raise UserError(f"{source}: transformers cannot load the model ({str(exc).splitlines()[0][:200]})") from None
+    return [name for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and module.in_features % group_size]
+
+
+def quantize_folder(source: Path, out: Path, torchao_config, skip: list[str] = (), *,
+                    trust_remote_code: bool = False) -> Path:
+    """Load `source` quantized by torchao (leaving the linears named in `skip` in float) and save it
+    (safetensors + quantization_config) with its tokenizer."""
+    import re
     import shutil
 
     from flopwise.hf_logging import quiet_hf_libraries
@@ -79,10 +109,11 @@ def quantize_folder(source: Path, out: Path, torchao_config, *, trust_remote_cod
     quiet_hf_libraries()
     from transformers import AutoModelForCausalLM, AutoTokenizer, TorchAoConfig
 
+    keep = [re.escape(name) for name in skip] or None  # transformers reads these as anchored patterns
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            str(source), quantization_config=TorchAoConfig(torchao_config), local_files_only=True,
-            trust_remote_code=trust_remote_code,
+            str(source), quantization_config=TorchAoConfig(torchao_config, modules_to_not_convert=keep),
+            local_files_only=True, trust_remote_code=trust_remote_code,
         )
     except ValueError as exc:  # e.g. an auto_map without --trust-remote-code: transformers refuses to run it
         raise UserError(f"{source}: transformers cannot load the model ({str(exc).splitlines()[0][:200]})") from None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
-    BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator, model_validator,
+    BaseModel, ConfigDict, Field, PrivateAttr, StrictFloat, StrictInt, ValidationInfo, field_validator, model_validator,
 )
 
 # Practical ceilings: far above any real run, low enough that no value reaches torch or the
@@ -179,9 +179,10 @@ class ParallelConfig(Section):
 
 
 class PrecisionConfig(Section):
-    """Numerics. `bf16`/`fp16` autocast; `*-params` keeps 16-bit parameters (FSDP2) with fp32 reduction."""
+    """Numerics. `bf16`/`fp16` autocast; `*-params` keeps 16-bit parameters (FSDP2) with fp32 reduction;
+    `bf16-true` holds parameters, gradients and optimizer states in bf16 with no fp32 master copy."""
 
-    mode: Literal["fp32", "bf16", "fp16", "bf16-params", "fp16-params"] = "fp32"
+    mode: Literal["fp32", "bf16", "fp16", "bf16-params", "fp16-params", "bf16-true"] = "fp32"
     fp32_norm: bool = True
     initial_scale: float = Field(2.0**16, gt=0, le=2.0**64)
     growth_interval: int = Field(2000, ge=1, le=10**9)
@@ -273,6 +274,34 @@ class CheckpointConfig(Section):
     model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
 
+class FinetuneConfig(Section):
+    """How a pretrained model is fine-tuned: all weights (`full`), low-rank adapters (`lora`, Hu et al.
+    2021, arXiv:2106.09685) or adapters on a frozen 4-bit NF4 base (`qlora`, Dettmers et al. 2023,
+    arXiv:2305.14314). `alpha / rank` scales the adapters' update; `target_modules` is PEFT's:
+    `all-linear` (every linear of the blocks), `qkvo` (the attention projections) or a list of
+    module names. Carried out by `train/techniques/lora.py`, planned by `plan/finetune.py`."""
+
+    method: Literal["full", "lora", "qlora"] = "full"
+    rank: int = Field(16, ge=1, le=MAX_WIDTH)
+    alpha: float = Field(32.0, gt=0, le=1e6)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: str | list[str] = "all-linear"
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known_targets(cls, value):
+        if isinstance(value, str) and value not in ("all-linear", "qkvo"):
+            raise ValueError(f"{value!r} is not all-linear, qkvo or a list of module names")
+        if isinstance(value, list) and (not value or not all(name.strip() for name in value)):
+            raise ValueError("must name at least one module, none of them empty")
+        return value
+
+    @property
+    def adapters(self) -> bool:
+        """Whether the base is frozen and only adapters train."""
+        return self.method != "full"
+
+
 class LoggingConfig(Section):
     """Where results go."""
 
@@ -307,11 +336,22 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     compress: dict | None = None  # validated by flopwise.compress.config
+    finetune: FinetuneConfig | None = None  # LoRA / QLoRA of a pretrained model; None = train every weight
+    # lines the trainer prints: fine-tuning defaults set on fields the user left unset (finetune_defaults.py)
+    _default_notes: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def default_notes(self) -> list[str]:
+        """The fine-tuning defaults this config received, each with its reason."""
+        return list(self._default_notes)
 
     @model_validator(mode="after")
     def _check_across_sections(self) -> "RunConfig":
         if self.model.pretrained is not None:
             _resolve_pretrained(self)
+            from flopwise.config.finetune_defaults import apply_finetune_defaults
+
+            self._default_notes = apply_finetune_defaults(self)
         if self.data.hf_dataset is not None and self.data.paths:
             raise ValueError("data.hf_dataset: set either data.hf_dataset or data.paths, not both")
         if self.model.kind != "hf" and self.data.seq_len > self.model.max_seq_len:
@@ -319,12 +359,28 @@ class RunConfig(Section):
                 f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len {self.model.max_seq_len} "
                 "(allowed: seq_len <= max_seq_len)"
             )
-        if precision_of(self.precision.mode).param_dtype != "fp32" and self.parallel.strategy != "fsdp":
+        if self.finetune is not None and self.finetune.adapters:
+            _check_adapters(self)
+        precision = precision_of(self.precision.mode)
+        if precision.param_dtype != "fp32" and not precision.pure and self.parallel.strategy != "fsdp":
             raise ValueError(
                 f"precision.mode: {self.precision.mode} keeps 16-bit parameters through FSDP2 and needs "
-                f"parallel.strategy=fsdp (got {self.parallel.strategy}; allowed otherwise: fp32, bf16, fp16)"
+                f"parallel.strategy=fsdp (got {self.parallel.strategy}; allowed otherwise: fp32, bf16, fp16, bf16-true)"
             )
         return self
+
+
+def _check_adapters(cfg: RunConfig) -> None:
+    """LoRA/QLoRA adapt a pretrained HF model under the torch strategies (PEFT injects into HF modules)."""
+    method = cfg.finetune.method
+    if cfg.model.pretrained is None:
+        raise ValueError(f"finetune.method: {method} adapts a pretrained model; set model.pretrained "
+                         "(a save_pretrained folder) or use finetune.method=full")
+    if cfg.parallel.strategy not in ("single", "ddp", "fsdp"):
+        raise ValueError(f"finetune.method: {method} runs under parallel.strategy single, ddp or fsdp "
+                         f"(got {cfg.parallel.strategy})")
+    if cfg.parallel.tp > 1:
+        raise ValueError(f"finetune.method: {method} does not combine with tensor parallelism (parallel.tp=1)")
 
 
 def _resolve_pretrained(cfg: RunConfig) -> None:

@@ -6,6 +6,10 @@ switch is on (turning one off leaves no trace):
 1. build the fp32 model            `model.build_model`; with `model.pretrained`, on the meta
                                    device (`hf_pretrained`), filled here, or after step 6 for FSDP2
 2. fp32 norms                      `precision.apply_fp32_norm`            (precision.fp32_norm)
+   pure bf16                       `precision.apply_pure_bf16`             (precision.mode=bf16-true)
+   LoRA / QLoRA adapters           `lora.apply_lora`: freeze the base      (finetune.method)
+                                   (QLoRA: NF4), inject PEFT adapters; the
+                                   pretrained base is loaded whole first
    tensor parallelism              `parallelize.apply_tensor_parallel` over  (parallel.tp,
                                    the run's one DeviceMesh                  parallel.sequence_parallel)
 3. activation checkpointing        `activation_checkpointing.apply_activation_checkpointing`
@@ -31,6 +35,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
+import torch
 from torch import nn
 
 from flopwise.train.techniques import activation_compression
@@ -41,7 +46,9 @@ from flopwise.train.model import build_model, transformer_blocks
 from flopwise.train.parallel.parallelize import (
     apply_tensor_parallel, attach_strategy, build_device_mesh, parallelize_model, unwrap,
 )
-from flopwise.train.techniques.precision import apply_fp32_norm, fsdp_mixed_precision_policy
+from flopwise.train.techniques.precision import (
+    PURE_BF16_TRADE_OFF, apply_fp32_norm, apply_pure_bf16, frozen_base_dtype, fsdp_mixed_precision_policy, is_pure,
+)
 
 
 @dataclass
@@ -67,11 +74,15 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
     """Build the model and apply techniques 1-6 in the documented order (7 needs the optimizer: `build_strategy`)."""
     notes: list[str] = []
     pretrained = cfg.model.pretrained
+    adapters = cfg.finetune is not None and cfg.finetune.adapters
     if pretrained is not None:  # weights from a save_pretrained folder (train/hf_pretrained.py)
         from flopwise.train.hf_pretrained import build_pretrained_skeleton, materialize_pretrained
 
         model = build_pretrained_skeleton(cfg.model, vocab_size)
-        if cfg.parallel.strategy != "fsdp":  # FSDP2 shards the meta model first, then loads per rank
+        if adapters:  # the base is loaded whole, frozen (and for QLoRA quantised) before any wrapping
+            _hold_parameters_in(model, frozen_base_dtype(cfg.precision.mode))  # read as bf16, never fp32
+            materialize_pretrained(model, pretrained, _base_load_device(cfg, env))
+        elif cfg.parallel.strategy != "fsdp":  # FSDP2 shards the meta model first, then loads per rank
             materialize_pretrained(model, pretrained, env.device)
         notes.append(f"pretrained weights: {pretrained}")
     else:
@@ -80,6 +91,17 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
     if cfg.precision.fp32_norm:
         changed = apply_fp32_norm(model)
         notes.append(f"fp32 norms: {changed} norm layers compute in fp32")
+
+    pure = is_pure(cfg.precision.mode)
+    if adapters:
+        from flopwise.train.techniques.lora import apply_lora
+
+        notes += apply_lora(model, cfg.finetune, env.device, frozen_base_dtype(cfg.precision.mode),
+                            adapter_dtype=torch.bfloat16 if pure else torch.float32,
+                            shards=env.world_size if cfg.parallel.strategy == "fsdp" else 1)
+    if pure:
+        apply_pure_bf16(model)
+        notes.append(PURE_BF16_TRADE_OFF)
 
     mesh, shape = build_device_mesh(cfg.parallel, env)  # the run's one DeviceMesh
     if shape.tp > 1:
@@ -106,7 +128,7 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
 
     mp_policy = fsdp_mixed_precision_policy(cfg.precision.mode) if cfg.parallel.strategy == "fsdp" else None
     wrapped = parallelize_model(model, blocks, cfg.parallel, env, mp_policy=mp_policy, mesh=mesh, shape=shape)
-    if pretrained is not None and cfg.parallel.strategy == "fsdp":
+    if pretrained is not None and cfg.parallel.strategy == "fsdp" and not adapters:
         materialize_pretrained(wrapped, pretrained, env.device)
     notes.append(f"strategy: {cfg.parallel.strategy} on {env.world_size} process(es), {env.device.type}"
                  f"{f' (mesh {shape.describe()})' if mesh is not None and env.world_size > 1 else ''}"
@@ -120,6 +142,20 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         notes=notes,
         pp_group=mesh["pp"].get_group() if mesh is not None and cfg.parallel.strategy == "pipeline" else None,
     )
+
+
+def _hold_parameters_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Give the (meta) parameters `dtype`, so a frozen base is read straight into it: a 7B base takes
+    14 GB in bf16 instead of 28 GB in fp32. Buffers (rotary tables) keep their dtype."""
+    for param in model.parameters():
+        if param.dtype.is_floating_point and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+
+
+def _base_load_device(cfg: RunConfig, env: DistEnv):
+    """QLoRA reads the 16-bit base into host memory and sends each weight to the device as NF4;
+    LoRA reads it straight onto the device."""
+    return torch.device("cpu") if cfg.finetune.method == "qlora" else env.device
 
 
 def _int8_activation_compression() -> tuple[Callable[[], ContextManager], tuple[Callable, Callable] | None]:

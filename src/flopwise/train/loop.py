@@ -21,6 +21,7 @@ from torch import nn
 
 from flopwise.plan.from_config import batch_layout
 from flopwise.train import prediction
+from flopwise.train.run_forecast import forecast_line, gpu_config_on_cpu
 from flopwise.train.parallel import comm_volume
 from flopwise.train.parallel.mesh import mesh_shape_of
 from flopwise.train.build import BuiltModel, build_strategy, build_training_model
@@ -35,7 +36,7 @@ from flopwise.train.checkpoint.policy import StepBoundary
 from flopwise.runrecord.records import MemoryBytes, StepRecord, config_path, write_comparison
 from flopwise.safe_write import copy_file, make_folder, write_file
 from flopwise.train.metrics import MetricsWriter, RunDisplay
-from flopwise.train.techniques.precision import make_grad_scaler
+from flopwise.train.techniques.precision import make_grad_scaler, pretrained_precision_default
 from flopwise.train.step import Strategy, StepHooks, train_step
 
 
@@ -143,6 +144,9 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     one to slow a rank down on purpose); a real run has none.
     """
     run_dir = Path(cfg.logging.run_dir)
+    device_default = pretrained_precision_default(cfg, env.device)  # before anything reads the mode
+    if device_default is not None:
+        cfg._default_notes.append(device_default)
     if env.is_main:
         make_folder(run_dir)
         write_file(config_path(run_dir), signed_config_text(dump_config(cfg)))
@@ -296,7 +300,14 @@ def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -
         f"tokens ({grad_accum} micro-step(s) of {cfg.training.micro_batch_size} per rank)",
     ]
     lines += [f"  {note}" for note in built.notes]
+    if cfg.default_notes:
+        lines.append("fine-tuning defaults for a pretrained model (give any of them to override):")
+        lines += [f"  {note}" for note in cfg.default_notes]
     lines += forecast.notes
+    for line in (forecast_line(forecast.plan, forecast.hardware_name),
+                 gpu_config_on_cpu(cfg, env.device.type, forecast.plan)):
+        if line:
+            lines.append(line)
     if cfg.training.pruning is not None:
         p = cfg.training.pruning
         lines.append(

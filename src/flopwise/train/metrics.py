@@ -27,11 +27,25 @@ from flopwise.safe_write import WriteFailed, make_folder, open_for_append, write
 from flopwise.train.parallel.distributed import local_tensor
 
 
+def plain_parts(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The plain tensors holding a tensor's bytes: this rank's shard of a DTensor, and the inner
+    tensors of a wrapper subclass (a QLoRA NF4Tensor keeps its 4-bit codes and scales in five),
+    which have no storage of their own."""
+    local = local_tensor(tensor)
+    if isinstance(local, nn.Parameter):
+        local = local.data
+    if type(local) is not torch.Tensor and hasattr(local, "__tensor_flatten__"):
+        names, _ = local.__tensor_flatten__()
+        for name in names:
+            yield from plain_parts(getattr(local, name))
+    else:
+        yield local
+
+
 def _unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     seen: set[int] = set()
     total = 0
-    for tensor in tensors:
-        local = local_tensor(tensor)
+    for local in (part for tensor in tensors for part in plain_parts(tensor)):
         storage = local.untyped_storage()
         key = storage.data_ptr()
         if key in seen or storage.nbytes() == 0:
@@ -156,7 +170,7 @@ class SavedActivationMeter:
 
 def _params_and_buffers(model: nn.Module) -> Iterator[torch.Tensor]:
     for tensor in list(model.parameters()) + list(model.buffers()):
-        yield local_tensor(tensor)
+        yield from plain_parts(tensor)
 
 
 def measure_memory(

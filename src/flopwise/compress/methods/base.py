@@ -18,3 +18,6 @@ class LLMQuantMethod:
     summary: str
     torchao_config: Callable[[str], object]
     note: Callable[[str], str] = lambda device_type: ""
+    # inputs per scale group on that device (None: not grouped); linears whose input width is not a
+    # multiple of it are left in float (`compress/llm.py: ungroupable_linears`)
+    group_size: Callable[[str], int | None] = lambda device_type: None

@@ -39,4 +39,5 @@ METHOD = LLMQuantMethod(
     summary="int4 weights in groups, float activations (torchao Int4WeightOnlyConfig on CUDA, IntxWeightOnlyConfig on CPU)",
     torchao_config=_config,
     note=_note,
+    group_size=lambda device_type: CUDA_GROUP_SIZE if device_type == "cuda" else CPU_GROUP_SIZE,
 )

@@ -22,22 +22,31 @@ from flopwise.train.checkpoint.store import first_line, quiet_single_process_not
 FORMAT = "dcp"
 
 
-def state_dict_options(per_parameter: bool):
+def state_dict_options(per_parameter: bool, frozen: bool = False):
     """`per_parameter`: optimizer hyper-parameters keyed by parameter name (`param_groups.<fqn>.lr`).
 
     Pipeline stages need it: each stage has its own optimizer, and the default layout's
     `param_groups.0.params` would be written by every stage under the same key.
+    `frozen`: the model has frozen parameters (a LoRA/QLoRA base): they are the pretrained
+    folder's, rebuilt on resume, so only the trainable ones are written and read.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(flatten_optimizer_state_dict=per_parameter)
+    return StateDictOptions(flatten_optimizer_state_dict=per_parameter, ignore_frozen_params=frozen,
+                            strict=not frozen)
+
+
+def has_frozen_parameters(model: nn.Module) -> bool:
+    """Whether some parameters take no gradient (a frozen fine-tuning base)."""
+    return any(not p.requires_grad for p in model.parameters())
 
 
 def dcp_state_dict(model: nn.Module, optimizer: Optimizer, per_parameter: bool = False) -> dict:
     """Model + optimizer as DCP saves them (`{"model": ..., "optim": ...}`; live tensors, not copies)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=state_dict_options(per_parameter))
+    options = state_dict_options(per_parameter, has_frozen_parameters(model))
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -51,7 +60,7 @@ def load_dcp(model: nn.Module, optimizer: Optimizer, folder: Path, per_parameter
     """Fill model + optimizer from `folder`, resharded by DCP; one line when it does not fit (collective)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    options = state_dict_options(per_parameter)
+    options = state_dict_options(per_parameter, has_frozen_parameters(model))
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     try:
         with quiet_single_process_notice():

@@ -4,7 +4,8 @@ Processes: without CUDA, more than 8 ranks per CPU core only thrash the machine 
 rank is a full Python process with its own model copy and threads).
 
 Two lower bounds, so a run that would fit is never refused: every process builds the whole
-model in fp32 before it is sharded (4 bytes per parameter), and the loss reads fp32
+model in fp32 before it is sharded (4 bytes per parameter; 2 for a LoRA/QLoRA base read in a
+16-bit compute dtype), and the loss reads fp32
 logits of `micro_batch_size x seq_len x vocab_size`. Their sum times the processes on this
 node must fit in the machine's memory; otherwise the ranks die later in the allocator
 with a traceback each.
@@ -73,6 +74,15 @@ def hf_parameters(cfg) -> int | None:
     return count_params(from_hf_config(path, seq_len=cfg.data.seq_len)).total
 
 
+def weight_bytes_per_parameter(cfg) -> int:
+    """Bytes each process holds per parameter while it builds the model: 4 (fp32), or 2 for a LoRA/QLoRA
+    base read in a 16-bit compute dtype (`train/build.py` reads a frozen base straight into it)."""
+    from flopwise.config.precision import precision_of
+
+    adapters = cfg.finetune is not None and cfg.finetune.adapters
+    return 2 if adapters and precision_of(cfg.precision.mode).compute_dtype != "fp32" else 4
+
+
 def check_fits_this_machine(cfg) -> None:
     """One UserError line when the processes, or the lower bound of their memory, exceed this machine."""
     check_process_count(cfg)
@@ -81,13 +91,13 @@ def check_fits_this_machine(cfg) -> None:
     if total is None or parameters is None:
         return
     procs = cfg.parallel.nproc_per_node
-    weights = 4 * parameters
+    weights = weight_bytes_per_parameter(cfg) * parameters
     logits = 4 * cfg.training.micro_batch_size * cfg.data.seq_len * cfg.data.vocab_size
     need = procs * (weights + logits)
     if need > total:
         raise UserError(
             f"model/training: this run needs at least {need / GIB:,.1f} GiB on this machine ({procs} process(es) x "
-            f"({weights / GIB:,.1f} GiB of fp32 weights + {logits / GIB:,.1f} GiB of fp32 logits for "
+            f"({weights / GIB:,.1f} GiB of weights + {logits / GIB:,.1f} GiB of fp32 logits for "
             f"micro_batch_size x seq_len x vocab_size)), more than its {total / GIB:,.1f} GiB; make "
             f"{'the model in model.hf_config' if cfg.model.kind == 'hf' else 'model.hidden/n_layers'}, "
             "training.micro_batch_size or data.seq_len smaller")

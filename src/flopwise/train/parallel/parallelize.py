@@ -116,6 +116,10 @@ def apply_ddp(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [env.device.index] if env.device.type == "cuda" else None
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    if frozen:  # a LoRA/QLoRA base: the same pretrained weights on every rank, never updated, so
+        # DDP neither broadcasts it at start (NF4 tensors cannot be) nor reduces anything for it
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, frozen)
     # Non-persistent buffers (RoPE tables) are derived from the config and equal on every rank:
     # broadcasting them before each forward would only add a collective (and a hidden wait).
     return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.ddp_bucket_mb,

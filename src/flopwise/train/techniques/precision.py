@@ -9,6 +9,10 @@ Modes (`precision.mode`):
   parameters in 16 bits while the sharded master copy, the optimizer and the gradient
   reduction stay fp32 (`MixedPrecisionPolicy`). Without FSDP2 these behave like the plain
   autocast modes.
+- `bf16-true`: the model itself is cast to bf16 (`apply_pure_bf16`): parameters, gradients,
+  gradient reduction and optimizer states are bf16, with no fp32 master copy. Half the bytes
+  per parameter of fp32 AdamW without a master copy (2 + 2 + 4 instead of 4 + 4 + 8), at the
+  price of updates below bf16's resolution being rounded away (see `PURE_BF16_TRADE_OFF`).
 
 Norms are numerically touchy in 16 bits (the seed's `MixedPrecisionLayerNorm`), so
 `apply_fp32_norm` makes each one compute in fp32. Decision: the norm returns the dtype it
@@ -74,10 +78,57 @@ def make_grad_scaler(cfg: PrecisionConfig, device_type: str) -> torch.amp.GradSc
     )
 
 
+PURE_BF16_TRADE_OFF = (
+    "precision bf16-true: parameters, gradients and optimizer states are bf16 with no fp32 master copy; "
+    "an update smaller than about 0.4 % of a weight (half of bf16's 2^-7 spacing, 8 significant bits) "
+    "is rounded away. Fine for short fine-tunes (torchtune's and litgpt's default), risky for pre-training "
+    "(use bf16 or bf16-params there)"
+)
+
+
+def is_pure(mode: str) -> bool:
+    """Whether `mode` keeps no fp32 master copy (`bf16-true`)."""
+    return precision_of(mode).pure
+
+
+def apply_pure_bf16(model: nn.Module) -> int:
+    """Cast every floating-point parameter of `model` to bf16 (`bf16-true`); returns how many were cast.
+
+    Buffers (rotary tables) stay fp32: they are computed, not learned, and the forward still runs
+    under bf16 autocast, which casts what meets a matmul. Quantised weights (NF4) are left alone."""
+    cast = 0
+    for module in model.modules():
+        for _, param in module.named_parameters(recurse=False):
+            if param.dtype.is_floating_point and type(param.data) is torch.Tensor and param.dtype != torch.bfloat16:
+                param.data = param.data.to(torch.bfloat16)
+                cast += 1
+    return cast
+
+
+def pretrained_precision_default(cfg, device: torch.device) -> str | None:
+    """bf16 autocast for a pretrained model's run on a device with bf16 (CUDA GPUs from Ampere on),
+    when `precision.mode` was not given; returns the line saying so, or None when nothing changed.
+
+    Pretrained checkpoints are published in bf16, and bf16 has fp32's range (no loss scaling). A CPU
+    keeps fp32: without native bf16 instructions its bf16 matmuls are emulated and slower (measure/bf16_on_cpu.py)."""
+    if cfg.model.pretrained is None or "mode" in cfg.precision.model_fields_set:
+        return None
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        cfg.precision.mode = "bf16"
+        return "precision.mode=bf16: this GPU computes in bf16 and pretrained weights are published in it"
+    return None
+
+
+def frozen_base_dtype(mode: str) -> torch.dtype:
+    """The dtype a frozen (LoRA/QLoRA) base is held in: the compute dtype. It gets no gradient and no
+    optimizer state, so no fp32 master copy is needed (as in QLoRA, sec. 3, and torchtune)."""
+    return compute_dtype(mode)
+
+
 def fsdp_mixed_precision_policy(mode: str):
     """FSDP2 policy: 16-bit compute parameters for `*-params`, fp32 gradient reduction; None otherwise."""
     precision = precision_of(mode)
-    if precision.param_dtype == "fp32":
+    if precision.param_dtype == "fp32" or precision.pure:  # pure bf16: the parameters already are
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
