@@ -111,8 +111,19 @@ class HFDatasetConfig(Section):
     max_records: int | None = Field(None, ge=1)
 
 
+class MixSource(Section):
+    """One chat/instruction JSONL file of a weighted mixture (train/data/mixing.py)."""
+
+    path: Path
+    weight: float = Field(1.0, gt=0, le=1e6)
+
+
 class DataConfig(Section):
-    """Where the tokens come from. Empty `paths` means the Python standard library's source."""
+    """Where the tokens come from. Empty `paths` means the Python standard library's source.
+
+    `mix` names chat/instruction JSONL files (`messages` or `prompt`/`response`) with weights;
+    `loss_on` says which tokens are trained on: the assistant's turns (default) or all.
+    """
 
     paths: list[str] = Field(default_factory=list)
     hf_dataset: HFDatasetConfig | None = None
@@ -127,6 +138,8 @@ class DataConfig(Section):
     max_bytes: int | None = Field(None, ge=1, le=MAX_BYTES)  # cap on the text (or token bytes) read; None = all
     tokenizer_train_bytes: int = Field(4_000_000, ge=1, le=MAX_BYTES)  # BPE is learned on a sample this large
     prefetch: int = Field(4, ge=0, le=1024)
+    mix: list[MixSource] | None = None
+    loss_on: Literal["assistant", "all"] = "assistant"
 
     @field_validator("hf_dataset", mode="before")
     @classmethod
