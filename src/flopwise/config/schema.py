@@ -27,6 +27,7 @@ MAX_VOCAB = 2**24
 MAX_BYTES = 2**50  # 1 PiB
 MAX_LR = 10.0
 
+from flopwise.config.hub_models import looks_like_hub_id, resolve_hub_model
 from flopwise.config.precision import precision_of
 
 
@@ -81,7 +82,7 @@ class ModelConfig(Section):
 
     kind: Literal["llama", "gpt2", "hf"] = "llama"
     hf_config: Path | None = None
-    pretrained: Path | None = None  # a save_pretrained folder: its weights, config.json and tokenizer
+    pretrained: Path | None = None  # a save_pretrained folder (weights, config.json, tokenizer) or a cached hub id
     trust_remote_code: bool = False
     n_layers: int = Field(4, ge=1, le=4096)
     hidden: int = Field(192, ge=8, le=MAX_WIDTH)
@@ -335,6 +336,8 @@ class RunConfig(Section):
 
 def _resolve_pretrained(cfg: RunConfig) -> None:
     """`model.pretrained` supplies the architecture and, unless `data.tokenizer` is set, the tokenizer."""
+    if looks_like_hub_id(cfg.model.pretrained):
+        cfg.model.pretrained = resolve_hub_model(str(cfg.model.pretrained))
     folder = Path(cfg.model.pretrained).expanduser()
     if cfg.model.kind != "hf":
         raise ValueError(f"model.pretrained: needs model.kind=hf (got {cfg.model.kind})")
