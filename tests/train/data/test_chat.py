@@ -63,6 +63,14 @@ def test_plain_template_when_the_tokenizer_has_none(tmp_path, pretrained):
     assert "three apples and pears" in labelled and "how many" not in labelled
 
 
+def test_a_template_that_refuses_a_conversation_is_one_line(pretrained):
+    tokenizer = load_chat_tokenizer(pretrained)
+    tokenizer.chat_template = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('must start with user') }}"
+                               "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(UserError, match=r"refuses a conversation with roles \[system, user.*must start with user"):
+        ChatEncoder(tokenizer).encode(CONVERSATION)
+
+
 def test_prompt_response_records_and_bad_records(tmp_path):
     good = tmp_path / "sft.jsonl"
     good.write_text(json.dumps({"prompt": "p", "response": "r"}) + "\n\n")

@@ -39,16 +39,16 @@ def read_chat_records(path: Path) -> Iterator[list[dict]]:
     """Yield each JSONL record of `path` as a list of {role, content} messages."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise UserError(f"data.chat: {path} does not exist")
+        raise UserError(f"data.mix: {path} does not exist")
     try:
         with open(path, encoding="utf-8") as handle:
             for line_no, line in enumerate(handle, start=1):
                 if line.strip():
                     yield _messages_of(_parse(line, path, line_no), path, line_no)
     except UnicodeDecodeError:
-        raise UserError(f"data.chat: {path} is not UTF-8 text; JSONL must be UTF-8") from None
+        raise UserError(f"data.mix: {path} is not UTF-8 text; JSONL must be UTF-8") from None
     except OSError as exc:
-        raise UserError(f"data.chat: cannot read {path}: {exc.strerror or exc}") from None
+        raise UserError(f"data.mix: cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _parse(line: str, path: Path, line_no: int) -> dict:
@@ -120,8 +120,14 @@ class ChatEncoder:
         self.eos_id = tokenizer.eos_token_id if add_eos else None
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+        """The template's text; its own refusals (roles that must alternate, ...) become one line."""
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
+        except Exception as exc:  # noqa: BLE001  (jinja's TemplateError, the template's raise_exception)
+            first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            roles = ", ".join(m["role"] for m in messages)
+            raise UserError(f"data.mix: the chat template refuses a conversation with roles [{roles}] ({first})") from None
 
     def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         """The full text and the [start, end) character spans of the assistant's turns."""
@@ -133,7 +139,7 @@ class ChatEncoder:
             before = self.render(messages[:i], add_generation_prompt=True) if i else ""
             through = self.render(messages[: i + 1])
             if not text.startswith(through) or not through.startswith(before):
-                raise UserError("data.chat: the chat template renders a conversation's beginning differently "
+                raise UserError("data.loss_on: the chat template renders a conversation's beginning differently "
                                 "from the whole; set data.loss_on=all for this tokenizer")
             spans.append((len(before), len(through)))
         return text, spans
