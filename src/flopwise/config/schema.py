@@ -321,6 +321,8 @@ class RunConfig(Section):
             _resolve_pretrained(self)
         if self.data.hf_dataset is not None and self.data.paths:
             raise ValueError("data.hf_dataset: set either data.hf_dataset or data.paths, not both")
+        if self.data.mix and (self.data.paths or self.data.hf_dataset is not None):
+            raise ValueError("data.mix: chat files are mixed on their own; leave data.paths and data.hf_dataset unset")
         if self.model.kind != "hf" and self.data.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len {self.model.max_seq_len} "

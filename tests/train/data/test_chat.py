@@ -159,3 +159,14 @@ def test_chat_rows_from_config(tmp_path, pretrained):
     assert documents == 8
     assert all(r.input_ids.shape == (64,) for r in rows)
     assert all(np.all(r.position_ids[r.segment_ids == -1] == 0) for r in rows)
+
+
+def test_mix_stands_alone_in_the_config(tmp_path):
+    from flopwise.config.loading import load_config
+
+    with pytest.raises(UserError, match="data.mix: chat files are mixed on their own"):
+        load_config(None, [f"data.mix=[{{path: {tmp_path / 'a.jsonl'}, weight: 2}}]", f"data.paths=[{tmp_path}]"])
+    cfg = load_config(None, [f"data.mix=[{{path: {tmp_path / 'a.jsonl'}, weight: 2}}]", "data.loss_on=all"])
+    assert cfg.data.mix[0].weight == 2 and cfg.data.loss_on == "all"
+    with pytest.raises(UserError, match="loss_on"):
+        load_config(None, ["data.loss_on=prompt"])
