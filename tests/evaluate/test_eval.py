@@ -56,7 +56,7 @@ def test_eval_errors_are_one_line(tmp_path, pretrained, capsys):
     code, output = _invoke(capsys, "eval", str(pretrained))
     assert code != 0 and "nothing to do" in output and len(output.strip().splitlines()) == 1
     code, output = _invoke(capsys, "eval", str(pretrained), "--data", str(tmp_path / "no.jsonl"))
-    assert code != 0 and "does not exist" in output and "Traceback" not in output
+    assert code != 0 and output.strip().splitlines() == [f"error: eval --data: {tmp_path / 'no.jsonl'} does not exist"]
 
 
 TASK_YAML = """task: flopwise_local_choice

@@ -34,7 +34,12 @@ def corpus_token_ids(files: list[str], tokenizer, text_field: str = "text", max_
 
     if not files:
         raise UserError("eval --data: name at least one text or JSONL file")
-    inputs = resolve_inputs(list(files), "auto")
+    import glob
+
+    for name in files:
+        if not glob.has_magic(str(name)) and not Path(name).expanduser().exists():
+            raise UserError(f"eval --data: {name} does not exist")
+    inputs = resolve_inputs([str(f) for f in files], "auto")
     ids: list[int] = []
     document: list[str] = []
     separator = tokenizer.eos_token_id
