@@ -27,6 +27,7 @@ def build_app():
     from flopwise.catalog import commands as catalog_commands
     from flopwise.compress import commands as compress_commands
     from flopwise.diagnose import commands as diagnose_commands
+    from flopwise.evaluate import commands as evaluate_commands
     from flopwise.plan import commands as plan_commands
     from flopwise.report import commands as report_commands
     from flopwise.train import commands as train_commands
@@ -48,7 +49,7 @@ def build_app():
     # ... and `flopwise train` validates a `compress:` section with compress's own parser.
     train_commands.register(app, check_compress=parse_compress_config)
     artifacts_commands.register(app)
-    for module in (catalog_commands, compress_commands, diagnose_commands, report_commands):
+    for module in (catalog_commands, compress_commands, diagnose_commands, evaluate_commands, report_commands):
         module.register(app)
     app.command()(version)
     return app

@@ -27,6 +27,7 @@ MAX_VOCAB = 2**24
 MAX_BYTES = 2**50  # 1 PiB
 MAX_LR = 10.0
 
+from flopwise.config.hub_models import looks_like_hub_id, resolve_hub_model
 from flopwise.config.precision import precision_of
 
 
@@ -81,7 +82,7 @@ class ModelConfig(Section):
 
     kind: Literal["llama", "gpt2", "hf"] = "llama"
     hf_config: Path | None = None
-    pretrained: Path | None = None  # a save_pretrained folder: its weights, config.json and tokenizer
+    pretrained: Path | None = None  # a save_pretrained folder (weights, config.json, tokenizer) or a cached hub id
     trust_remote_code: bool = False
     n_layers: int = Field(4, ge=1, le=4096)
     hidden: int = Field(192, ge=8, le=MAX_WIDTH)
@@ -111,8 +112,19 @@ class HFDatasetConfig(Section):
     max_records: int | None = Field(None, ge=1)
 
 
+class MixSource(Section):
+    """One chat/instruction JSONL file of a weighted mixture (train/data/mixing.py)."""
+
+    path: Path
+    weight: float = Field(1.0, gt=0, le=1e6)
+
+
 class DataConfig(Section):
-    """Where the tokens come from. Empty `paths` means the Python standard library's source."""
+    """Where the tokens come from. Empty `paths` means the Python standard library's source.
+
+    `mix` names chat/instruction JSONL files (`messages` or `prompt`/`response`) with weights;
+    `loss_on` says which tokens are trained on: the assistant's turns (default) or all.
+    """
 
     paths: list[str] = Field(default_factory=list)
     hf_dataset: HFDatasetConfig | None = None
@@ -127,6 +139,8 @@ class DataConfig(Section):
     max_bytes: int | None = Field(None, ge=1, le=MAX_BYTES)  # cap on the text (or token bytes) read; None = all
     tokenizer_train_bytes: int = Field(4_000_000, ge=1, le=MAX_BYTES)  # BPE is learned on a sample this large
     prefetch: int = Field(4, ge=0, le=1024)
+    mix: list[MixSource] | None = None
+    loss_on: Literal["assistant", "all"] = "assistant"
 
     @field_validator("hf_dataset", mode="before")
     @classmethod
@@ -354,6 +368,8 @@ class RunConfig(Section):
             self._default_notes = apply_finetune_defaults(self)
         if self.data.hf_dataset is not None and self.data.paths:
             raise ValueError("data.hf_dataset: set either data.hf_dataset or data.paths, not both")
+        if self.data.mix and (self.data.paths or self.data.hf_dataset is not None):
+            raise ValueError("data.mix: chat files are mixed on their own; leave data.paths and data.hf_dataset unset")
         if self.model.kind != "hf" and self.data.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len {self.model.max_seq_len} "
@@ -385,6 +401,8 @@ def _check_adapters(cfg: RunConfig) -> None:
 
 def _resolve_pretrained(cfg: RunConfig) -> None:
     """`model.pretrained` supplies the architecture and, unless `data.tokenizer` is set, the tokenizer."""
+    if looks_like_hub_id(cfg.model.pretrained):
+        cfg.model.pretrained = resolve_hub_model(str(cfg.model.pretrained))
     folder = Path(cfg.model.pretrained).expanduser()
     if cfg.model.kind != "hf":
         raise ValueError(f"model.pretrained: needs model.kind=hf (got {cfg.model.kind})")
