@@ -94,18 +94,19 @@ def test_comparison_puts_prediction_beside_measurement_for_calibration():
 
 
 def test_plan_json_is_the_planners_output_for_this_run(tmp_path):
+    from flopwise.config.resolve import resolve_run
     from flopwise.plan.from_config import runspec_from_config
     from flopwise.plan.planner import plan
 
     cfg = load_config(None, ["model.n_layers=2", "model.hidden=64", "model.n_heads=4", "data.seq_len=64",
                              "parallel.strategy=single", "parallel.nproc_per_node=1",
                              "training.gradient_checkpointing=true", f"logging.run_dir={tmp_path / 'run'}"])
-    forecast = prepare(cfg, 512, CPU_ENV)
+    forecast = prepare(cfg, resolve_run(cfg), 512, CPU_ENV)
     written = json.loads((tmp_path / "run" / "plan.json").read_text())
     hardware = cpu_hardware({"fp32": forecast.peak_flops}, 1, forecast.peak_source)
     profile = load_profile(forecast.profile["path"])  # the device profile the prediction used
     assert forecast.peak_flops == profile.peak_flops("fp32")
-    expected = plan(runspec_from_config(cfg, hardware, world_size=1, vocab_size=512), profile=profile).to_dict()
+    expected = plan(runspec_from_config(cfg, resolve_run(cfg), hardware, vocab_size=512), profile=profile).to_dict()
     assert written == json.loads(json.dumps(expected, default=str))
     assert written["inputs"]["layout"]["recompute"] == "full"
     assert written["inputs"]["workload"]["precision"] == "fp32"

@@ -35,6 +35,7 @@ from torch import nn
 
 from flopwise.train.techniques import activation_compression
 from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing
+from flopwise.config.resolve import ResolvedRun
 from flopwise.config.schema import RunConfig
 from flopwise.train.parallel.distributed import DistEnv
 from flopwise.train.model import build_model, transformer_blocks
@@ -63,7 +64,7 @@ class BuiltModel:
     pp_group: object | None = None  # the pipeline stages' process group when the mesh has other dimensions
 
 
-def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> BuiltModel:
+def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv, run: ResolvedRun) -> BuiltModel:
     """Build the model and apply techniques 1-6 in the documented order (7 needs the optimizer: `build_strategy`)."""
     notes: list[str] = []
     pretrained = cfg.model.pretrained
@@ -81,7 +82,7 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         changed = apply_fp32_norm(model)
         notes.append(f"fp32 norms: {changed} norm layers compute in fp32")
 
-    mesh, shape = build_device_mesh(cfg.parallel, env)  # the run's one DeviceMesh
+    mesh, shape = build_device_mesh(cfg.parallel, env, run.mesh)  # the run's one DeviceMesh
     if shape.tp > 1:
         apply_tensor_parallel(model, cfg.parallel, env, mesh)
         notes.append(f"tensor parallel: tp {shape.tp}"
@@ -131,6 +132,6 @@ def _int8_activation_compression() -> tuple[Callable[[], ContextManager], tuple[
     return context, hooks
 
 
-def build_strategy(state, cfg: RunConfig, env: DistEnv):
+def build_strategy(state, cfg: RunConfig, env: DistEnv, run: ResolvedRun):
     """Technique 7: the step's `Strategy`, built once the optimizer and loss scaler exist."""
-    return attach_strategy(state, cfg, env)
+    return attach_strategy(state, cfg, env, run)

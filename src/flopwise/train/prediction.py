@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 import torch
 
 from flopwise.catalog.hardware import HardwareSpec, load_hardware
-from flopwise.plan.from_config import model_spec_from_config, notes_for, runspec_from_config
+from flopwise.plan.from_config import planned_config
 from flopwise.plan.planner import plan
 from flopwise.config.precision import precision_of
+from flopwise.config.resolve import ResolvedRun
 from flopwise.runrecord.records import MEMORY_COMPONENTS, Comparison, plan_path
 from flopwise.safe_write import make_folder, write_file
 from flopwise.config.schema import RunConfig
@@ -156,25 +157,25 @@ class Forecast:
         )
 
 
-def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
+def prepare(cfg: RunConfig, run: ResolvedRun, vocab_size: int, env: DistEnv) -> Forecast:
     """Find the device peak, plan the run, and write `plan.json` (rank 0) before the first step.
 
-    The RunSpec comes from `plan.from_config.runspec_from_config`, the same function
+    The plan's inputs come from `plan.from_config.planned_config`, the same function
     `flopwise plan --config` uses, so the two predictions agree for the same config; the
     time model uses this device's measured profile (`flopwise calibrate`).
     """
-    dtype = precision_of(cfg.precision.mode).compute_dtype
-    notes = notes_for(cfg)
+    dtype = run.precision.compute_dtype
+    planned = planned_config(cfg, run, vocab_size)
+    notes = list(planned.notes)
     profile, profile_record = _device_profile(env, dtype, notes)
     hardware, peak_source, reason = detect_hardware(cfg, env, profile)
-    spec = model_spec_from_config(cfg.model, vocab_size, cfg.data.seq_len)
+    spec = planned.model
     plan_dict, plan_error = None, None
     if hardware is None:
         plan_error = f"no prediction: {reason}"
     else:
         try:
-            runspec = runspec_from_config(cfg, hardware, world_size=env.world_size, vocab_size=vocab_size)
-            plan_dict = plan(runspec, profile=profile).to_dict()
+            plan_dict = plan(planned.on(hardware), profile=profile).to_dict()
         except Exception as err:  # a forecast that fails must not stop the training run
             plan_error = f"no prediction: the planner could not plan this run ({err.__class__.__name__}: {err})"
     if plan_error:
