@@ -13,7 +13,8 @@ import html
 import json
 from pathlib import Path
 
-from flopwise.diagnose.analyze import COMPONENT_LABELS, COMPONENTS, Diagnosis, RunData, is_memory_figure
+from flopwise.runrecord.diagnosis import Diagnosis
+from flopwise.runrecord.run_data import COMPONENT_LABELS, COMPONENTS, RunData, is_memory_figure
 from flopwise.safe_write import write_file
 
 STYLE = """

@@ -10,14 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from flopwise.diagnose.analyze import (
-    COMPONENT_LABELS,
-    Diagnosis,
-    RunData,
-    diagnose,
-    is_memory_figure,
-    load_run,
-)
+from typing import Callable
+
+from flopwise.runrecord.diagnosis import Diagnosis
+from flopwise.runrecord.run_data import COMPONENT_LABELS, RunData, is_memory_figure, load_run
 from flopwise.report import plots
 from flopwise.report.html_report import write_html_report
 from flopwise.runrecord.records import REPORT_FILE, TIME_COMPONENTS
@@ -33,8 +29,12 @@ class ReportFiles:
     html: Path | None = None
 
 
-def write_report(run_dir: str | Path) -> ReportFiles:
-    """Diagnose the run, draw its figures, write report.md and report.html; UserError for a bad run dir."""
+def write_report(run_dir: str | Path, diagnose: Callable[[RunData], Diagnosis]) -> ReportFiles:
+    """Diagnose the run, draw its figures, write report.md and report.html; UserError for a bad run dir.
+
+    `diagnose` is `flopwise.diagnose.analyze.diagnose`, handed in by `flopwise.cli` (report reads
+    diagnose's result types from runrecord and never imports the diagnose package).
+    """
     run = load_run(run_dir)
     diagnosis = diagnose(run)
     plot_dir = run.run_dir / "plots"
