@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flopwise.errors import UserError
-from flopwise.safe_write import write_file
+from flopwise.safe_write import make_folder, write_file
 
 SCHEMA_VERSION = 1
 
@@ -173,6 +173,15 @@ class Comparison:
     def measured_mfu(self) -> float | None:
         """The run's measured MFU (a finite number), or None."""
         return _finite(self.measured.get("mfu"))
+
+
+def write_plan(run_dir: str | Path, plan, error: str | None = None) -> Path:
+    """Write `plan.json`: the planner's `Plan` as its JSON contract (`Plan.to_dict()`, docs/planner.md),
+    or `{"error": ...}` when the run could not be planned. The one place a plan becomes a dict."""
+    payload = plan.to_dict() if plan is not None else {"error": error}
+    path = plan_path(run_dir)
+    make_folder(path.parent)
+    return write_file(path, json.dumps(payload, indent=2, default=str))
 
 
 def write_comparison(run_dir: str | Path, comparison: Comparison) -> Path:

@@ -230,7 +230,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     bubble = getattr(state.strategy, "measured_bubble", lambda: None)()
     if bubble is not None:  # the pipeline's idle share, averaged over ranks
         summary["bubble_fraction"] = all_reduce_mean([bubble], env)[0]
-    comparison = forecast.compare(summary)
+    comparison = prediction.compare(forecast, summary)
     if env.is_main:
         write_comparison(run_dir, comparison)
         print(prediction.format_comparison(comparison), flush=True)
