@@ -160,7 +160,7 @@ ALLOWED = {
     "runrecord": {"errors", "safe_write"},
     "catalog": {"errors", "table_layout"},
     "plan": {"config", "catalog", "runrecord", "errors", "table_layout"},
-    "measure": {"plan", "errors", "rotary", "safe_write", "flopwise"},
+    "measure": {"plan", "catalog", "errors", "rotary", "safe_write", "flopwise"},
     "train": {"plan", "measure", "config", "runrecord", "catalog"} | LEAVES,
     "artifacts": {"train", "config"} | LEAVES,
     "compress": {"artifacts", "train", "config", "runrecord", "catalog"} | LEAVES,

@@ -140,7 +140,7 @@ def test_activation_checkpointing_cuts_saved_bytes_as_the_planner_predicts(corpu
     from flopwise.config.resolve import resolve_run
     from flopwise.plan.from_config import runspec_from_config
     from flopwise.plan.planner import plan
-    from flopwise.train.prediction import cpu_hardware
+    from flopwise.measure.device_peak import cpu_hardware
 
     shape = ["model.n_layers=3", "model.hidden=64", "model.n_heads=4", "training.micro_batch_size=4"]
     plain = tiny_cfg(corpus, tmp_path, *shape)

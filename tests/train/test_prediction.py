@@ -11,17 +11,8 @@ import torch
 from flopwise.plan.profile import load_profile
 from flopwise.config.loading import load_config
 from flopwise.train.parallel.distributed import DistEnv
-from flopwise.train.prediction import (
-    CPU_KEY,
-    Forecast,
-    catalog_entry_for_cuda,
-    compare,
-    cpu_hardware,
-    cuda_hardware,
-    format_comparison,
-    measure_matmul_flops,
-    prepare,
-)
+from flopwise.measure.device_peak import CPU_KEY, catalog_entry_for_cuda, cpu_hardware, cuda_hardware, measure_matmul_flops
+from flopwise.train.prediction import Forecast, compare, format_comparison, prepare
 
 GIB = 2**30
 CPU_ENV = DistEnv(rank=0, world_size=1, local_rank=0, backend=None, device=torch.device("cpu"), distributed=False)

@@ -5,11 +5,7 @@ device, kept in the `Forecast`; `runrecord.write_plan` serialises it once, as `p
 the end `compare` (pure) puts it beside what was measured, and the run writes and prints
 `predicted_vs_measured.json`: memory per component, tokens/s and MFU, side by side.
 
-The device's peak FLOP/s in the dtype the matmuls run in decides MFU. On CUDA it is the
-catalog's dense peak for the detected device; a device the catalog does not know gives no
-MFU and says why (never another chip's peak). On CPU there is no catalog entry, so the
-best GEMM of this device's measured profile, in that dtype, stands in for the peak and is
-labelled "measured CPU peak".
+The device and its peak FLOP/s (MFU's denominator) come from `measure/device_peak.py`.
 
 The prediction uses the device profile of the device the run is on (`flopwise
 calibrate`'s cache, or a quick profile measured by all ranks on first use and cached), so
@@ -19,31 +15,18 @@ predicted and measured throughput come from the same machine; the record names i
 from __future__ import annotations
 
 import math
-import os
-import platform
-import re
-import time
 from dataclasses import dataclass, field
 
-import torch
-
-from flopwise.catalog.hardware import HardwareSpec, load_hardware
+from flopwise.measure.device_peak import device_name, device_profile, detect_hardware
 from flopwise.plan.from_config import planned_config
 from flopwise.plan.planner import Plan, plan
-from flopwise.config.precision import precision_of
 from flopwise.config.resolve import ResolvedRun
 from flopwise.runrecord.records import MEMORY_COMPONENTS, Comparison, write_plan
 from flopwise.config.schema import RunConfig
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
 
-CPU_KEY = "cpu-measured"
-# Square matmul sizes for the CPU peak: cache behaviour makes either one faster on a given
-# machine, so the peak is the best of both.
-CALIBRATION_SIZES = (512, 1024)
 # What the CPU measurement counts per rank (`metrics.measure_memory`); the plan's `other` is not among them.
 COUNTED_COMPONENTS = ("weights", "gradients", "optimizer", "activations")
-# Device memory as reported by CUDA vs the catalog's figure (GB vs GiB, reserved memory).
-MEMORY_TOLERANCE = 0.15
 
 
 @dataclass
@@ -170,8 +153,9 @@ def prepare(cfg: RunConfig, run: ResolvedRun, vocab_size: int, env: DistEnv) -> 
     dtype = run.precision.compute_dtype
     planned = planned_config(cfg, run, vocab_size)
     notes = list(planned.notes)
-    profile, profile_record = _device_profile(env, dtype, notes)
-    hardware, peak_source, reason = detect_hardware(cfg, env, profile)
+    profile, profile_record = device_profile(env.device, dtype, notes)
+    hardware, peak_source, reason = detect_hardware(env.device, dtype, env.world_size,
+                                                    lambda values: all_reduce_mean(values, env), profile)
     spec = planned.model
     planned_run, plan_error = None, None
     if hardware is None:
@@ -192,7 +176,7 @@ def prepare(cfg: RunConfig, run: ResolvedRun, vocab_size: int, env: DistEnv) -> 
     forecast = Forecast(
         plan=planned_run,
         hardware_key=hardware.key if hardware is not None else "unknown",
-        hardware_name=hardware.name if hardware is not None else _device_name(env),
+        hardware_name=hardware.name if hardware is not None else device_name(env.device),
         peak_flops=peak,
         peak_source=peak_source,
         flops_per_token=flops_per_token,
@@ -214,135 +198,6 @@ def model_flops_per_token(spec) -> float:
     mlp = (3 if spec.mlp == "swiglu" else 2) * h * spec.ffn_hidden
     n = L * (attn + mlp) + spec.vocab_size * h
     return 6.0 * n + 12.0 * L * s * h
-
-
-# ------------------------------------------------------------------------- the device and its peak
-
-
-def _device_profile(env: DistEnv, dtype: str, notes: list[str]):
-    """(profile, record of which one) for this device; (None, None) and a note if it cannot be had."""
-    from flopwise.measure.calibrate import profile_for_device
-
-    try:
-        profile, path = profile_for_device(env.device, dtype)
-    except Exception as err:  # a forecast that fails must not stop the training run
-        notes.append(f"prediction: no device profile ({err.__class__.__name__}: {err}); table efficiency used")
-        return None, None
-    record = {"path": str(path), "device": profile.device, "created": profile.created,
-              "threads": profile.threads, "processes": profile.processes, "dtypes": list(profile.dtypes())}
-    notes.append(f"prediction: device profile {path} (measured {profile.created})")
-    return profile, record
-
-
-def detect_hardware(cfg: RunConfig, env: DistEnv, profile=None) -> tuple[HardwareSpec | None, str, str | None]:
-    """(hardware, where its peak comes from, why there is no MFU or None)."""
-    if env.device.type == "cuda":
-        name = torch.cuda.get_device_name(env.device)
-        return cuda_hardware(name, torch.cuda.get_device_properties(env.device).total_memory)
-    dtypes = {"fp32"}
-    dtypes.add(precision_of(cfg.precision.mode).compute_dtype)
-    if profile is not None and all(profile.peak_flops(d) for d in dtypes):
-        peaks = {d: profile.peak_flops(d) for d in sorted(dtypes)}
-        label = (f"measured CPU peak: best GEMM per dtype in the device profile ({profile.threads} thread(s), "
-                 f"{profile.processes} process(es) measuring at once)")
-        return cpu_hardware(peaks, env.world_size, label), label, None
-    peaks = {}
-    for dtype in sorted(dtypes):
-        local = max(measure_matmul_flops(_torch_dtype(dtype), n) for n in CALIBRATION_SIZES)
-        peaks[dtype] = all_reduce_mean([local], env)[0]
-    threads = torch.get_num_threads()
-    sizes = "/".join(str(n) for n in CALIBRATION_SIZES)
-    label = (f"measured CPU peak: fastest timed square matmul (n={sizes}) per process, "
-             f"{threads} thread(s), mean over {env.world_size} rank(s)")
-    return cpu_hardware(peaks, env.world_size, label), label, None
-
-
-def cuda_hardware(device_name: str, total_memory_bytes: int | None) -> tuple[HardwareSpec | None, str, str | None]:
-    """(catalog entry, peak source, None) for a known GPU; (None, "none", why) for an unknown one."""
-    spec = catalog_entry_for_cuda(device_name, total_memory_bytes)
-    if spec is None:
-        return None, "none", f"'{device_name}' is not in the hardware catalog (see `flopwise hardware`)"
-    return spec, f"catalog entry '{spec.key}' (dense peak, datasheet)", None
-
-
-def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.4) -> float:
-    """FLOP/s of the fastest of repeated n x n matmuls (2·n³ FLOPs each) with this process's threads."""
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    torch.mm(a, b)  # warm-up: first call pays for allocation and kernel selection
-    best = math.inf
-    deadline = time.perf_counter() + seconds
-    reps = 0
-    while reps < 3 or time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-        reps += 1
-    return 2.0 * n**3 / best
-
-
-def cpu_hardware(peaks_flops: dict[str, float], processes: int, label: str) -> HardwareSpec:
-    """A HardwareSpec for this CPU, one 'device' per process, peaks from `measure_matmul_flops`."""
-    memory_gib = None
-    try:
-        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / processes
-    except (ValueError, OSError, AttributeError):
-        pass
-    return HardwareSpec(
-        key=CPU_KEY,
-        name=f"CPU ({platform.processor() or platform.machine()}), measured",
-        vendor="cpu",
-        peak_tflops={dtype: value / 1e12 for dtype, value in peaks_flops.items()},
-        sparse_factor=None,
-        memory_gb=memory_gib,
-        memory_unit="GiB",
-        memory_bandwidth_gbs=None,
-        scale_up_gbs=None,
-        devices_per_node=processes,
-        scale_out_gbs=None,
-        tdp_w=None,
-        sources={"peak_tflops": label, "memory_gb": "physical memory / processes"},
-        confidence={"peak_tflops": "measured", "memory_gb": "measured"},
-        notes="stands in for a catalog entry on CPU runs",
-    )
-
-
-def catalog_entry_for_cuda(device_name: str, total_memory_bytes: int | None = None) -> HardwareSpec | None:
-    """The catalog entry for a CUDA device name such as 'NVIDIA H100 80GB HBM3', or None.
-
-    Candidates share the chip's model token (h100, a100, l40s, ...); the form factor in
-    the name (pcie or not) filters them; the one whose key parts (`40gb`, `80gb`) appear
-    in the name wins. When the device reports its memory, the entry's memory must agree
-    within MEMORY_TOLERANCE (an H100 NVL is not an H100 SXM). No match, no entry.
-    """
-    name = device_name.lower()
-    tokens = set(re.findall(r"[a-z]*\d+[a-z]*", name))
-    candidates = []
-    for key, spec in load_hardware().items():
-        if key.split("-")[0] in tokens or any(alias.lower() in tokens for alias in spec.aliases):
-            candidates.append(spec)
-    pcie = "pcie" in name
-    candidates = [s for s in candidates if ("pcie" in s.key) == pcie]
-    if total_memory_bytes:
-        candidates = [s for s in candidates if s.memory_bytes is None
-                      or abs(s.memory_bytes - total_memory_bytes) <= MEMORY_TOLERANCE * s.memory_bytes]
-    if not candidates:
-        return None
-
-    def score(spec: HardwareSpec) -> tuple:
-        named = sum(part in tokens for part in spec.key.split("-"))
-        memory_gap = abs((spec.memory_bytes or 0) - (total_memory_bytes or 0)) if total_memory_bytes else 0
-        return (-named, memory_gap)
-
-    return min(candidates, key=score)
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
-
-
-def _device_name(env: DistEnv) -> str:
-    return torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
 
 
 # ------------------------------------------------------------------------- output
