@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import RunDir
 
 
 def register(app: typer.Typer) -> None:
@@ -43,7 +44,7 @@ def register_export(app: typer.Typer) -> None:
 
         if not Path(run_dir).is_dir():  # before the library log would create RUN_DIR/export
             raise UserError(f"{run_dir}: no such run directory")
-        route_library_noise(Path(out) if out else Path(run_dir) / "export", verbose)
+        route_library_noise(Path(out) if out else RunDir(run_dir).export, verbose)
         from flopwise.artifacts.export import export_checkpoint
 
         result = export_checkpoint(run_dir, step, out)

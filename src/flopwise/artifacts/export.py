@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import RunDir
 
 
 @dataclass
@@ -59,7 +60,7 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
         path = latest_valid(run_dir, report=lambda line: print(line, flush=True))
         if path is None:
             raise UserError(
-                f"{run_dir}: no valid checkpoint under {run_dir / 'checkpoints'} "
+                f"{run_dir}: no valid checkpoint under {RunDir(run_dir).checkpoints} "
                 "(train with checkpoint.at_end=true or checkpoint.every_steps=N)"
             )
     manifest = read_manifest(path)
@@ -81,7 +82,7 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
                             f"{str(exc).splitlines()[0][:160]}") from None
         model.load_state_dict(state)
 
-    out = Path(out) if out is not None else run_dir / "export"
+    out = Path(out) if out is not None else RunDir(run_dir).export
     out.mkdir(parents=True, exist_ok=True)
     tensors = _unshared(model.state_dict())
     metadata = {"format": "pt", "step": str(manifest["step"]), "checkpoint": str(path),
@@ -91,8 +92,8 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     tmp.replace(out / "model.safetensors")
     config_text = dump_config(cfg)
     (out / "config.yaml").write_text(config_text)
-    if not (run_dir / "config.yaml").exists():
-        (run_dir / "config.yaml").write_text(config_text)
+    if not RunDir(run_dir).config.exists():
+        RunDir(run_dir).write_config(config_text)
     from flopwise.artifacts.export_hf import write_hf_folder
 
     hf_folder = write_hf_folder(model, cfg, run_tokenizer(run_dir, cfg), out / "hf")
@@ -133,7 +134,7 @@ def _unshared(state: dict) -> dict:
 
 def run_tokenizer(run_dir: Path, cfg) -> Path | None:
     """The tokenizer.json the run trained with: the copy in the run directory, else `data.tokenizer`."""
-    copy = Path(run_dir) / "tokenizer.json"
+    copy = RunDir(run_dir).tokenizer
     if copy.is_file():
         return copy
     return Path(cfg.data.tokenizer) if cfg.data.tokenizer is not None else None

@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import RunDir
 
 BUILTIN_TASKS = ("digits-cnn", "digits-mlp")
 
@@ -65,9 +66,9 @@ def default_out(cfg, source) -> Path:
         return Path("runs") / f"compress-{cfg.task}-{method}"
     source = Path(source)
     run_dir = source if source.is_dir() else source.parent
-    if run_dir.name == "export":
+    if run_dir == RunDir(run_dir.parent).export:
         run_dir = run_dir.parent
-    return run_dir / "compressed" / method
+    return RunDir(run_dir).compressed / method
 
 
 def register(app: typer.Typer) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import RunDir
 
 REPORT_FILE = "compress_report.json"
 FILE_MODE = 0o644
@@ -96,7 +97,7 @@ def held_out_tokens(run_dir: Path):
     from flopwise.train.data.files import open_shard
     from flopwise.train.data.prepare import prepare_data
 
-    config_path = Path(run_dir) / "config.yaml"
+    config_path = RunDir(run_dir).config
     if not config_path.is_file():
         raise UserError(f"{run_dir}: no config.yaml; compress an LLM from a run directory written by flopwise train")
     cfg: RunConfig = load_config(config_path, [])
@@ -108,7 +109,7 @@ def held_out_tokens(run_dir: Path):
 def _seq_len(run_dir: Path) -> int:
     from flopwise.config.loading import load_config
 
-    return load_config(Path(run_dir) / "config.yaml", []).data.seq_len
+    return load_config(RunDir(run_dir).config, []).data.seq_len
 
 
 def _windows(tokens, seq_len: int, cfg) -> int:

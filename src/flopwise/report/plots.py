@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from flopwise.runrecord.diagnosis import Diagnosis  # noqa: E402
+from flopwise.runrecord.run_dir import RunDir  # noqa: E402
 from flopwise.runrecord.run_data import COMPONENT_LABELS, PlanRow, RunData, finite_number, is_memory_figure  # noqa: E402
 from flopwise.runrecord.records import TIME_COMPONENTS  # noqa: E402
 from flopwise.safe_write import make_entry_folder, write_file  # noqa: E402
@@ -50,7 +51,7 @@ def validation_losses(run: RunData) -> list[tuple[int, float]]:
     try:
         import json
 
-        data = json.loads((run.run_dir / "predicted_vs_measured.json").read_text())
+        data = json.loads(RunDir(run.run_dir).comparison.read_text())
         for item in data.get("measured", {}).get("val_losses", []):
             loss = finite_number(item.get("loss"))
             if loss is not None and isinstance(item.get("step"), int):

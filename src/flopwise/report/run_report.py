@@ -16,7 +16,8 @@ from flopwise.runrecord.diagnosis import Diagnosis
 from flopwise.runrecord.run_data import COMPONENT_LABELS, RunData, is_memory_figure, load_run
 from flopwise.report import plots
 from flopwise.report.html_report import write_html_report
-from flopwise.runrecord.records import REPORT_FILE, TIME_COMPONENTS
+from flopwise.runrecord.records import TIME_COMPONENTS
+from flopwise.runrecord.run_dir import RunDir
 from flopwise.safe_write import write_file
 
 
@@ -37,7 +38,7 @@ def write_report(run_dir: str | Path, diagnose: Callable[[RunData], Diagnosis]) 
     """
     run = load_run(run_dir)
     diagnosis = diagnose(run)
-    plot_dir = run.run_dir / "plots"
+    plot_dir = RunDir(run.run_dir).plots
     figures = {
         "Loss": plots.plot_loss(run, plot_dir / "loss.png"),
         "Throughput per rank": plots.plot_tokens_per_second(run, plot_dir / "tokens_per_second.png",
@@ -45,7 +46,7 @@ def write_report(run_dir: str | Path, diagnose: Callable[[RunData], Diagnosis]) 
         "Step time breakdown": plots.plot_step_breakdown(diagnosis, plot_dir / "step_breakdown.png"),
         "Memory": plots.plot_memory(diagnosis, plot_dir / "memory.png"),
     }
-    path = run.run_dir / REPORT_FILE
+    path = RunDir(run.run_dir).report
     write_file(path, render_markdown(run, diagnosis, figures))
     page = write_html_report(run, diagnosis, figures, summary_rows(run, diagnosis))
     return ReportFiles(path, [p for p in figures.values() if p is not None], page)

@@ -30,8 +30,9 @@ from flopwise.train.launch.heartbeat import note_step
 from flopwise.train.data.prepare import prepare_data
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier
 from flopwise.train.checkpoint.policy import StepBoundary
-from flopwise.runrecord.records import MemoryBytes, StepRecord, config_path, write_comparison
-from flopwise.safe_write import copy_file, make_folder, write_file
+from flopwise.runrecord.records import MemoryBytes, StepRecord, write_comparison
+from flopwise.runrecord.run_dir import RunDir
+from flopwise.safe_write import copy_file, make_folder
 from flopwise.train.metrics import MetricsWriter, RunDisplay
 from flopwise.train.techniques.precision import make_grad_scaler
 from flopwise.train.step import Strategy, StepHooks, train_step
@@ -147,7 +148,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     run_dir = Path(cfg.logging.run_dir)
     if env.is_main:
         make_folder(run_dir)
-        write_file(config_path(run_dir), dump_config(cfg))
+        RunDir(run_dir).write_config(dump_config(cfg))
 
     # Rank 0 tokenizes and caches; the others wait, then load the cache.
     prepared = prepare_data(cfg.data) if env.is_main else None
@@ -155,7 +156,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     if prepared is None:
         prepared = prepare_data(cfg.data)
     if env.is_main and prepared.tokenizer_path is not None:  # `flopwise export` / `generate` read it here
-        copy_file(prepared.tokenizer_path, run_dir / "tokenizer.json")
+        copy_file(prepared.tokenizer_path, RunDir(run_dir).tokenizer)
 
     global_batch, grad_accum = run.global_batch, run.grad_accum
     state = build_state(cfg, env, prepared, run)

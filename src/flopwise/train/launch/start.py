@@ -171,13 +171,12 @@ def _launch(cfg: RunConfig, run: ResolvedRun, one_rank: bool) -> None:
     if run.processes == 1:
         _run_here_with_restarts(cfg)
         return
-    from flopwise.runrecord.records import config_path
-    from flopwise.safe_write import write_file
+    from flopwise.runrecord.run_dir import RunDir
     from flopwise.train.launch.run_directory import prepare_run_directory
 
     run_dir = prepare_run_directory(Path(cfg.logging.run_dir))
     if cfg.parallel.node_rank == 0:
-        write_file(config_path(run_dir), dump_config(cfg))  # the run's record, before any rank starts
+        RunDir(run_dir).write_config(dump_config(cfg))  # the run's record, before any rank starts
     _prepare_data_once(cfg)
     _run_torchrun_with_restarts(cfg)
 
