@@ -36,6 +36,9 @@ def notes(result: dict) -> list[str]:
              f"{' (torch.compile, Inductor freezing)' if result['compiled'] else ''}, {result['threads']} thread(s)"]
     if result.get("quality_basis"):
         lines.append(f"measured on: {result['quality_basis']}")
+    if result.get("activation_bits") == 7:
+        lines.append("activations kept to 7 bits: this CPU has no VNNI/AMX int8 dot product, and oneDNN's "
+                     "AVX2 path sums u8 x s8 pairs in saturating 16-bit lanes (as fbgemm's reduce_range)")
     if "note" in details:
         lines.append(details["note"])
     if "kernel" in details:

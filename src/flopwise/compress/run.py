@@ -184,6 +184,7 @@ def compress_task(task: Task, cfg: CompressConfig, out: Path, progress=None) -> 
         "backend": manifest["backend"],
         "compiled": bool(cfg.compile and fmt == "pt2"),
         "threads": threads,
+        "activation_bits": activation_bits(cfg.method, manifest["backend"]),
         "quality_metric": task.quality_metric,
         "details": details,
         "baselines": baselines,
@@ -194,6 +195,15 @@ def compress_task(task: Task, cfg: CompressConfig, out: Path, progress=None) -> 
     if cfg.method == "qat":
         result["summary"]["qat_recovery"] = qat_recovery(task, before["quality"], details["ptq_quality"], after["quality"])
     return result
+
+
+def activation_bits(method: str, backend: str) -> int | None:
+    """8, or 7 where the x86 CPU lacks an int8 dot product (see `quantize.has_int8_dot_product`)."""
+    if method not in INT8_METHODS or backend != "pt2e-x86":
+        return None
+    from flopwise.compress.quantize import activation_quant_max
+
+    return 8 if activation_quant_max() == 255 else 7
 
 
 def qat_recovery(task: Task, float_q: dict, ptq_q: dict, qat_q: dict) -> dict:

@@ -137,7 +137,8 @@ def test_fsdp2_with_accumulation_and_checkpointing_matches_one_process(corpus, t
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_an_error_inside_a_rank_is_one_line_and_exit_2(corpus, tmp_path):
+def test_a_bad_model_config_in_a_multi_process_run_is_one_line_and_exit_2(corpus, tmp_path):
+    """Caught by the pre-flight check before torchrun starts ranks: one line naming the file and the key."""
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama", "vocab_size": 10}')
     config = base_config(corpus, tmp_path / "err", 4, strategy="ddp", nproc_per_node=2)
@@ -145,7 +146,8 @@ def test_an_error_inside_a_rank_is_one_line_and_exit_2(corpus, tmp_path):
     result = run_cli(config, tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "vocab_size" in lines[0], result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "config.json" in lines[0] and "missing key 'hidden_size'" in lines[0], result.stderr
 
 
 def test_torchrun_command_line_for_one_and_several_nodes(tmp_path):
