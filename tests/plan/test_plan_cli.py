@@ -129,6 +129,25 @@ def test_json_contract_for_a_pipeline_with_the_typer_command_too():
     assert json.loads(slow.stdout) == json.loads(fast.stdout)
 
 
+def test_search_json_without_the_typer_app_is_the_typer_commands_output():
+    """`plan --search --json` takes the fast path (no typer, rich or pydantic) and prints what
+    the typer command prints, error bands included."""
+    args = ("--search", "--json", "--model", "llama2-7b", "--hardware", "a100-80gb", "--gpus", "16",
+            "--global-batch", "512", "--top", "2")
+    code = ("import json, sys; from flopwise.cli import main; main(['plan', *{args!r}]); "
+            "print(json.dumps(sorted(m for m in ('typer', 'rich', 'pydantic') if m in sys.modules)), file=sys.stderr)")
+    fast = subprocess.run([sys.executable, "-c", code.format(args=list(args))], capture_output=True, text=True,
+                          env=ENV, timeout=120)
+    assert fast.returncode == 0, fast.stderr
+    assert json.loads(fast.stderr.strip().splitlines()[-1]) == []
+    typer_code = ("from flopwise.cli import build_app; "
+                  f"build_app()(args=['plan', *{list(args)!r}], prog_name='flopwise', standalone_mode=False)")
+    slow = subprocess.run([sys.executable, "-c", typer_code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert slow.returncode == 0, slow.stderr
+    assert json.loads(slow.stdout) == json.loads(fast.stdout)
+    assert all(row["plan"]["band"]["expected_error"] > 0 for row in json.loads(fast.stdout)["ranked"])
+
+
 def test_help_shows_every_default():
     out = run("--help")
     assert out.returncode == 0

@@ -124,3 +124,37 @@ def test_every_kth_block_recompute_reruns_that_share_of_forwards():
                                     rates) for rc in ("none", "every-4"))
     assert ops.full_recompute_share("every-4") == 0.25 and ops.full_recompute_share("none") == 0
     assert every4.recompute == pytest.approx(none.forward / 4)
+
+
+def _gpt175b():
+    from flopwise.catalog.models import ModelSpec
+
+    return ModelSpec(key="gpt-175b", name="GPT 175B", n_layers=96, hidden=12288, n_heads=96, ffn_hidden=4 * 12288,
+                     vocab_size=51200, seq_len=2048, max_positions=2048, mlp="gelu", norm="layernorm",
+                     position="learned", tied_embeddings=True, attn_bias=True, mlp_bias=True)
+
+
+def test_zero3_at_one_sequence_per_gpu_is_comm_bound_and_ptd_is_not():
+    """Narayanan et al. 2021 Table 2: 175B on 1,536 A100, ZeRO-3 (DeepSpeed, micro-batch 1)
+    ran at 44 TFLOP/s against PTD's 141: its gathers across nodes dominate the step. The plan
+    must say so: exposed data-parallel time above the compute, where PTD's is negligible."""
+    from flopwise.catalog.hardware import get_hardware
+    from flopwise.plan.planner import plan
+    from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
+
+    work = Workload(precision="fp16", optimizer="adamw", seq_len=2048, total_tokens=1e9)
+    cluster = Cluster(hardware=get_hardware("a100-80gb"))
+    zero3 = plan(RunSpec(_gpt175b(), Layout(dp=1536, micro_batch_size=1, zero_stage=3, recompute="full",
+                                            flash_attention=False, framework="deepspeed"), work, cluster,
+                         stack="deepspeed")).time
+    ptd = plan(RunSpec(_gpt175b(), Layout(dp=16, tp=8, pp=12, micro_batch_size=1, grad_accum=96, recompute="full",
+                                          flash_attention=False, framework="megatron"), work, cluster,
+                       stack="megatron-lm")).time
+    assert zero3.dp_exposed_seconds > zero3.compute_seconds
+    assert ptd.dp_exposed_seconds < 0.05 * ptd.step_seconds
+    assert zero3.tokens_per_second < 0.5 * ptd.tokens_per_second  # published: 44 / 141
+    # more sequences per GPU give prefetch compute to hide behind: the share exposed falls
+    four = plan(RunSpec(_gpt175b(), Layout(dp=384, micro_batch_size=4, zero_stage=3, recompute="full",
+                                           flash_attention=False, framework="deepspeed"), work, cluster,
+                        stack="deepspeed")).time
+    assert four.exposed_comm_share < 0.5 * zero3.exposed_comm_share

@@ -36,6 +36,18 @@ INTRA_LATENCY_S = 8e-6
 """Per collective inside a node (NCCL small-message latency on NVLink, order of magnitude)."""
 INTER_LATENCY_S = 12e-6
 """Per ring/tree step across nodes (InfiniBand / RoCE, order of magnitude)."""
+RING_BASE_LATENCY_S = 8.4e-6
+"""Fixed cost of one ring collective (NCCL's tuning model, `src/graph/tuning.cc` `baseLat`,
+Ring/Simple: 8.4 us)."""
+RING_HOP_LATENCY_S = {"node": 14e-6, "net": 14e-6}
+"""Latency of one ring step, the framework's launch and wait included: the fitted
+`ring_hop_latency_s` of `flopwise.plan.fit` (bounded below by NCCL's own tuning model,
+`src/graph/tuning.cc` `hwLat`, Ring/Simple protocol, the one large messages use: 5.7 us a hop
+over NVLink, 6.6 us over the network). A ring all-gather or
+reduce-scatter of n ranks takes n − 1 steps, so its latency grows linearly with the ranks: the
+alpha of the alpha-beta model (Hockney 1994) whose beta is the bus bandwidth above. nccl-tests
+shows the same: at small messages a ring collective's time is flat in the size and
+proportional to the ranks (NVIDIA/nccl-tests doc/PERFORMANCE.md)."""
 CPU_LINK_GBS = 4.0
 """A CPU 'device' (one process) talks to the others through shared memory / loopback (gloo):
 an assumption for runs without a measured profile."""
@@ -133,6 +145,19 @@ def reduce_scatter_seconds(links: Links, n: int, stride: int, nbytes: float) -> 
         seconds += (nodes - 1) / nodes * (nbytes / local) / links.net_bps
         seconds += INTER_LATENCY_S * math.ceil(math.log2(nodes))
     return seconds
+
+
+def ring_latency_seconds(links: Links, n: int, stride: int, steps_per_rank: float = 1.0) -> float:
+    """Alpha of one ring all-gather or reduce-scatter over n ranks (NCCL's tuning model): the base
+    latency plus one hop per step, network hops where the ring leaves a node. `steps_per_rank` is
+    2 for an all-reduce (reduce-scatter then all-gather)."""
+    if n <= 1:
+        return 0.0
+    local, nodes = group_shape(n, stride, links.devices_per_node)
+    net_hops = nodes - 1 if nodes > 1 else 0
+    node_hops = (n - 1) - net_hops
+    return RING_BASE_LATENCY_S + steps_per_rank * (node_hops * RING_HOP_LATENCY_S["node"]
+                                                   + net_hops * RING_HOP_LATENCY_S["net"])
 
 
 def all_reduce_seconds(links: Links, n: int, stride: int, nbytes: float) -> float:

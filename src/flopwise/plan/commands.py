@@ -213,10 +213,15 @@ def print_plan(result) -> None:
             ("embedding", _count(p.embedding)), ("output head", _count(p.output_head)),
             ("non-embedding", _count(p.non_embedding))]
     table("Parameters", rows)
+    from flopwise.plan.finetune import split_of, summary_rows
+
+    tuned = split_of(spec)
+    if tuned is not None:
+        table("Fine-tune", summary_rows(tuned, result.memory))
     unit = f.unit
     table("FLOPs", [
         (f"N for 6N (active non-embedding + head)", _count(f.matmul_params)),
-        (f"model FLOPs / {unit} (6N + attention)", f"{f.model_per_unit:.4g}"),
+        (f"model FLOPs / {unit} ({'4N + 6·adapters' if tuned else '6N'} + attention)", f"{f.model_per_unit:.4g}"),
         (f"  of which attention (12·L·s·d)", f"{f.attention_per_unit:.4g}"),
         (f"hardware FLOPs / {unit} (with recompute)", f"{f.hardware_per_unit:.4g}"),
         (f"{unit}s", _count(f.units)),
@@ -226,10 +231,12 @@ def print_plan(result) -> None:
     verdict = "[green]fits[/green]" if m.fits else "[red]does NOT fit[/red]"
     where = f"stage {m.worst_stage} of {lay.pp}, " if lay.pp > 1 else ""
     table(f"Memory per device ({where}{lay.framework} conventions; {verdict})", [
-        ("weights", _gib(m.weights)), ("gradients", _gib(m.gradients)),
+        ("weights" + (" (frozen base + adapters)" if tuned else ""), _gib(m.weights)), ("gradients", _gib(m.gradients)),
         ("optimizer states", _gib(m.optimizer_states)), ("fp32 master weights", _gib(m.master_weights)),
         (f"activations ({m.inflight_layers:g} layer-micro-batches)", _gib(m.activations)),
-        ("final norm + head inputs, logits", _gib(m.logits)), ("communication buffers", _gib(m.comm_buffers)),
+        ("final norm + head inputs, logits", _gib(m.logits)),
+        ("communication buffers" + (" + dequantised weight" if tuned and tuned.method == "qlora" else ""),
+         _gib(m.comm_buffers)),
         *([("fp8 weight copies", _gib(m.fp8_buffers))] if m.fp8_buffers else []),
         ("allocated", _gib(m.allocated_bytes)),
         (f"allocator reserve ({spec.cluster.allocator_reserve:.0%} of allocated)", _gib(m.allocator_reserve)),
@@ -252,6 +259,7 @@ def print_plan(result) -> None:
          f"PP {_duration(tm.pp_exposed_seconds)})"),
         ("step", _duration(tm.step_seconds)),
         (f"{unit}s / s", f"{tm.tokens_per_second:,.0f} ({tm.tokens_per_second_per_device:,.0f} per device)"),
+        *([("expected error (validated)", result.band.describe())] if result.band is not None else []),
         ("MFU", f"{tm.mfu:.1%}"),
         ("steps", f"{tm.steps:,.0f}"),
         ("whole job", _duration(tm.total_seconds)),

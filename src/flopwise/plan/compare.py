@@ -64,6 +64,7 @@ class DeviceOption:
         row["tokens_per_second_per_device"] = self.plan.time.tokens_per_second_per_device
         row["mfu"] = self.plan.time.mfu
         row["precision"] = self.plan.spec.workload.precision
+        row["expected_error"] = self.plan.band.expected_error if self.plan.band is not None else None
         row["plan"] = self.plan.to_dict()
         return row
 
@@ -172,6 +173,7 @@ def compare_devices(
     pareto_multiples: int = 4,
     global_batch: int | None = None,
     host_memory_gib: float | None = DEFAULT_HOST_MEMORY_GIB,
+    finetune_options: dict | None = None,
 ) -> Comparison:
     """Compare devices for one job (see the module docstring); at most one of gpus/budget/deadline.
 
@@ -199,7 +201,8 @@ def compare_devices(
     for hw in devices:
         host = None if host_memory_gib is None else host_memory_gib / (hw.devices_per_node or 8)
         verdicts.append(_compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precision, optimizer,
-                                     price_per_hour, max_devices, pareto_multiples, global_batch, host))
+                                     price_per_hour, max_devices, pareto_multiples, global_batch, host,
+                                     finetune_options or {}))
     options = [o for v in verdicts for o in v.options]
     chosen = [v.chosen for v in verdicts if v.chosen is not None]
     if not chosen:
@@ -228,7 +231,7 @@ def compare_devices(
 
 
 def _compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precision, optimizer, price_per_hour,
-                 max_devices, pareto_multiples, global_batch, host) -> DeviceVerdict:
+                 max_devices, pareto_multiples, global_batch, host, finetune_options=None) -> DeviceVerdict:
     name = hw.name or hw.key
     prec = precision_for(hw, precision)
     if prec is None:
@@ -238,7 +241,7 @@ def _compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precisi
         return DeviceVerdict(hw.key, name, None, "memory size unknown")
     spec = build_runspec(model=model, hardware=hw.key, gpus=1, seq_len=seq_len, batch_tokens=batch_tokens,
                          global_batch=global_batch, tokens=tokens, precision=prec, optimizer=optimizer,
-                         price_per_hour=price_per_hour)
+                         price_per_hour=price_per_hour, **(finetune_options or {}))
     if mode == "gpus":
         option = best_at(spec, int(target), host_memory_per_device_gib=host)
         if option is None:

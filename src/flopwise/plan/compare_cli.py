@@ -14,9 +14,11 @@ from typing import Optional
 
 import typer
 
+from flopwise.plan.search_cli import band_cell
+
 CSV_FIELDS = ("hardware", "name", "devices", "chosen", "pareto", "priced", "precision", "layout", "days",
               "device_hours", "kwh", "on_demand_usd", "spot_usd", "tokens_per_second_per_device", "mfu",
-              "efficiency_confidence", "note")
+              "expected_error", "efficiency_confidence", "note")
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +28,7 @@ def register(app: typer.Typer) -> None:
 
 def compare_command(
     model: str = typer.Option("llama2-7b", "--model", help="Catalog key or a config.json path."),
-    tokens: str = typer.Option("2T", "--tokens", help="Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T; 1B for a --finetune]"),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="Use this many devices of each kind."),
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Fastest option whose on-demand cost fits."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Fewest devices that finish in time."),
@@ -47,6 +49,9 @@ def compare_command(
     local_hardware_usd: Optional[float] = typer.Option(None, "--local-hardware-usd", help="--local: price of one of your cards, amortised."),
     amortize_years: float = typer.Option(3.0, "--amortize-years", help="--local: service life the card price is spread over."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    finetune: str = typer.Option("full", "--finetune", help="full|lora|qlora: full training, or LoRA adapters on a frozen base (qlora: base in NF4)."),
+    lora_rank: int = typer.Option(16, "--lora-rank", help="--finetune lora|qlora: adapter rank r."),
+    lora_targets: str = typer.Option("all-linear", "--lora-targets", help="--finetune lora|qlora: all-linear|qkvo."),
 ) -> None:
     """Compare devices for one job: fewest devices that fit, best layout, time, energy, cost; Pareto front.
 
@@ -59,11 +64,17 @@ def compare_command(
     from flopwise.errors import UserError
 
     keys = [h.strip() for h in hardware.split(",") if h.strip()] if hardware else None
+    tuning = {"finetune": finetune, "lora_rank": lora_rank, "lora_targets": lora_targets}
+    if tokens is None:
+        from flopwise.plan.finetune import default_tokens
+
+        tokens = default_tokens(finetune, "2T")
     if local:
         if not keys or len(keys) != 1 or gpus is None:
             raise UserError("--local needs one --hardware (your cards) and --gpus (how many), e.g. --hardware rtx4090 --gpus 4")
         return _hybrid(model, tokens, keys[0], gpus, cloud, local_host_memory_gib, electricity_usd_per_kwh,
-                       local_hardware_usd, amortize_years, seq_len, batch_tokens, price_per_hour, out, as_json)
+                       local_hardware_usd, amortize_years, seq_len, batch_tokens, price_per_hour, out, as_json,
+                       tuning)
     from flopwise.plan.compare import compare_devices
 
     if max_devices < 1:
@@ -71,7 +82,7 @@ def compare_command(
     result = compare_devices(model, tokens, keys, gpus=gpus, budget_usd=budget_usd, deadline_days=deadline_days,
                              max_devices=max_devices, seq_len=seq_len, batch_tokens=batch_tokens, precision=precision,
                              optimizer=optimizer, price_per_hour=price_per_hour, global_batch=global_batch,
-                             host_memory_gib=host_memory_gib)
+                             host_memory_gib=host_memory_gib, finetune_options=tuning)
     written = write_outputs(result, out) if out is not None else []
     if as_json:
         data = result.to_dict()
@@ -117,6 +128,14 @@ def write_outputs(result, folder: Path) -> list[Path]:
     return [png, json_path, csv_path]
 
 
+def _finetune_words(options) -> str:
+    """' (qlora fine-tune, rank 16, all-linear)' when the options planned a LoRA/QLoRA run, else ''."""
+    work = next((o.plan.spec.workload for o in options if o is not None), None)
+    if work is None or work.finetune == "full":
+        return ""
+    return f" ({work.finetune} fine-tune, rank {work.lora_rank}, {work.lora_targets})"
+
+
 def _money(value) -> str:
     return "n/a" if value is None else f"${value:,.0f}"
 
@@ -136,14 +155,15 @@ def print_comparison(result, written: list[Path]) -> None:
         what = f"fewest devices finishing within {result.target:g} days"
     else:
         what = "fewest devices that fit"
-    console.print(f"[bold]{result.model}[/bold], {result.tokens:.3g} tokens: {what}")
-    columns = ("device", "n", "best layout", "days", "device-h", "MWh", "on-demand", "spot", "tok/s/dev", "MFU")
+    console.print(f"[bold]{result.model}[/bold]{_finetune_words([v.chosen for v in result.verdicts])}, "
+                  f"{result.tokens:.3g} tokens: {what}")
+    columns = ("device", "n", "best layout", "days", "device-h", "MWh", "on-demand", "spot", "tok/s/dev", "MFU", "±")
     front = {(o.hardware, o.devices) for o in result.pareto}
     rows = []
     for verdict in sorted(result.verdicts, key=lambda v: (v.chosen is None, v.chosen.days if v.chosen else 0)):
         o = verdict.chosen
         if o is None:
-            rows.append(dict(zip(columns, (verdict.hardware, "-", f"[dim]{verdict.note}[/dim]", *["-"] * 7)),
+            rows.append(dict(zip(columns, (verdict.hardware, "-", f"[dim]{verdict.note}[/dim]", *["-"] * 8)),
                              key=verdict.hardware))
             continue
         mark = " *" if (o.hardware, o.devices) in front else ""
@@ -151,6 +171,7 @@ def print_comparison(result, written: list[Path]) -> None:
             o.hardware + mark + ("" if o.priced else " (no price)"), str(o.devices), o.layout, f"{o.days:,.1f}",
             f"{o.device_hours:,.0f}", "n/a" if o.kwh is None else f"{o.kwh / 1000:,.2f}", _money(o.on_demand_usd),
             _money(o.spot_usd), f"{o.plan.time.tokens_per_second_per_device:,.0f}", f"{o.plan.time.mfu:.1%}",
+            band_cell(o.plan),
         )), key=o.hardware + mark))
     # a narrow terminal gets the layouts, then the time and cost per device, instead of squeezed cells
     print_first_that_fits(
@@ -188,7 +209,7 @@ def _compare_table(columns, rows: list[dict[str, str]], title: str | None = None
 
 
 def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardware_usd, years, seq_len, batch_tokens,
-            price_per_hour, out, as_json) -> None:
+            price_per_hour, out, as_json, tuning=None) -> None:
     from flopwise.errors import UserError
     from flopwise.plan.hybrid import Site, parse_site, plan_hybrid
 
@@ -197,7 +218,8 @@ def _hybrid(model, tokens, local_key, gpus, cloud, host_gib, electricity, hardwa
     if host_gib <= 0:
         raise UserError(f"--local-host-memory-gib must be > 0, got {host_gib}")
     result = plan_hybrid(model, tokens, Site(local_key, gpus, host_gib), parse_site(cloud, "--cloud"),
-                         electricity, hardware_usd, years, seq_len, batch_tokens, price_per_hour)
+                         electricity, hardware_usd, years, seq_len, batch_tokens, price_per_hour,
+                         finetune_options=tuning)
     if out is not None:
         _write_hybrid(result, out)
     if as_json:
@@ -233,7 +255,8 @@ def print_hybrid(result, folder: Path | None) -> None:
     if result.local_hardware_usd:
         cost_basis += f" + ${result.local_hardware_usd:,.0f}/card over {result.amortize_years:g} years"
     console.print(f"[bold]local {here}[/bold] ({cost_basis}; host RAM {result.local.host_memory_gib:g} GiB) vs "
-                  f"[bold]cloud {there}[/bold] (on demand), {result.tokens:.3g} tokens")
+                  f"[bold]cloud {there}[/bold] (on demand), {result.tokens:.3g} tokens"
+                  f"{_finetune_words([r.local for r in result.sweep] + [r.cloud for r in result.sweep])}")
     table = Table()
     for column in ("model", "params", "local layout", "local days", "local $", "cloud layout", "cloud days", "cloud $"):
         table.add_column(column, justify="left" if "layout" in column or column == "model" else "right")

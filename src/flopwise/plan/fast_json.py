@@ -1,7 +1,8 @@
-"""`flopwise plan --json` without the typer app: the options are parsed from the same table
-(plan/options.py), so the process loads neither typer, rich nor pydantic and costs little
-more than the interpreter's start. Anything but a plain `--json` plan (help, search, spot,
-tables, a malformed value) is left to the typer command and its messages.
+"""`flopwise plan --json` and `plan --search --json` without the typer app: the options are
+parsed from the same table (plan/options.py), so the process loads neither typer, rich nor
+pydantic and costs little more than the interpreter's start (and the search). Anything else
+(help, spot, tables, --profile, --config, a malformed value) is left to the typer command and
+its messages.
 """
 
 from __future__ import annotations
@@ -14,21 +15,50 @@ def run_json_plan(argv: list[str]) -> bool:
     """
     from flopwise.plan.options import parse_json_plan_args, runspec_kwargs
 
-    values = parse_json_plan_args(argv)
+    values = parse_json_plan_args(argv, allow_search=True)
     if values is None or values["profile"] is not None:  # --profile: the typer command reads it
+        return False
+    if values.get("config") is not None or values.get("overrides"):
         return False
     from flopwise.plan.flag_bounds import check_flag_values
     from flopwise.plan.planner import build_runspec, plan
 
     check_flag_values(values)  # the same ranges as the typer command
-    result = plan(build_runspec(**runspec_kwargs(values)))
+    if values["search"]:
+        out = _search(values)
+    else:
+        out = plan(build_runspec(**runspec_kwargs(values))).to_dict()
     import json
 
     try:
-        print(json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str))
+        print(json.dumps(out, indent=2, allow_nan=False, default=str))
     except BrokenPipeError:  # `flopwise plan --json | head`: the reader left, nothing more to say
         import os
         import sys
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return True
+
+
+def _search(values: dict) -> dict:
+    """`plan --search --json` as the typer command runs it (`commands.plan_command` and
+    `search_cli.run_search_and_spot`): the search picks the layout over --gpus devices."""
+    from flopwise.errors import UserError
+    from flopwise.plan.options import runspec_kwargs
+    from flopwise.plan.planner import build_runspec
+    from flopwise.plan.search import nothing_fits_message, search_layouts
+
+    o = dict(values)
+    devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1)) if o["dp"] else 8)
+    o.update(gpus=1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
+    spec = build_runspec(**runspec_kwargs(o))
+    host = None
+    if o["host_memory_gib"] is not None:
+        if o["host_memory_gib"] <= 0:
+            raise UserError(f"--host-memory-gib must be > 0, got {o['host_memory_gib']}")
+        per_node = spec.cluster.devices_per_node or spec.cluster.hardware.devices_per_node or 8
+        host = o["host_memory_gib"] / min(devices, per_node)
+    result = search_layouts(spec, devices, objective=o["objective"], top=o["top"], host_memory_per_device_gib=host)
+    if result.best is None:
+        raise UserError(nothing_fits_message(result, host_memory_per_device_gib=host))
+    return result.to_dict()

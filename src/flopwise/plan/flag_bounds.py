@@ -43,6 +43,8 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
     "electricity_usd_per_kwh": (0.0, 100.0, "USD per kWh"),
     "local_hardware_usd": (0.0, 1e8, "USD"),
     "amortize_years": (1e-3, 100.0, "years"),
+    "lora_rank": (1, 65_536, "adapter rank"),
+    "lora_dropout": (0.0, 0.99, "a dropout probability below 1"),
 }
 
 

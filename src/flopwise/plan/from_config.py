@@ -19,6 +19,7 @@ from flopwise.catalog.hardware import HardwareSpec
 from flopwise.catalog.models import ModelSpec, from_hf_config
 from flopwise.config.model_shape import check_shape, ffn_hidden_of, hf_config_path, kv_heads_of
 from flopwise.config.resolve import ResolvedRun
+from flopwise.plan.finetune import config_fields
 from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
 
 
@@ -83,10 +84,10 @@ def planned_config(cfg, run: ResolvedRun, vocab_size: int | None = None) -> Plan
         seq_len=seq_len,
         total_tokens=float(cfg.training.max_steps * layout.global_batch_size * seq_len),
         dropout=cfg.model.dropout > 0,
+        **config_fields(getattr(cfg, "finetune", None)),  # LoRA / QLoRA (plan/finetune.py)
     )
     return PlannedConfig(model=model_spec_from_config(cfg.model, vocab, seq_len), layout=layout,
                          workload=workload, notes=tuple(notes_for(cfg)))
-
 
 
 

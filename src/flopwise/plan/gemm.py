@@ -26,6 +26,8 @@ achieved FLOP/s for the shape and its memory bandwidth are used as they are.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -86,16 +88,16 @@ _AMPERE = DeviceCurve(
     "A100 SXM MAMF 267.9 of 312 TFLOP/s (85.9 %) at 6912x16384x2048 (ml-engineering MAMF table); "
     "108 SMs (A100 whitepaper); attention: FlashAttention-2 A100 causal head-dim 128 ~190 TFLOP/s forward, "
     "~165 backward (Dao 2023, Fig. 5-6)",
-    sustained=0.81,
-    sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 GPU-hours: sustained training "
+    sustained=0.80,
+    sustained_source="flopwise.plan.fit sustained_ampere, fitted on every published source; was MosaicML llm-foundry A100 rows and LLaMA-1 GPU-hours: sustained training "
                      "kernels run at ~0.81 of the micro-benchmark (clocks under sustained power, framework "
                      "overhead between kernels; SMs lost to overlapped NCCL kernels are charged apart)",
 )
 _AMPERE_PCIE = DeviceCurve(
     "ampere-pcie", 0.822, (2304, 5120, 1536), _AMPERE.tiles, 108, 64.0, 0.88, 4e-6, (0.58, 0.48), 1.0, 1935.0,
     "A100 PCIe MAMF 256.4 of 312 TFLOP/s (82.2 %) at 2304x5120x1536 (ml-engineering MAMF table)",
-    sustained=0.81,
-    sustained_source="published.md MosaicML llm-foundry A100 rows and LLaMA-1 GPU-hours: sustained training "
+    sustained=0.80,
+    sustained_source="flopwise.plan.fit sustained_ampere, fitted on every published source; was MosaicML llm-foundry A100 rows and LLaMA-1 GPU-hours: sustained training "
                      "kernels run at ~0.81 of the micro-benchmark (clocks under sustained power, framework "
                      "overhead between kernels; SMs lost to overlapped NCCL kernels are charged apart)",
 )
@@ -165,13 +167,13 @@ ATTENTION_HALF_SEQ = 256.0
 (too few query blocks per head to fill the SMs, and the causal diagonal blocks' masking
 cost weighs more; fitted to the FlashAttention-2 H100 curve quoted in `attention_seconds`)."""
 
-_FRACTIONS: dict[tuple[str, int, int, int], float] = {}
+_FRACTIONS: dict[tuple[str, float, int, int, int], float] = {}
 _CEILINGS: dict[str, float] = {}
 
 
 def gemm_fraction(curve: DeviceCurve, m: int, n: int, k: int) -> float:
     """Achievable fraction of the dense peak for an (M, N, K) GEMM on this family (cached)."""
-    key = (curve.family, m, n, k)
+    key = (curve.family, curve.sustained, m, n, k)
     value = _FRACTIONS.get(key)
     if value is None:
         if len(_FRACTIONS) > 200_000:
@@ -248,13 +250,18 @@ _RATES: dict[tuple, tuple[object, DeviceRates]] = {}
 
 
 def device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmProfile | None = None,
-                 efficiency: float | None = None) -> DeviceRates:
-    """DeviceRates for a catalog entry: the family curve, achievable bandwidth, an optional profile (cached)."""
-    key = (hw.key, hw.memory_bandwidth_gbs, precision, peak, id(profile), efficiency)
+                 efficiency: float | None = None, stack_speed: float = 1.0) -> DeviceRates:
+    """DeviceRates for a catalog entry: the family curve, achievable bandwidth, an optional profile (cached).
+    `stack_speed` scales the sustained share of compute-bound kernels for the software stack
+    (`flopwise.plan.fit.stack_speed`; 1 for PyTorch-native stacks)."""
+    key = (hw.key, hw.memory_bandwidth_gbs, precision, peak, id(profile), efficiency, stack_speed)
     hit = _RATES.get(key)
     if hit is not None and hit[0] is profile:
         return hit[1]
     rates = _device_rates(hw, precision, peak, profile, efficiency)
+    if stack_speed != 1.0 and rates.curve.family not in ("cpu", "generic"):
+        rates = dataclasses.replace(rates, curve=dataclasses.replace(
+            rates.curve, sustained=rates.curve.sustained * stack_speed))
     if len(_RATES) > 4096:
         _RATES.clear()
     _RATES[key] = (profile, rates)

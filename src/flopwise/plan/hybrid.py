@@ -148,8 +148,10 @@ def model_ladder(model: str) -> list[str]:
 
 def side_by_side(model: str, tokens: str | float, local: Site, cloud: Site, electricity_usd_per_kwh: float,
                  local_hardware_usd: float | None, amortize_years: float, seq_len: int | None,
-                 batch_tokens: str | float | None, cloud_price_per_hour: float | None) -> SideBySide:
-    """Best layout and cost of one model on both sites."""
+                 batch_tokens: str | float | None, cloud_price_per_hour: float | None,
+                 finetune_options: dict | None = None) -> SideBySide:
+    """Best layout and cost of one model on both sites; `finetune_options` (finetune, lora_rank,
+    lora_targets) plan a LoRA/QLoRA fine-tune instead of full training."""
     options = []
     for site, price in ((local, None), (cloud, cloud_price_per_hour)):
         from flopwise.catalog.hardware import get_hardware
@@ -159,7 +161,8 @@ def side_by_side(model: str, tokens: str | float, local: Site, cloud: Site, elec
         if precision is None:
             raise UserError(f"{hw.key} has no published bf16/fp16/fp32 peak; choose another device")
         spec = build_runspec(model=model, hardware=hw.key, gpus=1, tokens=tokens, seq_len=seq_len,
-                             batch_tokens=batch_tokens, precision=precision, price_per_hour=price)
+                             batch_tokens=batch_tokens, precision=precision, price_per_hour=price,
+                             **(finetune_options or {}))
         host = None if site.host_memory_gib is None else site.host_memory_gib / site.devices
         options.append(best_at(spec, site.devices, host_memory_per_device_gib=host))
     local_option, cloud_option = options
@@ -185,6 +188,7 @@ def plan_hybrid(
     batch_tokens: str | float | None = None,
     cloud_price_per_hour: float | None = None,
     sweep: bool = True,
+    finetune_options: dict | None = None,
 ) -> HybridPlan:
     """Plan the job locally and on the cloud node, sweep model sizes, and say where the cloud wins."""
     if electricity_usd_per_kwh < 0:
@@ -194,7 +198,7 @@ def plan_hybrid(
     if amortize_years <= 0:
         raise UserError(f"--amortize-years must be > 0, got {amortize_years}")
     args = (tokens, local, cloud, electricity_usd_per_kwh, local_hardware_usd, amortize_years, seq_len, batch_tokens,
-            cloud_price_per_hour)
+            cloud_price_per_hour, finetune_options)
     job = side_by_side(model, *args)
     rows = [side_by_side(key, *args) if key != job.model else job for key in model_ladder(model)] if sweep else [job]
     findings = _findings(job, rows, local, cloud)

@@ -41,9 +41,10 @@ OPTIONS = (
     PlanOption("zero", "--zero", int, None,
                "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3). [default: the fastest stage the "
                "framework offers that fits, printed with the reason; 0 without data parallelism]"),
-    PlanOption("recompute", "--recompute", str, "none",
+    PlanOption("recompute", "--recompute", str, None,
                "Activation recompute: none|selective (Megatron: attention core)|op (per-op: every second "
-               "matmul)|full|every:K (full on one block in K)."),
+               "matmul)|full|every:K (full on one block in K). [default: none; full for a --finetune that "
+               "does not fit without it]"),
     PlanOption("offload", "--offload", str, "none", "none|optimizer|params (params needs --zero 3)."),
     PlanOption("schedule", "--schedule", str, "1f1b", "Pipeline schedule: 1f1b|gpipe|interleaved."),
     PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]"),
@@ -52,6 +53,14 @@ OPTIONS = (
     PlanOption("tp_comm_overlap", "--tp-comm-overlap", bool, False,
                "Overlap TP collectives with the GEMMs (Transformer Engine userbuffers)."),
     PlanOption("dropout", "--dropout", bool, False, "Count dropout masks in activation memory."),
+    PlanOption("finetune", "--finetune", str, "full",
+               "full|lora|qlora: train every weight, or LoRA adapters on a frozen base (qlora: base in NF4). "
+               "A fine-tune defaults to 1B tokens and 128Ki-token batches."),
+    PlanOption("lora_rank", "--lora-rank", int, 16, "--finetune lora|qlora: adapter rank r."),
+    PlanOption("lora_targets", "--lora-targets", str, "all-linear",
+               "--finetune lora|qlora: all-linear (every linear of the blocks) | qkvo (attention projections)."),
+    PlanOption("lora_dropout", "--lora-dropout", float, 0.0,
+               "--finetune lora|qlora: adapter dropout; > 0 keeps a dropped copy of each adapted input."),
     PlanOption("efficiency", "--efficiency", float, None, "Achieved fraction of peak (overrides calibration). [default: the calibration table]"),
     PlanOption("price_per_hour", "--price-per-hour", float, None, "USD per device-hour (overrides the catalog). [default: cheapest dated catalog price]"),
     PlanOption("pue", "--pue", float, 1.1, "Data-centre power usage effectiveness."),
@@ -80,7 +89,8 @@ RUNSPEC_OPTIONS = (
     "model", "hardware", "gpus", "dp", "tp", "pp", "micro_batch", "global_batch", "batch_tokens", "seq_len",
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
-    "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap",
+    "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
+    "lora_dropout",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 
@@ -92,10 +102,10 @@ def runspec_kwargs(values: dict) -> dict:
     return kwargs
 
 
-def parse_json_plan_args(argv: list[str]) -> dict | None:
-    """Option values of a plain `plan --json` command line, or None for anything else (help,
-    search, spot, tables, a malformed value), which the typer command then handles with its
-    own messages."""
+def parse_json_plan_args(argv: list[str], allow_search: bool = False) -> dict | None:
+    """Option values of a plain `plan --json` command line (with `allow_search`, also
+    `plan --search --json`), or None for anything else (help, spot, tables, a malformed
+    value), which the typer command then handles with its own messages."""
     by_flag = {option.flag: option for option in OPTIONS}
     values = {option.name: option.default for option in OPTIONS}
     i = 0
@@ -122,6 +132,6 @@ def parse_json_plan_args(argv: list[str]) -> dict | None:
         except ValueError:
             return None
         i += 1
-    if not values["as_json"] or values["search"] or values["spot"]:
+    if not values["as_json"] or (values["search"] and not allow_search) or values["spot"]:
         return None
     return values

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from flopwise.errors import UserError
+from flopwise.plan import finetune as tuning
 from flopwise.plan import memory as mem
 from flopwise.plan.calibration import Efficiency, efficiency_for
 from flopwise.plan.comm import (
@@ -25,7 +26,9 @@ from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import (
     FRAMEWORKS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, Cluster, Layout, RunSpec, Workload,
 )
-from flopwise.plan.gemm import GemmProfile, device_rates
+from flopwise.plan.band import Band, band_for
+from flopwise.plan.fit import stack_speed
+from flopwise.plan.gemm import GemmProfile, curve_for, device_rates
 from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
 from flopwise.plan.timing import StepInputs, TimeEstimate, flat_time, step_time
 
@@ -61,6 +64,7 @@ class Plan:
     cost: CostEstimate
     warnings: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
+    band: Band | None = None  # expected error of the time forecast (plan/band.py)
 
     @property
     def fits(self) -> bool:
@@ -98,6 +102,7 @@ class Plan:
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
+            "finetune": tuning.split_json(self.spec),
             "inputs": runspec_to_dict(self.spec),
             "flops": self.flops.to_dict(),
             "comm": self.comm.to_dict(),
@@ -106,6 +111,7 @@ class Plan:
             "details": {"params": params},
             "warnings": list(self.warnings),
             "advice": list(self.advice),
+            "band": self.band.to_dict() if self.band is not None else None,
         }
 
 
@@ -139,6 +145,7 @@ def validate(spec: RunSpec) -> None:
     if not mem.is_recompute_policy(lay.recompute):
         raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)} or every:K")
     _choice("framework", lay.framework, FRAMEWORKS)
+    tuning.validate_workload(work, lay, model)
     if not 0 <= spec.cluster.allocator_reserve < 1:
         raise UserError(f"--allocator-reserve must be in [0, 1), got {spec.cluster.allocator_reserve}")
     _choice("offload", lay.offload, OFFLOAD)
@@ -236,6 +243,9 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     units_per_step = float(lay.global_batch_size) * (1 if cnn else work.seq_len)
     total_units = work.total_samples if cnn else work.total_tokens
     flops = estimate_flops(model, pc, work.seq_len, lay.recompute, total_units)
+    tuned = tuning.split_of(spec)
+    if tuned is not None:  # no base weight gradients: 4N + 6·adapters (plan/finetune.py)
+        flops = tuning.finetune_flops(model, pc, tuned, work.seq_len, lay.recompute, total_units)
 
     # Memory
     memory = _memory(spec, pc, warnings)
@@ -259,7 +269,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if cnn:
         time, comm = _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, warnings)
     else:
-        rates = device_rates(hw, work.precision, peak, profile, eff_value)
+        rates = device_rates(hw, work.precision, peak, profile, eff_value, stack_speed(spec.stack))
         if eff_value is None:
             eff_source = (f"operator model: GEMM rates and memory bandwidth from the measured device profile "
                           f"({getattr(profile, 'device', 'profile')})" if profile is not None else
@@ -270,6 +280,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
                                 "(measure a profile with `flopwise calibrate`)")
         inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
                             _framework(spec))
+        if tuned is not None:
+            inputs = tuning.step_inputs(inputs, tuned, spec, pc, sb)
         time, comm = step_time(spec, inputs, rates, links, total_units, peak, eff_source, eff_conf)
     if not total_units:
         warnings.append("no --tokens given: whole-job time, energy and cost are 0")
@@ -278,7 +290,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if energy.kwh is None:
         warnings.append(f"{hw.key} has no known power (TDP); energy not estimated")
     cost = estimate_cost(time.device_hours, hw, cluster.price_per_device_hour)
-    return Plan(spec, pc, flops, memory, comm, time, energy, cost, tuple(warnings))
+    band = band_for(spec.stack, lay.zero_stage, work.precision, lay.devices, curve_for(hw).family)
+    return Plan(spec, pc, flops, memory, comm, time, energy, cost, tuple(warnings), band=band)
 
 
 def plan_memory(spec: RunSpec, check: bool = True) -> mem.MemoryEstimate:
@@ -381,7 +394,7 @@ def build_runspec(
     precision: str | None = None,
     optimizer: str | None = None,
     zero: int | None = None,
-    recompute: str = "none",
+    recompute: str | None = None,
     offload: str = "none",
     schedule: str = "1f1b",
     virtual_stages: int | None = None,
@@ -399,6 +412,10 @@ def build_runspec(
     allocator_reserve: float = mem.ALLOCATOR_RESERVE_FRACTION,
     nodes_per_rack: int = 4,
     profile: GemmProfile | None = None,
+    finetune: str = "full",
+    lora_rank: int = tuning.DEFAULT_LORA_RANK,
+    lora_targets: str = "all-linear",
+    lora_dropout: float = 0.0,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -442,7 +459,8 @@ def build_runspec(
         raise UserError("give --global-batch (sequences) or --batch-tokens, not both")
     if global_batch is None:
         if batch_tokens is None:
-            batch_tokens = EXAMPLE["batch_tokens"] if not cnn else None
+            batch_tokens = (EXAMPLE["batch_tokens"] if finetune == "full" else tuning.DEFAULT_FINETUNE_BATCH_TOKENS
+                            ) if not cnn else None
         if batch_tokens is None:
             global_batch = dp * micro_batch
         else:
@@ -455,7 +473,8 @@ def build_runspec(
     choose_zero = zero is None
     if zero is None:
         zero = 3 if offload == "params" else 0  # placeholder until `choose_zero_stage`
-    total = parse_count(tokens if tokens is not None else EXAMPLE["tokens"], "--tokens")
+    total = parse_count(tokens if tokens is not None else tuning.default_tokens(finetune, EXAMPLE["tokens"]),
+                        "--tokens")
     if schedule == "interleaved":
         virtual_stages = virtual_stages or 2
     elif virtual_stages not in (None, 1):
@@ -479,10 +498,13 @@ def build_runspec(
     if nodes_per_rack < 1:
         raise UserError(f"--nodes-per-rack must be >= 1, got {nodes_per_rack}")
     extra["warnings"] = tuple(warnings)
+    if finetune != "full":
+        extra["defaults"] = tuning.default_notes(tokens is None,
+                                                 options["batch_tokens"] is None and options["global_batch"] is None)
 
     layout = Layout(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
-        sequence_parallel=sequence_parallel, recompute=recompute, offload=offload,
+        sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
         tp_comm_overlap=tp_comm_overlap,
         framework=framework,
@@ -490,7 +512,7 @@ def build_runspec(
     workload = Workload(
         precision=precision or EXAMPLE["precision"], optimizer=optimizer or EXAMPLE["optimizer"],
         seq_len=seq_len, total_tokens=0.0 if cnn else total, total_samples=total if cnn else 0.0,
-        dropout=dropout,
+        dropout=dropout, finetune=finetune, lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout,
     )
     cluster = Cluster(
         hardware=hw, devices_per_node=devices_per_node, efficiency=efficiency,
@@ -501,6 +523,9 @@ def build_runspec(
     validate(spec)
     if choose_zero and dp > 1 and offload != "params":
         spec = with_chosen_zero(spec, profile)
+    if recompute is None and finetune != "full":
+        spec = tuning.recompute_if_needed(spec, lambda s: _evaluate(s, profile), choose_zero and dp > 1
+                                          and offload != "params", lambda s: with_chosen_zero(s, profile))
     if choose_zero and options["tp"] is None and options["pp"] is None and options["dp"] is None and not cnn:
         spec = _split_if_needed(spec, options)
     return spec

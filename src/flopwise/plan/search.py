@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from flopwise.errors import UserError
 from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
+from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import device_rates
 from flopwise.plan.memory import state_bytes
 from flopwise.plan.timing import StepInputs, step_lower_bound
@@ -160,7 +161,7 @@ def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) ->
     """(tp, pp) pairs whose product divides `devices` and that the model allows, plus rejection counts."""
     model = spec.model
     rejected = {"tp_heads": 0, "tp_node": 0, "pp_layers": 0}
-    if model.arch == "cnn":
+    if model.arch == "cnn" or spec.workload.finetune != "full":  # LoRA/QLoRA: single, DDP, FSDP2 (finetune.py)
         return [(1, 1)], rejected
     per_node = spec.cluster.devices_per_node or spec.cluster.hardware.devices_per_node or 8
     kv = model.n_kv_heads or model.n_heads
@@ -319,28 +320,33 @@ def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool, 
         return [plan(c, profile) for c in fits]
     first = plan(fits[0], profile)
     timed: list[Plan] = [first]
-    best: dict[tuple, float] = {}  # family -> best objective value timed so far
-    _keep(best, first, objective)
+    families: set[tuple] = set()
+    smallest: list[float] = []  # max-heap (negated) of the `top` best objective values of distinct families
+    _keep_top(families, smallest, first, objective, top)
     # objective / step is the same for every layout of one job (same tokens, devices, prices)
     ratio = objective_value(first, objective) / first.time.step_seconds
     bound_of = _bounder(first, profile)
     pending = sorted((bound_of(c), i, c) for i, c in enumerate(fits[1:]))
-    kth = None  # the k-th best objective so far, recomputed only when `best` changes
     for bound, _, candidate in pending:
-        if len(best) >= top:
-            if kth is None:
-                kth = heapq.nsmallest(top, best.values())[-1]
-            if bound * ratio > kth * (1 + 1e-9):
-                break
+        if len(smallest) >= top and bound * ratio > -smallest[0] * (1 + 1e-9):
+            break
         result = plan(candidate, profile)
         timed.append(result)
-        _keep(best, result, objective)
-        kth = None
+        _keep_top(families, smallest, result, objective, top)
     return timed
 
 
-def _keep(best: dict[tuple, float], result: Plan, objective: str) -> None:
-    best[family_key(result, objective)] = objective_value(result, objective)
+def _keep_top(families: set[tuple], smallest: list[float], result: Plan, objective: str, top: int) -> None:
+    """Track the k-th best objective over distinct families (a family's value is part of its key)."""
+    key = family_key(result, objective)
+    if key in families:
+        return
+    families.add(key)
+    value = objective_value(result, objective)
+    if len(smallest) < top:
+        heapq.heappush(smallest, -value)
+    elif value < -smallest[0]:
+        heapq.heapreplace(smallest, -value)
 
 
 def _bounder(reference: Plan, profile=None):
@@ -354,7 +360,7 @@ def _bounder(reference: Plan, profile=None):
         return lambda candidate: reference.time.compute_seconds
     cluster, work = spec.cluster, spec.workload
     rates = device_rates(cluster.hardware, work.precision, cluster.hardware.peak_flops(work.precision),
-                         profile, cluster.efficiency)
+                         profile, cluster.efficiency, stack_speed(spec.stack))
     sb = state_bytes(work.precision, work.optimizer)
     total, framework = reference.params.total, _framework(spec)
 

@@ -136,11 +136,19 @@ def print_search(result: SearchResult) -> None:
         console.print(f"[dim]{note}[/dim]")
     console.print("[dim]CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); sequence parallelism is on with every tp > 1; variants scoring the same that differ only in "
                   "ZeRO stage or offload are shown once (the simplest); offload's CPU time is not modelled, so ties "
-                  "prefer no offload. `--json` lists each layout's full plan.[/dim]")
+                  "prefer no offload. ± is the expected error validated on published runs of the regime, ? where it "
+                  "extrapolates (docs/validation.md). `--json` lists each layout's full plan.[/dim]")
 
 
 SEARCH_COLUMNS = ("#", "dp", "tp", "pp", "mbs x acc", "ZeRO", "recompute", "offload", "schedule", "GiB", "CPU GiB",
-                  "step", "bubble", "comm", "comm %", "tok/s/dev", "MFU", "job", "on-demand $", "MWh")
+                  "step", "bubble", "comm", "comm %", "tok/s/dev", "MFU", "±", "job", "on-demand $", "MWh")
+
+
+def band_cell(p) -> str:
+    """The plan's expected error (plan/band.py), '?' marking a regime never validated."""
+    if p.band is None or p.band.expected_error != p.band.expected_error:
+        return "?"
+    return f"{100 * p.band.expected_error:.0f}%" + ("?" if p.band.extrapolates else "")
 
 
 def _search_row(i: int, p) -> dict[str, str]:
@@ -152,7 +160,7 @@ def _search_row(i: int, p) -> dict[str, str]:
         f"{p.memory.total_bytes / 2**30:,.1f}", f"{p.memory.cpu_offload_bytes / 2**30:,.0f}", _duration(tm.step_seconds),
         f"{tm.bubble_fraction:.1%}", _duration(tm.exposed_comm_seconds), f"{tm.exposed_comm_share:.0%}",
         f"{tm.tokens_per_second_per_device:,.0f}", f"{tm.mfu:.1%}" + (" !" if above_published(p) else ""),
-        _duration(tm.total_seconds),
+        band_cell(p), _duration(tm.total_seconds),
         "n/a" if p.cost.on_demand_usd is None else f"{p.cost.on_demand_usd:,.0f}",
         "n/a" if p.energy.kwh is None else f"{p.energy.kwh / 1000:,.2f}",
     )

@@ -73,6 +73,9 @@ class Workload:
     `total_tokens` (or `total_samples` for a CNN) sets the whole job's length.
     `dropout`: whether attention/residual dropout is on (its masks cost activation memory;
     GPT-3-era models used it, LLaMA-style pre-training does not).
+    `finetune`: full training, or LoRA / QLoRA adapters of rank `lora_rank` on `lora_targets`
+    (all-linear | qkvo) over a frozen base (plan/finetune.py); `lora_dropout` > 0 keeps a
+    dropped copy of each adapted input.
     """
 
     precision: str = "bf16"
@@ -81,6 +84,10 @@ class Workload:
     total_tokens: float = 0.0
     total_samples: float = 0.0
     dropout: bool = False
+    finetune: str = "full"
+    lora_rank: int = 16
+    lora_targets: str = "all-linear"
+    lora_dropout: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,3 +120,4 @@ class RunSpec:
     layout: Layout
     workload: Workload
     cluster: Cluster
+    stack: str = "flopwise"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from flopwise.plan import finetune
 from flopwise.plan import memory as mem
 from flopwise.plan.params import ParamCount
 from flopwise.plan.spec import RunSpec
@@ -150,6 +151,13 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     if not cnn and (lay.recompute == "full" or mem.every_k(lay.recompute) is not None):
         # the layer being back-propagated is rebuilt whole for a moment
         rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, lay.sequence_parallel, "none")
+    tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths
+    if tuned is not None:
+        adapter = finetune.activation_delta_bytes(model, tuned, work.seq_len, lay.micro_batch_size, e,
+                                                  work.lora_dropout, lay.tp, finetune.dropout_mask_bytes(hw, e))
+        per_layer += adapter * (1.0 - mem.recompute_forward_fraction(lay.recompute))
+        rebuilt += adapter if rebuilt else 0.0
+        buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group)
     # model states are linear in a stage's parameters: bytes per parameter, once
     unit = _states_per_param(sb, lay.zero_stage, lay.shard_group, lay.offload)
     # FSDP2 inside a pipeline stage: torch's schedule turns off resharding after backward and
@@ -157,7 +165,8 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     # so from the first backward until the pass's reduce-scatter the stage holds its whole
     # weights and unsharded gradients beside its shards. The shards are the resident model
     # states; the gathered copy is a buffer of the pass, in place of the two gathered units.
-    stage_gathered = framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params"
+    stage_gathered = framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params" \
+        and tuned is None
     # DTensor's embedding backward returns a replicated gradient for a row-wise sharded table
     # (torch's sharding rule for `embedding_dense_backward`): without FSDP's reduce-scatter the
     # first stage holds the whole table's gradient, not its 1/t shard
@@ -175,12 +184,15 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         weights, gradients = params * unit.weights, params * unit.gradients
         if whole_embedding_grad and i == 0:
             gradients += pc.embedding * (1 - 1 / lay.tp) * unit.gradients
-        optimizer, master = params * unit.optimizer_states, params * unit.master_weights
+        optimizer, master, cpu = params * unit.optimizer_states, params * unit.master_weights, params * unit.cpu_bytes
+        if tuned is not None:
+            weights, gradients, optimizer, master, cpu = finetune.stage_states(
+                tuned, spec, params, n, sb, lay.zero_stage, lay.shard_group, lay.offload)
         gathered = params * (sb.weight + sb.grad) if stage_gathered else buffers
         allocated = weights + gradients + optimizer + master + activations + logits + gathered + fp8
         reserve = allocated * fraction  # mem.allocator_reserve_bytes
         rows.append((i, n, params, weights, gradients, optimizer, master, activations, logits, gathered, fp8,
-                     reserve, params * unit.cpu_bytes, inflight, allocated + reserve))
+                     reserve, cpu, inflight, allocated + reserve))
     stages = tuple(StageMemory(*row) for row in rows)
     worst = max(stages, key=lambda stage: stage.total_bytes)
     device_bytes = hw.memory_bytes or 0.0

@@ -35,6 +35,10 @@ from flopwise.plan.params import ParamCount
 FSDP_MIN_UNIT_PARAMS = 100_000
 """The trainer's `parallel.fsdp_min_params` default: a non-block child (embedding, head)
 below it stays in FSDP2's root unit (`train/parallelize.apply_fsdp`)."""
+DEEPSPEED_PREFETCH_BUCKET_PARAMS = 5e7
+"""DeepSpeed ZeRO-3's `stage3_prefetch_bucket_size` default (50M parameters,
+`deepspeed/runtime/zero/config.py`): how far ahead of the running module it gathers. A layer
+larger than that is prefetched only in part; the rest of its gathers wait on the wire."""
 VOCAB_PARALLEL_LOSS_ALL_REDUCES = 3
 """Megatron's vocab-parallel cross entropy: all-reduces of the per-token max, target logit
 and sum of exponentials, fp32 each (`megatron/core/tensor_parallel/cross_entropy.py`)."""
@@ -75,6 +79,32 @@ def fsdp_root_params(pc: ParamCount, vocab: int, hidden: int, tied: bool) -> flo
     if 0 < pc.output_head < FSDP_MIN_UNIT_PARAMS:
         root += pc.output_head
     return float(root)
+
+
+def layer_tensors(model) -> int:
+    """Parameter tensors of one transformer block: the attention's fused QKV and output
+    projections, the MLP's input (gate and up fused) and output projections, their biases,
+    and each norm's weight (and bias for LayerNorm)."""
+    linears = 4
+    biases = 2 * int(bool(model.attn_bias)) + 2 * int(bool(model.mlp_bias))
+    norms = model.norms_per_layer * (2 if model.norm == "layernorm" else 1)
+    return linears + biases + norms
+
+
+def zero3_messages_per_gather(framework: str, model) -> int:
+    """Collectives one layer's ZeRO-3 gather issues: DeepSpeed gathers each parameter tensor
+    with its own all-gather (`partition_parameters.py`, `_all_gather` of a module's params);
+    FSDP2 one all-gather per wrapped block; Megatron's distributed optimizer gathers buckets."""
+    return layer_tensors(model) if framework == "deepspeed" else 1
+
+
+def prefetch_share(framework: str, layer_params: float) -> float:
+    """Share of a layer's gather that prefetch can start while the previous layer computes:
+    all of it for FSDP2 (one unit ahead) and Megatron; for DeepSpeed the prefetch bucket's
+    worth (`DEEPSPEED_PREFETCH_BUCKET_PARAMS`)."""
+    if framework != "deepspeed" or layer_params <= 0:
+        return 1.0
+    return min(1.0, DEEPSPEED_PREFETCH_BUCKET_PARAMS / layer_params)
 
 
 def zero3_bytes(plan: DpCollectives, shard: int, replicate: int, weight_bytes: float, grad_bytes: float) -> float:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from flopwise.plan import comm as cm
+from flopwise.plan import finetune
 from flopwise.plan import ops
 from flopwise.plan import step_comm as sc
 from flopwise.plan.comm import CommEstimate, Links
@@ -154,6 +155,8 @@ class StepInputs:
     hardware_flops_per_token: float
     model_flops_per_token: float
     framework: str = "fsdp"
+    frozen_gather_bytes: float = 0.0  # a fine-tune's frozen base on one rank, which ZeRO-3 gathers too
+    trainable_fraction: float = 1.0  # trainable share of a device's parameters (a fine-tune's adapters)
 
 
 def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_units: float, peak: float,
@@ -165,9 +168,9 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
     s, b, e = work.seq_len, lay.micro_batch_size, inputs.activation_bytes
     sp = lay.sequence_parallel and tp > 1
-    layer = ops.layer_times(model, s, b, tp, sp, lay.flash_attention, work.dropout, lay.recompute,
-                            work.precision, rates)
-    ends = ops.end_times(model, s, b, tp, sp, work.precision, rates)
+    layer = finetune.layer_times(ops.layer_times(model, s, b, tp, sp, lay.flash_attention, work.dropout,
+                                                 lay.recompute, work.precision, rates), spec, rates)
+    ends = finetune.end_times(ops.end_times(model, s, b, tp, sp, work.precision, rates), spec, rates)
     per_node = links.devices_per_node
 
     # tensor parallel, per layer and micro-batch
@@ -238,6 +241,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     psi = inputs.params_per_rank
     if pp > 1:
         psi = max(sc.device_params(pc, split, dev, model.tied_embeddings) for dev in range(pp)) / tp
+        psi *= inputs.trainable_fraction
     grads = psi * inputs.grad_bytes
     weights = psi * inputs.weight_bytes
     backward_window = layers_busiest * (layer.backward + layer.recompute)
@@ -252,10 +256,19 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
             replicate = max(1, dp // shard)
             root = sc.fsdp_root_params(pc, model.vocab_size, model.hidden, model.tied_embeddings) / tp
             gathers = sc.zero3_collectives(inputs.framework, pp, m, min(1.0, root / psi) if psi else 0.0)
-            gather = cm.reduce_scatter_seconds(links, shard, tp, weights)
+            units = max(1, layers_busiest)
+            weights += inputs.frozen_gather_bytes  # a fine-tune's frozen base is gathered like any weight
+            # alpha-beta: the ring's bandwidth time plus its latency for every message a
+            # layer's gather issues (DeepSpeed: one per parameter tensor)
+            messages = units * sc.zero3_messages_per_gather(inputs.framework, model)
+            gather = (cm.reduce_scatter_seconds(links, shard, tp, weights)
+                      + messages * cm.ring_latency_seconds(links, shard, tp))
             reduce = (cm.reduce_scatter_seconds(links, shard, tp, grads)
                       + cm.all_reduce_seconds(links, replicate, tp * shard, grads / shard))
-            units = max(1, layers_busiest)
+            # prefetch hides a gather behind the previous layer's compute only as far as it reaches
+            hidden = sc.prefetch_share(inputs.framework, pc.per_layer / tp)
+            forward_window *= hidden
+            backward_window *= hidden
             per_fwd = gather
             per_bwd = gather * gathers.backward_share + (reduce if gathers.reduce_each_micro_batch else 0.0)
             dp_exposed = (gathers.forward_gathers * max(per_fwd - forward_window, per_fwd / units)
@@ -373,7 +386,7 @@ def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: D
                                      fsdp_sharded=inputs.framework == "fsdp" and lay.zero_stage >= 3 and dp > 1), 0.0
     copies = owned * (inputs.grad_bytes + inputs.weight_bytes) / PCIE_BYTES_PER_S
     if lay.offload == "params":
-        copies += 2 * lay.grad_accum * psi * inputs.weight_bytes / max(1, dp) / PCIE_BYTES_PER_S
+        copies += 2 * lay.grad_accum * (psi * inputs.weight_bytes + inputs.frozen_gather_bytes) / max(1, dp) / PCIE_BYTES_PER_S
     return owned / HOST_ADAM_PARAMS_PER_S, copies
 
 
@@ -385,9 +398,10 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None)
     tp, pp = lay.tp, lay.pp
     v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
     sp = lay.sequence_parallel and tp > 1
-    layer = ops.layer_times(model, work.seq_len, lay.micro_batch_size, tp, sp, lay.flash_attention, work.dropout,
-                            lay.recompute, work.precision, rates)
-    ends = ops.end_times(model, work.seq_len, lay.micro_batch_size, tp, sp, work.precision, rates)
+    layer = finetune.layer_times(ops.layer_times(model, work.seq_len, lay.micro_batch_size, tp, sp, lay.flash_attention,
+                                                 work.dropout, lay.recompute, work.precision, rates), spec, rates)
+    ends = finetune.end_times(ops.end_times(model, work.seq_len, lay.micro_batch_size, tp, sp, work.precision, rates),
+                              spec, rates)
     smallest_stage = (model.n_layers // (pp * v)) * v
     # the slowest device is at least the average one, embedding and head included
     average = (model.n_layers * layer.total + ends.embedding + ends.head) / pp

@@ -1,0 +1,151 @@
+"""The error band of a forecast: how far off the planner was, out of sample, on runs like this one.
+
+`benchmarks/validate_planner.py` plans every published run with constants fitted on all the
+other sources (leave-one-source-out) and writes the residuals' spread per regime to
+`plan/data/bands.json`. A regime is the stack family (Megatron / DeepSpeed / PyTorch-native),
+the precision (16-bit / fp8) and the scale (GPUs). A plan's band is its regime's, or a
+coarser regime's when this one had too few validated rows; it says it extrapolates when the
+device family, stack, precision or scale was never validated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+BANDS_PATH = Path(__file__).parent / "data" / "bands.json"
+COVERAGE = 0.85
+"""Share of a regime's validation rows its band must hold (the band is that quantile of |error|)."""
+MIN_ROWS = 3
+"""A regime with fewer validated rows borrows the next coarser regime's band."""
+MIN_BAND = 0.02
+"""No band is narrower than 2 %: published figures themselves are rounded and approximate."""
+
+STACK_FAMILY = {
+    "megatron-core": "megatron", "megatron-lm": "megatron", "megatron-deepspeed": "megatron",
+    "nemo": "megatron", "deepspeed": "deepspeed", "flopwise": "pytorch", "composer": "pytorch",
+    "torchtitan": "pytorch", "flash-attn": "pytorch",
+}
+"""Which family each stack's residuals are pooled in."""
+
+
+def stack_family(stack: str, zero_stage: int = 0) -> str:
+    """The band family of a stack; ZeRO-3 under DeepSpeed's conventions is DeepSpeed's own."""
+    family = STACK_FAMILY.get(stack, "other")
+    if stack == "megatron-deepspeed" and zero_stage >= 3:
+        return "deepspeed"
+    return family
+
+
+def scale_class(devices: int) -> str:
+    """Scale bucket: one node's worth, up to a thousand devices, beyond."""
+    if devices <= 64:
+        return "<=64"
+    if devices <= 1024:
+        return "65-1024"
+    return ">1024"
+
+
+def precision_class(precision: str) -> str:
+    return "fp8" if "fp8" in precision or "mxfp8" in precision else "16-bit"
+
+
+def regime_key(family: str, precision: str, scale: str) -> str:
+    return f"{family}|{precision}|{scale}"
+
+
+@dataclass(frozen=True)
+class Band:
+    """± expected relative error of a throughput forecast, where it comes from, and whether it extrapolates."""
+
+    expected_error: float  # relative, e.g. 0.08 for ± 8 %
+    regime: str
+    rows: int  # validation rows behind it
+    extrapolates: bool
+    reasons: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"expected_error": self.expected_error, "regime": self.regime, "rows": self.rows,
+                "extrapolates": self.extrapolates, "reasons": list(self.reasons)}
+
+    def describe(self) -> str:
+        """'± 8 % (megatron|16-bit|>1024, 21 validated runs)' and what it extrapolates."""
+        text = f"± {100 * self.expected_error:.0f} % ({self.regime}, {self.rows} validated runs)"
+        if self.extrapolates:
+            text += "; extrapolates: " + ", ".join(self.reasons)
+        return text
+
+
+def band_quantile(errors: list[float], coverage: float = COVERAGE) -> float:
+    """The smallest |error| that holds `coverage` of the rows (at least MIN_BAND)."""
+    ordered = sorted(abs(e) for e in errors)
+    index = max(0, math.ceil(coverage * len(ordered)) - 1)
+    return max(MIN_BAND, ordered[index])
+
+
+def build_bands(rows: list[dict]) -> dict:
+    """bands.json's content from validation rows ({family, precision, scale, error, device_family, devices})."""
+    regimes: dict[str, list[float]] = {}
+    for row in rows:
+        for key in (regime_key(row["family"], row["precision"], row["scale"]),
+                    regime_key(row["family"], row["precision"], "*"), regime_key(row["family"], "*", "*"),
+                    regime_key("*", "*", "*")):
+            regimes.setdefault(key, []).append(row["error"])
+    return {
+        "_about": "Written by benchmarks/validate_planner.py: per regime (stack family | precision | scale), the "
+                  f"{COVERAGE:.0%} quantile of the leave-one-source-out |error| of throughput forecasts.",
+        "regimes": {key: {"expected_error": band_quantile(errors), "rows": len(errors)}
+                    for key, errors in sorted(regimes.items())},
+        "validated": {  # what has at least MIN_ROWS validation runs behind it
+            "device_families": _at_least(rows, "device_family"),
+            "families": _at_least(rows, "family"),
+            "precisions": _at_least(rows, "precision"),
+            "max_devices": max(row["devices"] for row in rows),
+        },
+    }
+
+
+def _at_least(rows: list[dict], field: str) -> list[str]:
+    """Values of `field` that at least MIN_ROWS rows share (one published run validates nothing)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[field]] = counts.get(row[field], 0) + 1
+    return sorted(value for value, n in counts.items() if n >= MIN_ROWS)
+
+
+@lru_cache(maxsize=1)
+def load_bands() -> dict:
+    """plan/data/bands.json (empty when the harness has not written it)."""
+    try:
+        return json.loads(BANDS_PATH.read_text())
+    except (OSError, ValueError):
+        return {"regimes": {}, "validated": {}}
+
+
+def band_for(stack: str, zero_stage: int, precision: str, devices: int, device_family: str,
+             bands: dict | None = None) -> Band:
+    """The band of a forecast in this regime (the finest regime with MIN_ROWS validated rows)."""
+    bands = load_bands() if bands is None else bands
+    family, prec, scale = stack_family(stack, zero_stage), precision_class(precision), scale_class(devices)
+    validated = bands.get("validated", {})
+    reasons = []
+    if device_family not in validated.get("device_families", ()):
+        reasons.append(f"device family {device_family} never validated")
+    if family not in validated.get("families", ()):
+        reasons.append(f"stack {stack} never validated")
+    if prec not in validated.get("precisions", ()):
+        reasons.append(f"{prec} never validated")
+    if devices > validated.get("max_devices", 0):
+        reasons.append(f"{devices:,} devices, beyond the {validated.get('max_devices', 0):,} validated")
+    regimes = bands.get("regimes", {})
+    for key in (regime_key(family, prec, scale), regime_key(family, prec, "*"), regime_key(family, "*", "*"),
+                regime_key("*", "*", "*")):
+        entry = regimes.get(key)
+        if entry and entry["rows"] >= MIN_ROWS:
+            if key != regime_key(family, prec, scale) and not reasons:
+                reasons.append(f"few validated runs in {regime_key(family, prec, scale)}")
+            return Band(entry["expected_error"], key, entry["rows"], bool(reasons), tuple(reasons))
+    return Band(math.nan, "none", 0, True, tuple(reasons) or ("no validation bands",))

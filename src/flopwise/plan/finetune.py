@@ -1,0 +1,521 @@
+"""Planning a LoRA or QLoRA fine-tune: the frozen/trainable split, NF4 bytes, adapter sizes,
+the memory of a frozen base and the FLOPs and time of a backward without base weight gradients.
+
+Pure Python over the planner's frozen data (no torch). Sources:
+
+- LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", §4.1): a frozen
+  d_out × d_in weight W gains B·A with A: r × d_in and B: d_out × r, so r·(d_in + d_out)
+  trainable parameters per adapted matrix; only A and B get gradients and optimizer states.
+- QLoRA (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs", §3): the frozen
+  base in 4-bit NormalFloat (NF4) blocks of 64 weights, each block's absmax constant itself
+  quantized to 8 bits ("double quantization") with one second-level constant per 256 blocks:
+  4 + 8/64 + 32/(64·256) = 4.127 bits per weight with fp32 second-level constants (bitsandbytes).
+  torchao's `NF4Tensor` (torchao/dtypes/nf4tensor.py: `quantized_data` uint8 two per byte,
+  `quantized_scalers` int8 per 64, `quantization_factor` in the weight's dtype per 256 blocks,
+  `block_size=64, scaler_block_size=256`) stores the second level in bf16: 4.125 bits + 16/16384.
+  What is quantized: every linear weight of the transformer blocks; embeddings, norms and the
+  LM head stay in bf16 (torchtune's `FrozenNF4Linear` / PEFT with bitsandbytes `Linear4bit`
+  replace the blocks' `nn.Linear` only; the head is excluded by both).
+- Dequantisation: torchao's `LinearNF4` saves the NF4 weight and calls `weight.to(dtype)` in
+  its forward and again in its backward (input gradient only: the weight never requires grad),
+  so one bf16 copy of one weight lives at a time and each base parameter is dequantised twice
+  per micro-batch, three times with full recompute (the forward runs again).
+- Saved activations: a frozen `nn.Linear` saves only its weight, not its input (torch's
+  autograd saves `mm`'s `self` only when the other operand requires grad; checked on torch
+  2.13: a frozen Linear's saved tensors are its weight alone). An adapted linear's input is
+  kept anyway, by its adapter's A (the same tensor with LoRA dropout 0; a dropout copy plus
+  its 1-byte mask otherwise), and the rank-r intermediate is kept for B.
+
+FLOPs convention (stated once): the FLOPs really run. Per token and matmul weight: 2 forward
+and 2 backward (input gradient only) for the frozen base — 4·N, not 6·N — plus 6 per adapter
+parameter (forward, input and weight gradients); attention as in full training (its backward
+needs dQ, dK, dV either way); recompute adds a forward. The first block's input gradient,
+which no adapter below needs, is counted too (1/L of the base backward; autograd skips it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from flopwise.catalog.models import ModelSpec
+from flopwise.plan import memory as mem
+from flopwise.plan.params import ParamCount, count_params
+
+FINETUNE_METHODS = ("full", "lora", "qlora")
+LORA_TARGETS = ("all-linear", "qkvo")
+"""`all-linear`: every linear of the blocks (PEFT's `target_modules="all-linear"`, QLoRA §4's
+finding that all layers are needed to match full fine-tuning); `qkvo`: the attention
+projections only (LoRA's original choice, Hu et al. 2021 §7.1)."""
+DEFAULT_LORA_RANK = 16
+
+NF4_BLOCK = 64
+NF4_SCALER_BLOCK = 256
+
+
+def nf4_bytes_per_param(scaler_factor_bytes: float = 2.0) -> float:
+    """Bytes per NF4 weight: 4 bits of data, one int8 block constant per 64 weights and one
+    second-level constant of `scaler_factor_bytes` per 64·256 weights (QLoRA §3 double quantization).
+
+    2 bytes: torchao's `NF4Tensor` on a bf16 weight, 0.5 + 1/64 + 2/16384 = 0.515747;
+    4 bytes: the paper's and bitsandbytes' fp32 constants, 0.5 + 1/64 + 4/16384 = 0.515869."""
+    return 0.5 + 1.0 / NF4_BLOCK + scaler_factor_bytes / (NF4_BLOCK * NF4_SCALER_BLOCK)
+
+
+NF4_BYTES_PER_PARAM = nf4_bytes_per_param(2.0)
+"""What the planner charges per quantized weight: torchao's layout on a bf16 base."""
+DEFAULT_FINETUNE_BATCH_TOKENS = 2**17
+"""Tokens per optimizer step of a fine-tune when none is given (an assumption: 32 sequences of
+4096, or 64 of 2048; QLoRA's Guanaco runs used batches of 16 at up to 512 tokens, Alpaca-style
+LoRA recipes 128 of 512 = 64Ki)."""
+
+
+@dataclass(frozen=True)
+class TargetMatrix:
+    """One kind of linear weight in a block: input and output widths and how many a block holds."""
+
+    name: str
+    d_in: int
+    d_out: int
+    count: int = 1
+
+
+def block_linears(spec: ModelSpec) -> tuple[TargetMatrix, ...]:
+    """Every linear weight of one transformer block (GQA-aware; MoE experts counted; the router
+    stays out, as PEFT's all-linear and QLoRA's recipes leave it alone)."""
+    h, a = spec.hidden, spec.n_heads
+    g = spec.n_kv_heads or a
+    d = spec.head_dim or h // a
+    f = spec.ffn_hidden or 4 * h
+    matrices = [TargetMatrix("q", h, a * d), TargetMatrix("k", h, g * d), TargetMatrix("v", h, g * d),
+                TargetMatrix("o", a * d, h)]
+    experts = max(1, spec.n_experts)
+    up = ("gate", "up") if spec.mlp == "swiglu" else ("up",)
+    matrices += [TargetMatrix(name, h, f, experts) for name in up] + [TargetMatrix("down", f, h, experts)]
+    shared = spec.shared_expert_ffn_hidden
+    if shared:
+        matrices += [TargetMatrix("shared_" + name, h, shared) for name in up]
+        matrices.append(TargetMatrix("shared_down", shared, h))
+    return tuple(matrices)
+
+
+def routed_share(spec: ModelSpec, matrix: TargetMatrix) -> float:
+    """Share of a micro-batch's tokens one copy of `matrix` sees: k/E for a routed expert's
+    weights (each token visits k of E experts), 1 otherwise."""
+    if matrix.count > 1 and spec.n_experts > 1:
+        return max(1, spec.experts_per_token) / spec.n_experts
+    return 1.0
+
+
+def target_matrices(spec: ModelSpec, targets: str) -> tuple[TargetMatrix, ...]:
+    """The block linears that get an adapter: all of them, or q, k, v, o."""
+    linears = block_linears(spec)
+    if targets == "qkvo":
+        return tuple(m for m in linears if m.name in ("q", "k", "v", "o"))
+    return linears
+
+
+def adapter_params_per_layer(spec: ModelSpec, rank: int, targets: str) -> int:
+    """Trainable parameters of one block: r·(d_in + d_out) per adapted matrix (Hu et al. 2021 §4.1)."""
+    return sum(rank * (m.d_in + m.d_out) * m.count for m in target_matrices(spec, targets))
+
+
+def active_adapter_params_per_layer(spec: ModelSpec, rank: int, targets: str) -> float:
+    """Adapter parameters one token passes through in a block (an MoE token visits k experts' adapters)."""
+    return sum(rank * (m.d_in + m.d_out) * m.count * routed_share(spec, m) for m in target_matrices(spec, targets))
+
+
+def quantized_params_per_layer(spec: ModelSpec) -> int:
+    """Weights of one block that QLoRA stores in NF4: every linear weight (biases stay 16-bit)."""
+    return sum(m.d_in * m.d_out * m.count for m in block_linears(spec))
+
+
+def largest_linear_params(spec: ModelSpec) -> int:
+    """The biggest single linear weight: the one bf16 copy that dequantisation makes at a time."""
+    return max(m.d_in * m.d_out for m in block_linears(spec))
+
+
+def frozen_weight_bytes(precision: str) -> float:
+    """Bytes per frozen base parameter held in its dtype: 4 for fp32/tf32, else 2 (bf16; an fp8
+    run keeps its base in bf16, the fp8 copies being transient)."""
+    return 4.0 if precision in ("fp32", "tf32") else 2.0
+
+
+# --------------------------------------------------------------------------- the split
+
+
+@dataclass(frozen=True)
+class FinetuneSplit:
+    """How a fine-tune divides the model: what trains, what is frozen and in which format."""
+
+    method: str
+    rank: int
+    targets: str
+    trainable_params: float
+    frozen_params: float
+    quantized_params: float
+    frozen_bytes: float
+    largest_dequantized_bytes: float
+    adapters_per_layer: float
+    quantized_per_layer: float
+
+    @property
+    def trainable_share(self) -> float:
+        """Trainable parameters as a share of the whole (base + adapters)."""
+        whole = self.trainable_params + self.frozen_params
+        return self.trainable_params / whole if whole else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-able fields plus the trainable share."""
+        out = dataclasses.asdict(self)
+        out["trainable_share"] = self.trainable_share
+        out["nf4_bytes_per_param"] = NF4_BYTES_PER_PARAM if self.method == "qlora" else None
+        return out
+
+
+def finetune_split(spec: ModelSpec, pc: ParamCount, method: str, rank: int, targets: str,
+                   precision: str) -> FinetuneSplit:
+    """The split of a `method` fine-tune; `full` trains everything (no adapters, nothing frozen)."""
+    if method == "full":
+        return FinetuneSplit("full", 0, targets, float(pc.total), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    adapters = adapter_params_per_layer(spec, rank, targets)
+    quantized = quantized_params_per_layer(spec) if method == "qlora" else 0
+    base = frozen_weight_bytes(precision)
+    frozen_bytes = (pc.total - pc.n_layers * quantized) * base + pc.n_layers * quantized * NF4_BYTES_PER_PARAM
+    largest = largest_linear_params(spec) * base if method == "qlora" else 0.0
+    return FinetuneSplit(method, rank, targets, float(pc.n_layers * adapters), float(pc.total),
+                         float(pc.n_layers * quantized), frozen_bytes, largest, float(adapters), float(quantized))
+
+
+def split_of(spec) -> FinetuneSplit | None:
+    """The fine-tune split of a RunSpec, or None for full training."""
+    work = spec.workload
+    method = getattr(work, "finetune", "full")
+    if method == "full" or spec.model.arch == "cnn":
+        return None
+    return finetune_split(spec.model, count_params(spec.model), method, work.lora_rank, work.lora_targets,
+                          work.precision)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def stage_states(split: FinetuneSplit, spec, params: float, layers: int, sb: mem.StateBytes,
+                 zero_stage: int, shard: int, offload: str) -> tuple[float, float, float, float, float]:
+    """(weights, gradients, optimizer states, fp32 masters, CPU bytes) of one stage's rank.
+
+    `params` are the stage's base parameters on this rank (already / tp), `layers` its blocks.
+    Frozen base: in its dtype, the blocks' linears in NF4 for QLoRA, sharded by ZeRO-3 (FSDP2 of
+    the base, as FSDP-QLoRA does), offloaded with `params`. Adapters: every model state, by the
+    precision's bytes (`sb`) and the ZeRO stage, as full training keeps them for all weights."""
+    tp = max(1, spec.layout.tp)
+    adapters = split.adapters_per_layer * layers / tp
+    quantized = split.quantized_per_layer * layers / tp
+    base = frozen_weight_bytes(spec.workload.precision)
+    frozen = (params - quantized) * base + quantized * NF4_BYTES_PER_PARAM
+    if zero_stage >= 3:
+        frozen /= shard
+    states = mem.model_states(adapters, sb, zero_stage, shard, offload)
+    cpu = states.cpu_bytes
+    if offload == "params":
+        cpu += frozen
+        frozen = 0.0
+    return frozen + states.weights, states.gradients, states.optimizer_states, states.master_weights, cpu
+
+
+DROPOUT_MASK_BYTES = 1.0
+"""Bytes per element of the mask LoRA dropout keeps: CUDA's fused `native_dropout` keeps a bool
+mask; on a CPU torch's composite dropout multiplies by a scaled noise tensor of the input's
+dtype and keeps that (e bytes; checked on torch 2.13)."""
+
+
+def dropout_mask_bytes(hardware, dtype_bytes: float) -> float:
+    """LoRA dropout's mask bytes per element on `hardware`: e on a CPU, else 1 (`DROPOUT_MASK_BYTES`)."""
+    from flopwise.plan.gemm import curve_for
+
+    return dtype_bytes if curve_for(hardware).family == "cpu" else DROPOUT_MASK_BYTES
+
+
+def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
+                           dtype_bytes: float, lora_dropout: float, tp: int = 1,
+                           mask_bytes: float = DROPOUT_MASK_BYTES, attn_output_copy: bool = False) -> float:
+    """What one block of a fine-tune keeps for backward beyond full training's activations
+    (`memory.activation_terms`), per micro-batch and TP rank; negative terms are what it keeps less.
+
+    A frozen linear keeps only its weight, not its input (torch's autograd saves `mm`'s input only
+    for the weight gradient), so an input is kept only by an adapter's A reading it unchanged:
+    - per adapted matrix: the rank-r intermediate (B's input, e·T·r); with LoRA dropout, the
+      dropped copy A reads (e·T·d_in) and the dropout's mask, and then nobody keeps the
+      linear's own input;
+    - inputs full training counts that nobody keeps: the attention input (q, k, v), the MLP
+      input (gate/up, or the GELU MLP's first linear) and the down projection's input, each
+      when no adapter reads it undropped (− e·T·h, − e·T·h, − e·T·f); the out-projection's
+      input too where it is a copy of the attention output (`attn_output_copy`, torch's CPU
+      flash kernel; on CUDA it is the kernel's own output, which attention keeps anyway);
+    - frozen RMSNorm weights: the norm keeps its input and statistics but not the normalised
+      tensor, which only the weight's gradient needs (− e·T·h per norm).
+    Checked against saved-tensor bytes of a real LoRA'd llama block on a CPU (tests/plan/test_finetune.py)."""
+    tokens = float(seq_len) * micro_batch
+    e = dtype_bytes
+    kept = 0.0
+    targets = target_matrices(spec, split.targets)
+    for m in targets:
+        seen = m.count * routed_share(spec, m) * tokens  # tokens through all copies (k per token for experts)
+        kept += e * seen * split.rank
+        if lora_dropout > 0:
+            kept += (e + mask_bytes) * seen * m.d_in / tp
+    read_whole = {m.name for m in targets} if lora_dropout == 0 else set()
+    experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
+    if not read_whole & {"q", "k", "v"}:
+        kept -= e * tokens * spec.hidden
+    if not read_whole & {"gate", "up"}:
+        kept -= e * tokens * spec.hidden
+    if "down" not in read_whole:
+        kept -= e * tokens * (spec.ffn_hidden or 4 * spec.hidden) * experts / tp
+    if attn_output_copy and "o" not in read_whole:
+        kept -= e * tokens * spec.n_heads * (spec.head_dim or spec.hidden // spec.n_heads) / tp
+    if spec.norm == "rmsnorm":
+        kept -= spec.norms_per_layer * e * tokens * spec.hidden
+    return kept
+
+
+def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_stage: int, shard: int) -> float:
+    """Communication buffers of a fine-tune plus QLoRA's transient bf16 weight.
+
+    DDP buckets only the adapters' gradients (at most its two 25 MiB buckets); ZeRO-3 of the base
+    gathers two units (current + prefetched) in their stored format (NF4 blocks for QLoRA:
+    FSDP2 gathers `NF4Tensor`'s inner tensors, torchao `fsdp_pre_all_gather`)."""
+    lay, work = spec.layout, spec.workload
+    tp = max(1, lay.tp)
+    base = frozen_weight_bytes(work.precision)
+    buffers = 0.0
+    if zero_stage >= 3 or lay.offload == "params":  # as `memory.comm_buffer_bytes`: two units in flight
+        layer_bytes = ((pc.per_layer - split.quantized_per_layer) * base
+                       + split.quantized_per_layer * (NF4_BYTES_PER_PARAM if split.method == "qlora" else base))
+        ends = max(pc.embedding, pc.output_head) * base
+        buffers = 2.0 * max(layer_bytes, ends) / tp
+    elif lay.dp > 1:
+        grads = split.trainable_params / tp * mem.state_bytes(work.precision, work.optimizer).grad
+        buffers = min(2.0 * mem.DDP_BUCKET_BYTES, grads)
+    return buffers + split.largest_dequantized_bytes / tp
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_len: int, recompute: str,
+                   units: float):
+    """FLOPs of a LoRA/QLoRA run by the convention in the module docstring (FLOPs really run)."""
+    from flopwise.plan.flops import (
+        FlopsEstimate, attention_dim, attention_flops_forward, matmul_params, pf_days, six_n_d,
+    )
+
+    n = matmul_params(spec, pc)
+    adapters = spec.n_layers * active_adapter_params_per_layer(spec, split.rank, split.targets)
+    attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec))
+    dense = 4.0 * n + 6.0 * adapters
+    model = dense + 3.0 * attn_fwd
+    forward = 2.0 * n + 2.0 * adapters + attn_fwd
+    share = mem.recompute_forward_fraction(recompute)
+    if recompute == "selective":
+        hardware = model + attn_fwd
+    else:
+        hardware = model + share * forward
+    return FlopsEstimate("token", float(n), dense, 3.0 * attn_fwd, model, hardware, units, model * units,
+                         hardware * units, pf_days(model * units), six_n_d(pc.active_non_embedding, units))
+
+
+# --------------------------------------------------------------------------- time
+
+
+def layer_times(layer, spec, rates):
+    """One layer's times for a fine-tune: the base's weight-gradient GEMMs dropped, the adapters'
+    own GEMMs and element-wise work added, and QLoRA's dequantisation (read NF4, write bf16) once
+    per forward, backward and recompute of each base linear, as memory-bound work (torchao
+    `LinearNF4`). A fine-tune runs without tensor parallelism (`validate_workload`)."""
+    split = split_of(spec)
+    if split is None:
+        return layer
+    from flopwise.plan.ops import full_recompute_share
+
+    lay, work, model = spec.layout, spec.workload, spec.model
+    tokens = work.seq_len * lay.micro_batch_size
+    e = 4.0 if work.precision in ("fp32", "tf32") else 2.0
+    r = split.rank
+    fwd = dgrad = wgrad = 0.0
+    elementwise_fwd = elementwise_bwd = 0.0
+    for m in target_matrices(model, split.targets):
+        rows = max(1, round(tokens * routed_share(model, m)))  # tokens through one copy (an expert: T·k/E)
+        for n, k in ((r, m.d_in), (m.d_out, r)):  # x·Aᵀ (T × r), then its product with Bᵀ (T × d_out)
+            fwd += rates.gemm_seconds(rows, n, k, float(m.count), e)
+            dgrad += rates.gemm_seconds(rows, k, n, float(m.count), e)
+            wgrad += rates.gemm_seconds(k, n, rows, float(m.count), e)
+        # forward: the scaling (read, write) and the add into the base output (read 2, write 1);
+        # backward: the scaling of the incoming gradient (read, write)
+        elementwise_fwd += m.count * rows * m.d_out * e * 5.0
+        elementwise_bwd += m.count * rows * m.d_out * e * 2.0
+    targets = len(target_matrices(model, split.targets))
+    adapters_fwd = fwd + rates.memory_seconds(elementwise_fwd, 2 * targets)
+    adapters_bwd = dgrad + wgrad + rates.memory_seconds(elementwise_bwd, targets)
+    dequant = 0.0
+    if split.method == "qlora":
+        written = frozen_weight_bytes(work.precision)  # the copy in the compute dtype (bf16: 2 bytes)
+        dequant = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + written),
+                                       len(block_linears(model)))
+    share = full_recompute_share(lay.recompute)
+    return dataclasses.replace(
+        layer,
+        forward=layer.forward + adapters_fwd + dequant,
+        backward=layer.backward - layer.wgrad + adapters_bwd + dequant,
+        recompute=layer.recompute + share * (adapters_fwd + dequant),
+        gemm=layer.gemm - layer.wgrad + (1.0 + share) * fwd + dgrad + wgrad,
+        memory_bound=layer.memory_bound + (1.0 + share) * (adapters_fwd - fwd + dequant)
+        + (adapters_bwd - dgrad - wgrad) + dequant,
+        wgrad=wgrad,
+        forward_gemm=layer.forward_gemm + fwd,
+    )
+
+
+def end_times(ends, spec, rates):
+    """Embedding and head times of a fine-tune: the frozen embedding has no backward, the frozen
+    head no weight-gradient GEMM (its input gradient still runs)."""
+    if split_of(spec) is None:
+        return ends
+    lay, work, model = spec.layout, spec.workload, spec.model
+    tp = max(1, lay.tp)
+    e = 4.0 if work.precision in ("fp32", "tf32") else 2.0
+    tokens = work.seq_len * lay.micro_batch_size
+    hs = model.hidden / tp if (lay.sequence_parallel and tp > 1) else float(model.hidden)
+    embedding = rates.memory_seconds(tokens * hs * e * 2, 1)
+    head_wgrad = rates.gemm_seconds(model.hidden, max(1, model.vocab_size // tp), tokens, 1.0, e)
+    return dataclasses.replace(ends, embedding=embedding, head=max(0.0, ends.head - head_wgrad))
+
+
+def step_inputs(inputs, split: FinetuneSplit, spec, pc: ParamCount, sb: mem.StateBytes):
+    """The step model's sizes for a fine-tune: the optimizer and the gradient reduction see only
+    the adapters; ZeRO-3 still gathers the frozen base (in its stored bytes) every pass."""
+    lay = spec.layout
+    ranks = max(1, lay.tp * lay.pp)
+    return dataclasses.replace(inputs, params_per_rank=split.trainable_params / ranks,
+                               frozen_gather_bytes=split.frozen_bytes / ranks,
+                               trainable_fraction=split.trainable_params / pc.total if pc.total else 1.0)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def split_json(spec) -> dict:
+    """The `finetune` section of `plan --json`: the method, and for LoRA/QLoRA the split."""
+    split = split_of(spec)
+    return {"method": "full"} if split is None else split.to_dict()
+
+
+def summary_rows(split: FinetuneSplit, memory) -> list[tuple[str, str]]:
+    """The fine-tune's own lines for `plan`: method, trainable parameters, frozen base bytes."""
+    gib = mem.GIB
+    rows = [("method", f"{split.method} (rank {split.rank}, targets {split.targets})"),
+            ("trainable parameters", f"{split.trainable_params / 1e6:,.1f}M ({split.trainable_share:.2%} of "
+                                     f"{(split.trainable_params + split.frozen_params) / 1e9:,.2f}B)"),
+            ("frozen base (whole model)", f"{split.frozen_bytes / gib:,.2f} GiB"
+             + (f" ({split.quantized_params / 1e9:,.2f}B weights in NF4 at {NF4_BYTES_PER_PARAM:.4f} B/param, "
+                "embeddings, norms and head in bf16)" if split.method == "qlora" else "")),
+            ("FLOPs / token counted", "4N + 6·adapters + attention (no base weight gradients)"),
+            ("fits", "yes" if memory.fits else "no")]
+    if split.method == "qlora":
+        rows.insert(3, ("dequantised bf16 weight (transient)", f"{split.largest_dequantized_bytes / gib:,.3f} GiB"))
+    return rows
+
+
+# --------------------------------------------------------------------------- inputs and defaults
+
+
+DEFAULT_FINETUNE_TOKENS = 1e9
+"""Tokens a fine-tune is planned for when none are given: 1B, the scale of instruction-tuning
+sets (QLoRA's OASST1 is ~10M tokens per epoch, FLAN v2 subsets ~1B); an assumption, said in the plan."""
+
+
+def default_tokens(method: str, pretraining_default: float | str) -> float | str:
+    """`--tokens` when none is given: 1B for a fine-tune, the pre-training example otherwise."""
+    return pretraining_default if method == "full" else DEFAULT_FINETUNE_TOKENS
+
+
+def validate_workload(work, layout=None, model: ModelSpec | None = None) -> None:
+    """One line for a fine-tune no run could have: unknown method or targets, rank < 1, dropout outside
+    [0, 1), or tensor/pipeline parallelism (PEFT's adapters train under single, DDP and FSDP2 here)."""
+    from flopwise.errors import UserError
+
+    method = getattr(work, "finetune", "full")
+    if method not in FINETUNE_METHODS:
+        raise UserError(f"--finetune '{method}' is not one of {', '.join(FINETUNE_METHODS)}")
+    if method == "full":
+        return
+    if model is not None and model.arch == "cnn":
+        raise UserError(f"--finetune {method}: LoRA/QLoRA adapters are planned for transformers, not {model.key}")
+    if layout is not None and (layout.tp > 1 or layout.pp > 1):
+        raise UserError(f"--finetune {method} is planned with data parallelism only (single, DDP or FSDP2, as "
+                        "LoRA/QLoRA runs train): drop --tp/--pp")
+    if work.lora_targets not in LORA_TARGETS:
+        raise UserError(f"--lora-targets '{work.lora_targets}' is not one of {', '.join(LORA_TARGETS)}")
+    if work.lora_rank < 1:
+        raise UserError(f"--lora-rank must be >= 1, got {work.lora_rank}")
+    if not 0.0 <= work.lora_dropout < 1.0:
+        raise UserError(f"--lora-dropout must be in [0, 1), got {work.lora_dropout}")
+
+
+def recompute_if_needed(spec, evaluate, choose_zero: bool, with_chosen_zero):
+    """A fine-tune that does not fit without recompute is planned with full recompute (gradient
+    checkpointing, as QLoRA §4 and torchtune's recipes run), the reason kept in the plan's defaults."""
+    first = evaluate(spec)
+    if first.fits:
+        return spec
+    alt = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute="full"))
+    if choose_zero:
+        alt = with_chosen_zero(alt)
+    need = first.memory.allocated_bytes / mem.GIB
+    usable = first.memory.capacity_bytes / mem.GIB
+    reason = f"recompute full: without recompute this fine-tune needs {need:,.1f} GiB of {usable:,.1f} GiB usable"
+    extra = {**alt.cluster.extra, "defaults": (*alt.cluster.extra.get("defaults", ()), reason)}
+    return dataclasses.replace(alt, cluster=dataclasses.replace(alt.cluster, extra=extra))
+
+
+def default_notes(tokens_defaulted: bool, batch_defaulted: bool) -> tuple[str, ...]:
+    """The fine-tune defaults a plan used, one line each (shown as `default:` lines)."""
+    notes = []
+    if tokens_defaulted:
+        notes.append(f"tokens {DEFAULT_FINETUNE_TOKENS / 1e9:g}B: a fine-tune's default (give --tokens)")
+    if batch_defaulted:
+        notes.append(f"batch {DEFAULT_FINETUNE_BATCH_TOKENS:,} tokens per step: a fine-tune's default "
+                     "(give --batch-tokens or --global-batch)")
+    return tuple(notes)
+
+
+# --------------------------------------------------------------------------- from a training config
+
+ATTENTION_MODULES = {"q_proj", "k_proj", "v_proj", "o_proj", "q", "k", "v", "o", "wq", "wk", "wv", "wo",
+                     "query", "key", "value"}
+"""Module names (HF llama, built-in and Meta spellings) that make a target list attention-only."""
+
+
+def config_fields(section) -> dict:
+    """Workload fields from a training config's `finetune:` section (keys `method`, `rank`, `dropout`,
+    `target_modules`; `alpha` scales the update and costs nothing); {} when there is none.
+    A target list of attention projections is planned as `qkvo`, anything else as `all-linear`."""
+    if section is None:
+        return {}
+    method = _field(section, "method", "full")
+    if method in (None, "none", "full"):
+        return {}
+    targets = _field(section, "target_modules", "all-linear")
+    if not isinstance(targets, str):
+        names = {str(name).rsplit(".", 1)[-1] for name in targets}
+        targets = "qkvo" if names and names <= ATTENTION_MODULES else "all-linear"
+    return {"finetune": method, "lora_rank": int(_field(section, "rank", DEFAULT_LORA_RANK)),
+            "lora_targets": targets if targets in LORA_TARGETS else "all-linear",
+            "lora_dropout": float(_field(section, "dropout", 0.0) or 0.0)}
+
+
+def _field(section, name: str, default):
+    """A key of a config section given as a pydantic model or a plain mapping."""
+    if isinstance(section, dict):
+        return section.get(name, default)
+    return getattr(section, name, default)

@@ -1,0 +1,48 @@
+"""Error bands (plan/band.py) on real plans."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from flopwise.plan import band
+from flopwise.plan.planner import build_runspec, plan
+
+
+def test_the_default_plan_carries_a_validated_band_in_its_json():
+    p = plan(build_runspec())
+    assert p.band is not None and not p.band.extrapolates
+    assert 0.0 < p.band.expected_error < 0.5
+    assert p.to_dict()["band"]["regime"] == p.band.regime == "pytorch|16-bit|<=64"
+
+
+def test_a_device_family_never_validated_is_flagged_as_extrapolating():
+    p = plan(build_runspec(model="llama2-7b", hardware="mi300x", gpus=8))
+    assert p.band.extrapolates
+    assert any("cdna3" in reason for reason in p.band.reasons)
+    assert "extrapolates" in p.band.describe()
+
+
+def test_a_scale_beyond_the_validated_runs_extrapolates():
+    largest = band.load_bands()["validated"]["max_devices"]
+    b = band.band_for("megatron-core", 1, "bf16", 2 * largest, "hopper")
+    assert b.extrapolates and any("beyond" in reason for reason in b.reasons)
+
+
+def test_the_stack_picks_the_regime():
+    spec = build_runspec(model="llama2-70b", hardware="h100-sxm", gpus=2048, tp=8, global_batch=1024, seq_len=4096)
+    megatron = plan(dataclasses.replace(spec, stack="megatron-core")).band
+    assert megatron.regime.startswith("megatron|16-bit|")
+    assert plan(spec).band.regime.startswith("pytorch|")
+
+
+def test_the_band_is_the_regime_quantile_and_never_below_the_floor():
+    assert band.band_quantile([0.0, 0.0, 0.0]) == band.MIN_BAND
+    errors = [0.01 * i for i in range(1, 21)]  # 1 % .. 20 %
+    assert band.band_quantile(errors) == 0.17  # 17 of 20 rows = 85 %
+    built = band.build_bands([{"family": "megatron", "precision": "16-bit", "scale": ">1024", "error": e,
+                               "device_family": "hopper", "devices": 2048} for e in errors])
+    b = band.band_for("megatron-core", 1, "bf16", 2048, "hopper", built)
+    assert b.expected_error == 0.17 and not b.extrapolates
+    empty = band.band_for("megatron-core", 1, "bf16", 2048, "hopper", {"regimes": {}, "validated": {}})
+    assert empty.extrapolates and math.isnan(empty.expected_error)

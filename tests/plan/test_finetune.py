@@ -1,0 +1,394 @@
+"""plan/finetune.py: LoRA and QLoRA planned against hand arithmetic from the cited formulas."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flopwise.catalog.models import get_model
+from flopwise.errors import UserError
+from flopwise.plan import finetune as ft
+from flopwise.plan.hybrid import Site, plan_hybrid
+from flopwise.plan.params import count_params
+from flopwise.plan.planner import build_runspec, plan
+
+LLAMA2_7B = get_model("llama2-7b")
+H, F, L = 4096, 11008, 32  # Llama 2 7B: hidden, SwiGLU width, layers
+
+
+def with_workload(spec, **changes):
+    return dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, **changes))
+
+
+def with_layout(spec, **changes):
+    return dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, **changes))
+
+
+def test_nf4_bytes_are_data_plus_both_levels_of_block_constants():
+    # 4 bits + one int8 constant per 64 weights + one second-level constant per 64·256 weights
+    assert ft.nf4_bytes_per_param(2.0) == pytest.approx(0.5 + 1 / 64 + 2 / 16384, abs=1e-12)  # torchao, bf16 factor
+    assert ft.nf4_bytes_per_param(4.0) == pytest.approx(0.5 + 1 / 64 + 4 / 16384, abs=1e-12)  # QLoRA paper, fp32
+    assert ft.nf4_bytes_per_param(4.0) * 8 == pytest.approx(4.127, abs=1e-3)  # the paper's 4.127 bits
+    assert ft.NF4_BYTES_PER_PARAM == pytest.approx(0.515747, abs=1e-6)
+
+
+def test_adapter_count_for_llama2_7b_is_r_times_d_in_plus_d_out_per_target():
+    per_layer = 16 * (4 * (H + H) + 2 * (H + F) + (F + H))  # q k v o, gate up, down
+    assert ft.adapter_params_per_layer(LLAMA2_7B, 16, "all-linear") == per_layer == 1_249_280
+    split = ft.finetune_split(LLAMA2_7B, count_params(LLAMA2_7B), "lora", 16, "all-linear", "bf16")
+    assert split.trainable_params == L * per_layer == 39_976_960  # what PEFT prints for this model
+    assert ft.adapter_params_per_layer(LLAMA2_7B, 8, "qkvo") * L == 8 * 4 * 2 * H * L == 8_388_608
+
+
+def test_gqa_adapters_use_the_kv_width():
+    llama3 = get_model("llama3-8b")
+    kv = llama3.n_kv_heads * (llama3.head_dim or llama3.hidden // llama3.n_heads)
+    assert ft.adapter_params_per_layer(llama3, 1, "qkvo") == 2 * (llama3.hidden + llama3.hidden) + 2 * (
+        llama3.hidden + kv)
+
+
+def test_qlora_frozen_bytes_quantize_the_block_linears_only():
+    pc = count_params(LLAMA2_7B)
+    quantized = L * (4 * H * H + 3 * H * F)
+    rest = pc.total - quantized  # embedding, head, norms stay bf16
+    assert rest == 2 * 32_000 * H + (2 * L + 1) * H
+    split = ft.finetune_split(LLAMA2_7B, pc, "qlora", 16, "all-linear", "bf16")
+    assert split.quantized_params == quantized
+    assert split.frozen_bytes == pytest.approx(rest * 2 + quantized * (0.5 + 1 / 64 + 2 / 16384))
+    assert split.largest_dequantized_bytes == H * F * 2  # one bf16 copy of an MLP weight
+    lora = ft.finetune_split(LLAMA2_7B, pc, "lora", 16, "all-linear", "bf16")
+    assert lora.frozen_bytes == pc.total * 2
+
+
+def test_model_states_are_the_frozen_base_plus_adapter_states():
+    spec = build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="qlora", recompute="full")
+    split = ft.split_of(spec)
+    memory = plan(spec).memory
+    a = split.trainable_params
+    # fsdp conventions, bf16 mixed precision: 2-byte weight and gradient, 4-byte master, 8-byte Adam
+    assert memory.weights == pytest.approx(split.frozen_bytes + 2 * a)
+    assert memory.gradients == pytest.approx(2 * a)
+    assert memory.optimizer_states == pytest.approx(8 * a)
+    assert memory.master_weights == pytest.approx(4 * a)
+
+
+def test_fsdp_qlora_shards_the_frozen_base():
+    spec = build_runspec(model="llama2-70b", hardware="rtx4090", gpus=4, zero=3, finetune="qlora", recompute="full")
+    split = ft.split_of(spec)
+    memory = plan(spec).memory
+    a = split.trainable_params
+    assert memory.weights == pytest.approx(split.frozen_bytes / 4 + 2 * a / 4)
+
+
+def test_lora_dropout_keeps_a_copy_and_mask_of_each_adapted_input_instead_of_the_input():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, finetune="lora", recompute="none",
+                         seq_len=1024, global_batch=1)
+    base = plan(spec).memory.activations
+    dropped = plan(with_workload(spec, lora_dropout=0.1)).memory.activations
+    tokens = 1024
+    d_in = 6 * H + F  # q k v o gate up take h, down takes f
+    # a dropped bf16 copy and a 1-byte mask per adapted input; the undropped inputs of q/k/v, of the
+    # MLP and of the down projection are then kept by nobody
+    assert dropped - base == pytest.approx(L * tokens * ((2 + 1) * d_in - 2 * (H + H + F)))
+
+
+def test_adapter_paths_add_the_rank_r_intermediate_per_target():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="none", seq_len=1024,
+                         global_batch=1)
+    full = plan(spec).memory.activations
+    lora = plan(with_workload(spec, finetune="lora", lora_rank=64)).memory.activations
+    # 7 targets' rank-r intermediates (bf16, T = 1024); the 2 frozen RMSNorms keep no normalised copy
+    assert lora - full == pytest.approx(L * (7 * 2 * 1024 * 64 - 2 * 2 * 1024 * H))
+
+
+def test_attention_only_targets_drop_the_frozen_mlp_down_input():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="none", seq_len=1024,
+                         global_batch=1)
+    full = plan(spec).memory.activations
+    qkvo = plan(with_workload(spec, finetune="lora", lora_rank=8, lora_targets="qkvo")).memory.activations
+    # rank-8 intermediates; no saved input for the frozen down projection (T x f) nor the MLP (T x h);
+    # no normalised copy in the 2 frozen RMSNorms
+    assert qkvo - full == pytest.approx(L * (4 * 2 * 1024 * 8 - 2 * 1024 * F - 2 * 1024 * H - 2 * 2 * 1024 * H))
+
+
+def test_flops_drop_the_base_weight_gradients():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="none")
+    full = plan(spec).flops
+    tuned = plan(with_workload(spec, finetune="lora")).flops
+    a = ft.split_of(with_workload(spec, finetune="lora")).trainable_params
+    attention = full.attention_per_unit
+    assert full.model_per_unit == pytest.approx(6 * full.matmul_params + attention)
+    assert tuned.model_per_unit == pytest.approx(4 * full.matmul_params + 6 * a + attention)
+    assert tuned.model_per_unit < full.model_per_unit
+    recomputed = plan(with_layout(with_workload(spec, finetune="lora"), recompute="full")).flops
+    assert recomputed.hardware_per_unit - recomputed.model_per_unit == pytest.approx(
+        2 * full.matmul_params + 2 * a + attention / 3)
+
+
+def test_step_time_lora_below_full_and_qlora_pays_for_dequantisation():
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8)
+    full = plan(spec).time.step_seconds
+    lora = plan(with_workload(spec, finetune="lora")).time.step_seconds
+    qlora = plan(with_workload(spec, finetune="qlora")).time.step_seconds
+    assert lora < full
+    assert qlora > lora
+
+
+def test_fit_verdicts_on_one_rtx4090():
+    qlora = plan(build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="qlora"))
+    assert qlora.fits
+    assert qlora.memory.weights < 4.5 * 2**30  # NF4 base + bf16 ends: ~3.9 GB
+    full = plan(build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="full", recompute="full"))
+    assert not full.fits  # 16 bytes per parameter is 108 GB
+    lora = plan(build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="lora"))
+    assert lora.memory.weights > 13.4e9  # the bf16 base alone is 13.5 GB
+    assert lora.fits and lora.spec.layout.recompute == "full"
+    assert any(d.startswith("recompute full: without recompute") for d in lora.spec.cluster.extra["defaults"])
+    no_recompute = plan(build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="lora",
+                                      recompute="none"))
+    assert not no_recompute.fits  # 4096-token sequences keep too much without recompute
+
+
+def test_a_finetune_defaults_to_1b_tokens_and_small_batches():
+    spec = build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, finetune="qlora")
+    assert spec.workload.total_tokens == 1e9
+    assert spec.layout.global_batch_size * spec.workload.seq_len == ft.DEFAULT_FINETUNE_BATCH_TOKENS
+
+
+def test_bad_finetune_inputs_are_one_line():
+    with pytest.raises(UserError, match="--finetune 'dora'"):
+        build_runspec(model="llama2-7b", finetune="dora")
+    with pytest.raises(UserError, match="--lora-targets"):
+        build_runspec(model="llama2-7b", finetune="lora", lora_targets="mlp")
+    with pytest.raises(UserError, match="data parallelism only"):
+        build_runspec(model="llama2-7b", gpus=8, tp=2, finetune="lora")
+    with pytest.raises(UserError, match="planned for transformers"):
+        build_runspec(model="resnet50", finetune="qlora")
+
+
+def test_compare_local_answers_qlora_on_4090s():
+    for model, gpus in (("llama2-7b", 1), ("llama2-13b", 2), ("llama2-70b", 4)):
+        result = plan_hybrid(model, "1B", Site("rtx4090", gpus, 128.0), sweep=False,
+                             finetune_options={"finetune": "qlora"})
+        local = result.job.local
+        assert local is not None, model
+        assert local.plan.spec.workload.finetune == "qlora"
+        assert local.plan.spec.layout.tp == local.plan.spec.layout.pp == 1
+        assert local.plan.spec.workload.total_tokens == 1e9 and local.days > 0
+    full = plan_hybrid("llama2-70b", "1B", Site("rtx4090", 4, 128.0), sweep=False)
+    assert full.job.local is None or full.job.local.plan.spec.layout.offload == "params"
+
+
+def test_plan_cli_qlora_on_one_rtx4090(tmp_path):
+    env = {**os.environ, "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "flopwise", "plan", "--model", "llama2-7b", "--hardware", "rtx4090", "--gpus", "1",
+            "--finetune", "qlora"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Fine-tune" in out.stdout and "qlora (rank 16, targets all-linear)" in out.stdout
+    assert "trainable parameters" in out.stdout and "40.0M (0.59%" in out.stdout
+    assert "Memory per device (fsdp conventions; fits)" in out.stdout and "whole job" in out.stdout
+    data = json.loads(subprocess.run(argv + ["--json"], capture_output=True, text=True, env=env, timeout=60).stdout)
+    assert data["fits"] is True
+    assert data["finetune"]["method"] == "qlora" and data["finetune"]["trainable_params"] == 39_976_960
+    assert data["time"]["total_seconds"] > 0
+    bad = subprocess.run(argv[:-1] + ["lorax"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "--finetune 'lorax'" in bad.stderr
+
+
+def test_a_config_finetune_section_becomes_the_workload():
+    assert ft.config_fields(None) == {}
+    assert ft.config_fields({"method": "full"}) == {}
+    fields = ft.config_fields({"method": "qlora", "rank": 8, "alpha": 16, "dropout": 0.05,
+                               "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
+    assert fields == {"finetune": "qlora", "lora_rank": 8, "lora_targets": "qkvo", "lora_dropout": 0.05}
+    assert ft.config_fields({"method": "lora", "target_modules": ["q_proj", "gate_proj"]})["lora_targets"] == "all-linear"
+
+
+def test_plan_config_plans_the_finetune_section():
+    from types import SimpleNamespace
+
+    from flopwise.catalog.hardware import get_hardware
+    from flopwise.config.loading import load_config
+    from flopwise.config.resolve import resolve_run
+    from flopwise.plan.from_config import runspec_from_config
+
+    cfg = load_config(None, [])
+    tuned = SimpleNamespace(**{name: getattr(cfg, name) for name in type(cfg).model_fields},
+                            finetune=SimpleNamespace(method="lora", rank=4, dropout=0.0, target_modules="all-linear"))
+    run = resolve_run(cfg)
+    spec = runspec_from_config(tuned, run, get_hardware("h100-sxm"))
+    assert (spec.workload.finetune, spec.workload.lora_rank) == ("lora", 4)
+    assert plan(spec).memory.gradients < plan(runspec_from_config(cfg, run, get_hardware("h100-sxm"))).memory.gradients
+
+
+def test_qlora_dequantises_each_base_weight_once_per_pass():
+    from flopwise.plan.gemm import device_rates
+    from flopwise.plan.ops import layer_times as base_layer_times
+
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
+                         finetune="lora")
+    hw = spec.cluster.hardware
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None)
+    base = base_layer_times(spec.model, spec.workload.seq_len, 1, 1, False, True, False, "full", "bf16", rates)
+    lora = ft.layer_times(base, spec, rates)
+    qlora = ft.layer_times(base, with_workload(spec, finetune="qlora"), rates)
+    dequant = rates.memory_seconds((4 * H * H + 3 * H * F) * (ft.NF4_BYTES_PER_PARAM + 2.0), 7)
+    for field in ("forward", "backward", "recompute"):  # full recompute runs the forward again
+        assert getattr(qlora, field) - getattr(lora, field) == pytest.approx(dequant)
+    # only the adapters' weight gradients are left: skinny rank-r GEMMs, memory-bound on the T x d inputs
+    assert lora.wgrad < base.wgrad / 4
+    assert lora.backward < base.backward
+
+
+def test_moe_adapters_train_on_every_expert_but_a_token_visits_k():
+    mixtral = get_model("mixtral-8x7b")
+    h, f, k, experts = mixtral.hidden, mixtral.ffn_hidden, mixtral.experts_per_token, mixtral.n_experts
+    attention = ft.adapter_params_per_layer(mixtral, 8, "qkvo")
+    assert ft.adapter_params_per_layer(mixtral, 8, "all-linear") == attention + experts * 8 * 3 * (h + f)
+    assert ft.active_adapter_params_per_layer(mixtral, 8, "all-linear") == pytest.approx(attention + k * 8 * 3 * (h + f))
+    spec = build_runspec(model="mixtral-8x7b", hardware="h100-sxm", gpus=1, recompute="none", seq_len=1024,
+                         global_batch=1)
+    full = plan(spec).memory.activations
+    lora = plan(with_workload(spec, finetune="lora", lora_rank=8)).memory.activations
+    assert lora - full == pytest.approx(mixtral.n_layers * 2 * 1024 * (8 * (4 + 3 * k) - 2 * h))
+
+
+def test_a_frozen_linear_keeps_only_its_weight_for_backward():
+    """The planner counts no saved input for a frozen linear without an adapter (qkvo targets);
+    this is torch's autograd behaviour it relies on."""
+    torch = pytest.importorskip("torch")
+    linear = torch.nn.Linear(64, 32, bias=False).requires_grad_(False)
+    adapter = torch.nn.Linear(64, 4, bias=False)
+    x = torch.randn(8, 64, requires_grad=True)
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        h = x * 2.0
+        saved.clear()
+        linear(h)
+    assert [tuple(t.shape) for t in saved] == [(64, 32)]  # the weight (transposed view), not the 8 x 64 input
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        saved.clear()
+        adapter(h)
+    assert any(t.shape == h.shape for t in saved)  # a trainable adapter keeps the input for its weight gradient
+
+
+def test_buffers_ddp_buckets_adapter_gradients_and_qlora_adds_one_bf16_weight():
+    one = plan(build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, finetune="qlora", recompute="full"))
+    assert one.memory.comm_buffers == H * F * 2  # no collectives; the dequantised MLP weight
+    ddp = plan(build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=2, zero=0, finetune="lora",
+                             recompute="full"))
+    assert ddp.memory.comm_buffers == 2 * 25 * 2**20  # 80 MB of adapter gradients fill DDP's two buckets
+    small = plan(build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=2, zero=0, finetune="lora",
+                               lora_rank=1, lora_targets="qkvo", recompute="full"))
+    assert small.memory.comm_buffers == 4 * 2 * H * L * 2  # rank-1 attention adapters' bf16 gradients
+
+
+def test_compare_local_cli_says_it_planned_a_finetune():
+    env = {**os.environ, "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "flopwise", "compare", "--local", "--model", "llama2-13b", "--hardware", "rtx4090",
+            "--gpus", "2", "--finetune", "qlora"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "1e+09 tokens (qlora fine-tune, rank 16, all-linear)" in out.stdout
+    assert "numbers: llama2-13b fits on 2 x rtx4090" in out.stdout
+
+
+def test_a_frozen_rmsnorm_keeps_no_normalised_copy():
+    """The planner takes e·T·h per norm off a fine-tune's activations; this is torch's behaviour it relies on."""
+    torch = pytest.importorskip("torch")
+
+    def saved_elements(norm):
+        h = torch.randn(8, 64, requires_grad=True) * 2.0
+        sizes = []
+
+        def pack(tensor):
+            sizes.append(tensor.numel())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            norm(h)
+        return sizes.count(8 * 64)
+
+    assert saved_elements(torch.nn.RMSNorm(64)) - saved_elements(torch.nn.RMSNorm(64).requires_grad_(False)) == 1
+
+
+@pytest.mark.parametrize("targets, lora_dropout", [("all-linear", 0.0), ("qkvo", 0.0), ("all-linear", 0.1)])
+def test_lora_llama_block_saved_tensors_match_the_formula(targets, lora_dropout):
+    """A frozen RMSNorm + GQA + SwiGLU block (fp32, CPU) with LoRA as PEFT's `Linear.forward` computes it
+    (base(x) + B(A(dropout(x))) · scale): saved-for-backward bytes = full training's formula + the delta."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from flopwise.catalog.models import ModelSpec
+    from flopwise.plan import memory as mem
+
+    torch.manual_seed(0)
+    s, b, h, a, kv, f, r = 64, 2, 64, 4, 2, 160, 4
+    hd = h // a
+    spec = ModelSpec(key="tiny-llama", name="tiny", n_layers=1, hidden=h, n_heads=a, n_kv_heads=kv, ffn_hidden=f,
+                     vocab_size=10, mlp="swiglu", norm="rmsnorm", position="rope")
+    n1, n2 = torch.nn.RMSNorm(h), torch.nn.RMSNorm(h)
+    base = {"q": torch.nn.Linear(h, a * hd, bias=False), "k": torch.nn.Linear(h, kv * hd, bias=False),
+            "v": torch.nn.Linear(h, kv * hd, bias=False), "o": torch.nn.Linear(a * hd, h, bias=False),
+            "gate": torch.nn.Linear(h, f, bias=False), "down": torch.nn.Linear(f, h, bias=False),
+            "up": torch.nn.Linear(h, f, bias=False)}
+    for module in (n1, n2, *base.values()):
+        module.requires_grad_(False)
+    adapted = {m.name for m in ft.target_matrices(spec, targets)}
+    adapters = {name: (torch.nn.Linear(lin.in_features, r, bias=False), torch.nn.Linear(r, lin.out_features, bias=False),
+                       torch.nn.Dropout(lora_dropout) if lora_dropout else torch.nn.Identity())
+                for name, lin in base.items() if name in adapted}
+    weights = {p.untyped_storage().data_ptr() for m in (n1, n2, *base.values()) for p in m.parameters()}
+    weights |= {p.untyped_storage().data_ptr() for A, B, _ in adapters.values() for p in (*A.parameters(), *B.parameters())}
+
+    def linear(name, x):
+        out = base[name](x)
+        if name in adapters:
+            A, B, drop = adapters[name]
+            out = out + B(A(drop(x))) * 2.0
+        return out
+
+    x = torch.randn(b, s, h, requires_grad=True)
+    storages = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = n1(x)
+        q = linear("q", y).view(b, s, a, hd).transpose(1, 2).contiguous()
+        k = linear("k", y).view(b, s, kv, hd).transpose(1, 2).contiguous().repeat_interleave(a // kv, dim=1)
+        v = linear("v", y).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(a // kv, dim=1)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x2 = x + linear("o", att.transpose(1, 2).reshape(b, s, h))
+        z = n2(x2)
+        x2 + linear("down", F.silu(linear("gate", z)) * linear("up", z))
+    measured = sum(storages.values())
+    full = mem.layer_activation_bytes(spec, s, b, "fp32", dropout=False, flash_attention=True, kv_repeated=True,
+                                      attn_output_copy=True)
+    split = ft.finetune_split(spec, count_params(spec), "lora", r, targets, "fp32")
+    # on a CPU: the dropout keeps an fp32 noise tensor, the out-projection's input is a copy
+    predicted = full + ft.activation_delta_bytes(spec, split, s, b, 4.0, lora_dropout, mask_bytes=4.0,
+                                                 attn_output_copy=True)
+    assert measured == pytest.approx(predicted, rel=0.01)  # the gap is RMSNorm's O(s*b) rstd
+
+
+def test_dropout_mask_is_one_byte_on_gpus_and_input_sized_on_cpus():
+    from flopwise.catalog.hardware import get_hardware
+
+    h100 = get_hardware("h100-sxm")
+    assert ft.dropout_mask_bytes(h100, 2.0) == 1.0
+    assert ft.dropout_mask_bytes(dataclasses.replace(h100, key="cpu-test", vendor="cpu"), 4.0) == 4.0
