@@ -61,6 +61,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from flopwise.config.loading import load_config
+    from flopwise.config.resolve import resolve_run
     from flopwise.train.data.prepare import prepare_data
     from flopwise.train.loop import build_state, make_loader, make_optimizer, make_scheduler
     from flopwise.train.step import StepHooks, train_step
@@ -73,11 +74,12 @@ def main() -> None:
     prepared = prepare_data(cfg.data)
     prepare_seconds = time.perf_counter() - t0
 
-    state = build_state(cfg, env, prepared)
+    run = resolve_run(cfg, processes=env.world_size)
+    state = build_state(cfg, env, prepared, run)
     model = state.built.model  # the baseline trains the very same module, with its own optimizer
     base_optimizer = make_optimizer(model, cfg.training)
     base_scheduler = make_scheduler(base_optimizer, cfg.training)
-    base_loader = iter(make_loader(cfg, env, prepared, "train"))
+    base_loader = iter(make_loader(cfg, env, prepared, "train", run))
 
     timings: dict[str, list[float]] = {"baseline": [], "flopwise": [], "flopwise_no_memory": []}
     runners = {

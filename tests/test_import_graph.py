@@ -1,4 +1,5 @@
-"""flopwise's own import graph has no cycles, between modules or between packages.
+"""flopwise's own import graph has no cycles, between modules or between packages, and its
+package arrows point the way docs/architecture.md draws them.
 
 The graph is read from the source with `ast`: every `import flopwise...` / `from flopwise...`
 (and relative import) counts, at module level and inside functions alike, because a
@@ -146,3 +147,66 @@ def test_no_module_imports_itself_back():
 def test_no_package_imports_itself_back():
     cycles = _cycles(package_graph(import_graph()))
     assert not cycles, "import cycles between packages:\n" + "\n".join(cycles)
+
+
+# Which packages each package may import (docs/architecture.md, "Packages and their direction").
+# Leaf modules of flopwise (errors, safe_write, ...) are packages of one module here.
+LEAVES = {"errors", "extras", "hf_logging", "rotary", "table_layout", "safe_write", "library_noise"}
+ALLOWED = {
+    "__main__": {"cli"},
+    "cli": {"plan", "train", "artifacts", "compress", "diagnose", "report", "catalog", "config", "flopwise",
+            "errors", "extras"},
+    "config": {"errors"},
+    "runrecord": {"errors", "safe_write"},
+    "catalog": {"errors", "table_layout"},
+    "plan": {"config", "catalog", "runrecord", "errors", "table_layout"},
+    "measure": {"plan", "catalog", "runrecord", "errors", "rotary", "safe_write", "flopwise"},
+    "train": {"plan", "measure", "config", "runrecord", "catalog"} | LEAVES,
+    "artifacts": {"train", "config", "runrecord"} | LEAVES,
+    "compress": {"artifacts", "train", "config", "runrecord", "catalog"} | LEAVES,
+    "diagnose": {"runrecord", "measure", "plan", "catalog"} | LEAVES,
+    "report": {"runrecord"} | LEAVES,
+    "library_noise": {"safe_write", "runrecord"},
+    "safe_write": {"errors"},
+}
+# The trainer reaches the planner from these modules only: the forecast (`prediction.py`,
+# `launch/forecast.py`), the parameter count that sizes a run (`launch/machine_fit.py`), and the
+# pipeline's layer split (`parallel/parallelize.py`, numbers in, numbers out).
+TRAIN_TO_PLAN = {"flopwise.train.prediction", "flopwise.train.launch.forecast", "flopwise.train.launch.machine_fit",
+                 "flopwise.train.parallel.parallelize"}
+
+
+def _short(package: str) -> str:
+    return package.split(".", 1)[1] if "." in package else package
+
+
+def forbidden_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Package arrows outside ALLOWED, each with one module pair that draws it."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        source = _short(".".join(module.split(".")[:2]))
+        for target in sorted(targets):
+            dest = _short(".".join(target.split(".")[:2]))
+            if dest != source and dest not in ALLOWED.get(source, set()):
+                found.append(f"{source} -> {dest} ({module} imports {target})")
+    return found
+
+
+def test_a_planted_forbidden_arrow_is_found():
+    graph = {"flopwise.report.run_report": {"flopwise.diagnose.analyze", "flopwise.runrecord.run_data"}}
+    assert forbidden_arrows(graph) == [
+        "report -> diagnose (flopwise.report.run_report imports flopwise.diagnose.analyze)"]
+
+
+def test_every_package_arrow_is_an_allowed_one():
+    found = forbidden_arrows(import_graph())
+    assert not found, "package arrows docs/architecture.md does not allow:\n" + "\n".join(found)
+
+
+def test_the_trainer_reaches_the_planner_only_from_its_forecast_modules():
+    graph = import_graph()
+    reaching = {m for m, targets in graph.items() if m.startswith("flopwise.train")
+                and any(t.startswith("flopwise.plan") for t in targets)}
+    assert reaching <= TRAIN_TO_PLAN, f"train modules importing plan: {sorted(reaching - TRAIN_TO_PLAN)}"
+    assert not any(t.startswith("flopwise.diagnose") for m, ts in graph.items() if m.startswith("flopwise.train")
+                   for t in ts)

@@ -83,7 +83,7 @@ def test_a_link_inside_checkpoints_is_refused(tmp_path, victim):
     run_dir = tmp_path / "run"
     plant(run_dir, "checkpoints/latest", victim)
     with pytest.raises(UserError, match="latest is a symbolic link"):
-        refuse_links(run_dir)
+        refuse_links(run_dir, [run_dir / "checkpoints"])
 
 
 def test_the_run_directory_itself_may_be_a_link(tmp_path):

@@ -34,6 +34,7 @@ def build_app():
 
     from flopwise.compress.config import parse_compress_config
     from flopwise.config.loading import load_config
+    from flopwise.diagnose.analyze import diagnose
 
     app = typer.Typer(
         name="flopwise",
@@ -49,8 +50,10 @@ def build_app():
     # ... and `flopwise train` validates a `compress:` section with compress's own parser.
     train_commands.register(app, check_compress=parse_compress_config)
     artifacts_commands.register(app)
-    for module in (catalog_commands, compress_commands, diagnose_commands, evaluate_commands, report_commands):
+    for module in (catalog_commands, compress_commands, diagnose_commands, evaluate_commands):
         module.register(app)
+    # ... and `report` renders a diagnosis made by diagnose's own analysis (report never imports diagnose).
+    report_commands.register(app, diagnose=diagnose)
     app.command()(version)
     return app
 

@@ -37,8 +37,9 @@ def verbose_requested() -> bool:
 
 def log_path_for(folder: Path) -> Path:
     """`folder/library.log`, or `folder/library.rank<R>.log` inside a torchrun rank other than 0."""
-    rank = int(os.environ.get("RANK", "0"))
-    return folder / ("library.log" if rank == 0 else f"library.rank{rank}.log")
+    from flopwise.runrecord.run_dir import RunDir
+
+    return RunDir(folder).library_log(int(os.environ.get("RANK", "0")))
 
 
 def route_library_noise(folder: Path | str, verbose: bool | None = None) -> Path:

@@ -26,10 +26,6 @@ from pathlib import Path
 
 from flopwise.errors import UserError
 
-# Folders of a run directory whose entries are checked as well as the top level.
-CHECKED_FOLDERS = ("checkpoints",)
-
-
 class WriteFailed(UserError, OSError):
     """A write that failed (disk full, file too large, permission): one line for the person, and still an
     OSError (errno, strerror, filename) for code that reports root causes, like a failed checkpoint save."""
@@ -58,10 +54,10 @@ def refuse_link(path: Path) -> None:
         raise link_refusal(Path(path))
 
 
-def refuse_links(run_dir: Path) -> None:
-    """Refuse a run directory with a symbolic link among its entries (or those of `checkpoints/`)."""
+def refuse_links(run_dir: Path, inner_folders: list[Path] = ()) -> None:
+    """Refuse a run directory with a symbolic link among its entries (or those of `inner_folders`, its checkpoints)."""
     run_dir = Path(run_dir)
-    for folder in [run_dir] + [run_dir / name for name in CHECKED_FOLDERS]:
+    for folder in [run_dir, *inner_folders]:
         try:
             entries = list(os.scandir(folder))
         except (FileNotFoundError, NotADirectoryError):

@@ -214,15 +214,17 @@ def test_plan_config_plans_the_finetune_section():
     from types import SimpleNamespace
 
     from flopwise.catalog.hardware import get_hardware
-    from flopwise.plan.from_config import runspec_from_config
     from flopwise.config.loading import load_config
+    from flopwise.config.resolve import resolve_run
+    from flopwise.plan.from_config import runspec_from_config
 
     cfg = load_config(None, [])
     tuned = SimpleNamespace(**{name: getattr(cfg, name) for name in type(cfg).model_fields},
                             finetune=SimpleNamespace(method="lora", rank=4, dropout=0.0, target_modules="all-linear"))
-    spec = runspec_from_config(tuned, get_hardware("h100-sxm"))
+    run = resolve_run(cfg)
+    spec = runspec_from_config(tuned, run, get_hardware("h100-sxm"))
     assert (spec.workload.finetune, spec.workload.lora_rank) == ("lora", 4)
-    assert plan(spec).memory.gradients < plan(runspec_from_config(cfg, get_hardware("h100-sxm"))).memory.gradients
+    assert plan(spec).memory.gradients < plan(runspec_from_config(cfg, run, get_hardware("h100-sxm"))).memory.gradients
 
 
 def test_qlora_dequantises_each_base_weight_once_per_pass():

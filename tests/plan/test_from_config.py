@@ -16,7 +16,8 @@ import pytest
 
 from flopwise.catalog.hardware import get_hardware
 from flopwise.errors import UserError
-from flopwise.plan.from_config import batch_layout, notes_for, processes_of, runspec_from_config
+from flopwise.config.resolve import batch_layout, processes_of, resolve_run
+from flopwise.plan.from_config import notes_for, runspec_from_config
 from flopwise.config.precision import precision_of
 from flopwise.config.loading import load_config
 
@@ -25,8 +26,9 @@ DEFAULT = ROOT / "configs" / "default.yaml"
 H100 = get_hardware("h100-sxm")
 
 
-def _spec(*overrides: str, **kwargs):
-    return runspec_from_config(load_config(DEFAULT, list(overrides)), H100, **kwargs)
+def _spec(*overrides: str, world_size: int | None = None, hardware=H100, **kwargs):
+    cfg = load_config(DEFAULT, list(overrides))
+    return runspec_from_config(cfg, resolve_run(cfg, processes=world_size), hardware, **kwargs)
 
 
 def test_the_default_config_is_two_fsdp_processes_of_the_builtin_decoder():
@@ -49,8 +51,7 @@ def test_fsdp_and_every_k_checkpointing_are_planned_as_what_they_are():
     from flopwise.plan.planner import plan
 
     hw = get_hardware("h100-sxm")
-    times = [plan(runspec_from_config(load_config(DEFAULT, [f"training.gradient_checkpointing={k}"]), hw)).time
-             for k in ("false", "2", "true")]
+    times = [plan(_spec(f"training.gradient_checkpointing={k}", hardware=hw)).time for k in ("false", "2", "true")]
     assert times[0].step_seconds < times[1].step_seconds < times[2].step_seconds
     notes = " ".join(notes_for(load_config(DEFAULT, ["training.gradient_checkpointing=2"])))
     assert "every 2 blocks" not in notes and "ZeRO-3" not in notes
@@ -92,9 +93,11 @@ def test_the_bridge_imports_no_torch():
         "import sys\n"
         "from flopwise.catalog.hardware import get_hardware\n"
         "from flopwise.config.loading import load_config\n"
+        "from flopwise.config.resolve import resolve_run\n"
         "from flopwise.plan.from_config import runspec_from_config\n"
         "from flopwise.plan.planner import plan\n"
-        f"plan(runspec_from_config(load_config({str(DEFAULT)!r}, []), get_hardware('h100-sxm')))\n"
+        f"cfg = load_config({str(DEFAULT)!r}, [])\n"
+        "plan(runspec_from_config(cfg, resolve_run(cfg), get_hardware('h100-sxm')))\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -13,6 +13,7 @@ import pytest
 
 from flopwise.catalog.hardware import get_hardware
 from flopwise.plan import step_comm as sc
+from flopwise.config.resolve import resolve_run
 from flopwise.plan.from_config import runspec_from_config
 from flopwise.plan.params import count_params
 from flopwise.plan.planner import plan
@@ -28,7 +29,7 @@ ENDS = 320 * 32  # the embedding, and the (untied) head
 
 def _comm(*overrides: str):
     cfg = load_config(ROOT / "configs" / "default.yaml", [*TINY, *overrides])
-    spec = runspec_from_config(cfg, H100, world_size=cfg.parallel.nproc_per_node)
+    spec = runspec_from_config(cfg, resolve_run(cfg, processes=cfg.parallel.nproc_per_node), H100)
     return spec, plan(spec).comm
 
 

@@ -5,6 +5,7 @@ import pytest
 from tests.diagnose.synthetic_runs import write_run_dir
 
 from flopwise.cli import main
+from flopwise.diagnose.analyze import diagnose
 from flopwise.report.run_report import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -12,7 +13,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_report_writes_markdown_and_four_plots(tmp_path):
     run_dir = write_run_dir(tmp_path / "run", ranks=2, straggler=(1, 0.35), stall=(0, [20, 21], 0.5))
-    files = write_report(run_dir)
+    files = write_report(run_dir, diagnose)
     assert files.report == run_dir / "report.md"
     assert sorted(p.name for p in files.plots) == ["loss.png", "memory.png", "step_breakdown.png", "tokens_per_second.png"]
     for png in files.plots:
@@ -30,7 +31,7 @@ def test_report_writes_markdown_and_four_plots(tmp_path):
 
 def test_report_without_plan_or_validation_still_plots_measured_memory(tmp_path):
     run_dir = write_run_dir(tmp_path / "run", ranks=2, val_every=0, plan_step_seconds=None)
-    files = write_report(run_dir)
+    files = write_report(run_dir, diagnose)
     assert (run_dir / "plots" / "memory.png") in files.plots
     text = files.report.read_text()
     assert "## Predicted vs measured" not in text and "No problems found" in text

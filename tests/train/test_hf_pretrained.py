@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from flopwise.errors import UserError
+from flopwise.config.resolve import resolve_run
 from flopwise.train.build import build_training_model
 from flopwise.config.loading import load_config
 from flopwise.train.hf_pretrained import parameters_on_meta, weight_files
@@ -34,7 +35,8 @@ def folders(tmp_path_factory):
 def build(folder, *extra):
     cfg = load_config(None, ["model.kind=hf", f"model.pretrained={folder}", "parallel.strategy=single",
                              "parallel.nproc_per_node=1", "data.seq_len=32", *extra])
-    return build_training_model(cfg, 384, init_distributed(cfg.parallel))
+    env = init_distributed(cfg.parallel)
+    return build_training_model(cfg, 384, env, resolve_run(cfg, processes=env.world_size))
 
 
 def test_sharded_weights_load_exactly(folders):

@@ -14,7 +14,7 @@ from flopwise.config.schema import RunConfig
 from flopwise.config.loading import load_config
 from flopwise.train.data.prepare import prepare_data
 from flopwise.train.loop import build_state, lr_at, run_training
-from flopwise.plan.from_config import batch_layout
+from flopwise.config.resolve import batch_layout
 from flopwise.train.step import train_step
 from flopwise.train.metrics import SavedActivationMeter
 from flopwise.train.parallel.distributed import init_distributed
@@ -137,9 +137,10 @@ def test_activation_checkpointing_cuts_saved_bytes_as_the_planner_predicts(corpu
     recomputed working set during backward, which saved-tensor hooks by design do not see,
     so the comparison is per layer, as Korthikanti et al. (2022) Table 2 states it.
     """
+    from flopwise.config.resolve import resolve_run
     from flopwise.plan.from_config import runspec_from_config
     from flopwise.plan.planner import plan
-    from flopwise.train.prediction import cpu_hardware
+    from flopwise.measure.device_peak import cpu_hardware
 
     shape = ["model.n_layers=3", "model.hidden=64", "model.n_heads=4", "training.micro_batch_size=4"]
     plain = tiny_cfg(corpus, tmp_path, *shape)
@@ -151,7 +152,7 @@ def test_activation_checkpointing_cuts_saved_bytes_as_the_planner_predicts(corpu
 
     hardware = cpu_hardware({"fp32": 1e11}, 1, "test")
     per_layer = {
-        name: plan(runspec_from_config(cfg, hardware, world_size=1, vocab_size=prepared.vocab_size)).to_dict()["memory"]["activation_bytes_per_layer"]
+        name: plan(runspec_from_config(cfg, resolve_run(cfg, processes=1), hardware, vocab_size=prepared.vocab_size)).to_dict()["memory"]["activation_bytes_per_layer"]
         for name, cfg in (("none", plain), ("full", checkpointed))
     }
     predicted_cut = plain.model.n_layers * (per_layer["none"] - per_layer["full"])

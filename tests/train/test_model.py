@@ -8,7 +8,7 @@ import torch
 from flopwise.errors import UserError
 from flopwise.plan.params import count_params
 from flopwise.config.schema import ModelConfig
-from flopwise.plan.from_config import llama_ffn_hidden
+from flopwise.config.model_shape import llama_ffn_hidden
 from flopwise.plan.from_config import model_spec_from_config as model_spec
 from flopwise.train.model import build_model, transformer_blocks
 

@@ -11,16 +11,8 @@ import torch
 from flopwise.plan.profile import load_profile
 from flopwise.config.loading import load_config
 from flopwise.train.parallel.distributed import DistEnv
-from flopwise.train.prediction import (
-    CPU_KEY,
-    Forecast,
-    catalog_entry_for_cuda,
-    cpu_hardware,
-    cuda_hardware,
-    format_comparison,
-    measure_matmul_flops,
-    prepare,
-)
+from flopwise.measure.device_peak import CPU_KEY, catalog_entry_for_cuda, cpu_hardware, cuda_hardware, measure_matmul_flops
+from flopwise.train.prediction import Forecast, compare, format_comparison, prepare
 
 GIB = 2**30
 CPU_ENV = DistEnv(rank=0, world_size=1, local_rank=0, backend=None, device=torch.device("cpu"), distributed=False)
@@ -53,7 +45,7 @@ def test_unknown_gpu_gives_no_mfu_and_says_why(name, memory_gib):
     forecast = Forecast(plan=None, hardware_key="unknown", hardware_name=name, peak_flops=None, peak_source=source,
                         flops_per_token=1e6, world_size=1, notes=[f"no MFU: {reason}"])
     assert forecast.mfu(1000.0) is None
-    comparison = forecast.compare(_measured())
+    comparison = compare(forecast, _measured())
     assert comparison.measured["mfu"] is None
     assert "no MFU" in format_comparison(comparison)
 
@@ -75,37 +67,49 @@ def _measured(tokens_per_second: float = 1000.0) -> dict:
             "val_losses": [(0, 8.0), (10, 4.0)], "steps": 10}
 
 
+def _real_plan(*overrides: str):
+    """The planner's own Plan for a tiny built-in model on a CPU-measured device."""
+    from flopwise.config.resolve import resolve_run
+    from flopwise.plan.from_config import runspec_from_config
+    from flopwise.plan.planner import plan
+
+    cfg = load_config(None, ["model.n_layers=2", "model.hidden=64", "model.n_heads=4", "data.seq_len=64", *overrides])
+    return plan(runspec_from_config(cfg, resolve_run(cfg), cpu_hardware({"fp32": 1e11}, 2, "test"), vocab_size=512))
+
+
 def test_comparison_puts_prediction_beside_measurement_for_calibration():
-    plan = {"memory": {"weights": 100.0, "gradients": 100.0, "optimizer_states": 150.0, "master_weights": 50.0,
-                       "activations": 600.0, "logits": 100.0, "comm_buffers": 0.0, "total_bytes": 1100.0},
-            "time": {"tokens_per_second": 2000.0, "step_seconds": 0.5, "mfu": 0.4}}
-    forecast = Forecast(plan=plan, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=1e10,
+    planned = _real_plan()
+    forecast = Forecast(plan=planned, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=1e10,
                         peak_source="measured CPU peak", flops_per_token=2e6, world_size=2)
-    comparison = forecast.compare(_measured(1000.0))
+    comparison = compare(forecast, _measured(1000.0))
     predicted, measured, ratio = comparison.predicted, comparison.measured, comparison.measured_over_predicted
-    assert predicted["memory_bytes"]["optimizer"] == 200.0  # optimizer states + fp32 master weights
-    assert predicted["memory_bytes"]["activations"] == 700.0  # activations + logits
+    memory = planned.memory
+    # optimizer states + fp32 master weights; activations + logits
+    assert predicted["memory_bytes"]["optimizer"] == memory.optimizer_states + memory.master_weights > 0
+    assert predicted["memory_bytes"]["activations"] == memory.activations + memory.logits > 0
+    assert predicted["tokens_per_second"] == planned.time.tokens_per_second
     assert measured["memory_bytes"]["total"] == 1100
     assert measured["mfu"] == pytest.approx(2e6 * 1000.0 / (2 * 1e10))
     assert measured["hardware"] == CPU_KEY  # read by `flopwise plan --calibrate`
-    assert ratio["tokens_per_second"] == pytest.approx(0.5)
-    assert ratio["memory_weights"] == pytest.approx(1.0)
+    assert ratio["tokens_per_second"] == pytest.approx(1000.0 / planned.time.tokens_per_second)
+    assert ratio["memory_weights"] == pytest.approx(100 / memory.weights)
     assert "predicted vs measured" in format_comparison(comparison)
 
 
 def test_plan_json_is_the_planners_output_for_this_run(tmp_path):
+    from flopwise.config.resolve import resolve_run
     from flopwise.plan.from_config import runspec_from_config
     from flopwise.plan.planner import plan
 
     cfg = load_config(None, ["model.n_layers=2", "model.hidden=64", "model.n_heads=4", "data.seq_len=64",
                              "parallel.strategy=single", "parallel.nproc_per_node=1",
                              "training.gradient_checkpointing=true", f"logging.run_dir={tmp_path / 'run'}"])
-    forecast = prepare(cfg, 512, CPU_ENV)
+    forecast = prepare(cfg, resolve_run(cfg), 512, CPU_ENV)
     written = json.loads((tmp_path / "run" / "plan.json").read_text())
     hardware = cpu_hardware({"fp32": forecast.peak_flops}, 1, forecast.peak_source)
     profile = load_profile(forecast.profile["path"])  # the device profile the prediction used
     assert forecast.peak_flops == profile.peak_flops("fp32")
-    expected = plan(runspec_from_config(cfg, hardware, world_size=1, vocab_size=512), profile=profile).to_dict()
+    expected = plan(runspec_from_config(cfg, resolve_run(cfg), hardware, vocab_size=512), profile=profile).to_dict()
     assert written == json.loads(json.dumps(expected, default=str))
     assert written["inputs"]["layout"]["recompute"] == "full"
     assert written["inputs"]["workload"]["precision"] == "fp32"
@@ -142,28 +146,34 @@ def test_bf16_on_cpu_reports_mfu_against_the_bf16_peak(tmp_path):
 
 
 def test_offloaded_model_states_are_compared_as_host_bytes():
-    plan = {"memory": {"per_device_bytes": {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0, "activations": 700.0,
-                                            "other": 50.0, "total": 750.0}, "cpu_offload_bytes": 400.0}}
-    forecast = Forecast(plan=plan, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=None,
+    planned = _real_plan("parallel.offload=params")
+    host = planned.memory.cpu_offload_bytes
+    assert host > 0
+    forecast = Forecast(plan=planned, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=None,
                         peak_source="none", flops_per_token=None, world_size=2)
-    comparison = forecast.compare(_measured())
+    comparison = compare(forecast, _measured())
     measured, ratio = comparison.measured["memory_bytes"], comparison.measured_over_predicted
     assert measured["host_offload"] == 400 and measured["weights"] == 0 and measured["total"] == 700
-    assert ratio["memory_host_offload"] == 1.0 and ratio["memory_weights"] == 1.0  # nothing on the device, as planned
-    assert ratio["memory_total"] == 1.0  # the counted components; `other` is not measured on CPU
-    assert comparison.predicted["memory_bytes"]["counted_total"] == 700 == measured["counted_total"]
+    assert ratio["memory_host_offload"] == pytest.approx(400 / host)
+    counted = sum(planned.memory.per_device_bytes()[k] for k in ("weights", "gradients", "optimizer", "activations"))
+    # the counted components; `other` is not measured on CPU
+    assert comparison.predicted["memory_bytes"]["counted_total"] == pytest.approx(counted)
+    assert measured["counted_total"] == 700
     assert "memory: host (offloaded)" in format_comparison(comparison)
 
 
 def test_collective_bytes_are_compared_per_mesh_dimension():
-    plan = {"memory": {}, "comm": {"dp_bytes": 1000.0, "tp_bytes": 0.0, "pp_bytes": 400.0}}
-    forecast = Forecast(plan=plan, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=None,
-                        peak_source="none", flops_per_token=None, world_size=4)
-    measured = dict(_measured(), comm_bytes={"dp": {"all_gather": 600.0, "reduce_scatter": 300.0},
-                                             "pp": {"send": 200.0}})
-    comparison = forecast.compare(measured)
+    planned = _real_plan()  # FSDP2 over 2 processes: data-parallel traffic only
+    comm = planned.comm
+    assert comm.dp_bytes > 0 and comm.tp_bytes == 0 and comm.pp_bytes == 0
+    forecast = Forecast(plan=planned, hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=None,
+                        peak_source="none", flops_per_token=None, world_size=2)
+    measured = dict(_measured(), comm_bytes={"dp": {"all_gather": 600.0, "reduce_scatter": 300.0}})
+    comparison = compare(forecast, measured)
     ratio = comparison.measured_over_predicted
-    assert comparison.measured["comm_bytes_per_step"] == {"dp": 900.0, "pp": 200.0}
-    assert (ratio["comm_dp"], ratio["comm_tp"], ratio["comm_pp"]) == (pytest.approx(0.9), 1.0, pytest.approx(0.5))
+    assert comparison.measured["comm_bytes_per_step"] == {"dp": 900.0}
+    assert comparison.predicted["comm_bytes_per_step"] == {"dp": comm.dp_bytes, "tp": 0.0, "pp": 0.0}
+    assert ratio["comm_dp"] == pytest.approx(900.0 / comm.dp_bytes)
+    assert (ratio["comm_tp"], ratio["comm_pp"]) == (1.0, 1.0)  # nothing planned, nothing sent
     text = format_comparison(comparison)
-    assert "sent per step: dp" in text and "sent per step: tp" not in text  # nothing planned, nothing sent
+    assert "sent per step: dp" in text and "sent per step: tp" not in text

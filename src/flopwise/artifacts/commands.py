@@ -9,6 +9,7 @@ import typer
 
 from flopwise.artifacts.trust_options import ACCEPT_RUN_OPTION, TRUST_REMOTE_CODE_OPTION
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import RunDir
 
 
 def register(app: typer.Typer) -> None:
@@ -49,7 +50,7 @@ def register_export(app: typer.Typer) -> None:
 
         if not Path(run_dir).is_dir():  # before the library log would create RUN_DIR/export
             raise UserError(f"{run_dir}: no such run directory")
-        route_library_noise(Path(out) if out else Path(run_dir) / "export", verbose)
+        route_library_noise(Path(out) if out else RunDir(run_dir).export, verbose)
         from flopwise.artifacts.export import export_checkpoint
 
         result = export_checkpoint(run_dir, step, out, adapter=adapter, trust_remote_code=trust_remote_code,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import RunDir
 
 
 @dataclass
@@ -66,13 +67,13 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
         path = latest_valid(run_dir, report=lambda line: print(line, flush=True))
         if path is None:
             raise UserError(
-                f"{run_dir}: no valid checkpoint under {run_dir / 'checkpoints'} "
+                f"{run_dir}: no valid checkpoint under {RunDir(run_dir).checkpoints} "
                 "(train with checkpoint.at_end=true or checkpoint.every_steps=N)"
             )
     manifest = read_manifest(path)
     check_manifest(path / "manifest.json", manifest, accept_run=accept_run)
     cfg = manifest_config(path / "manifest.json", manifest, trust_remote_code=trust_remote_code)
-    out = Path(out) if out is not None else run_dir / "export"
+    out = Path(out) if out is not None else RunDir(run_dir).export
     adapters = cfg.finetune is not None and cfg.finetune.adapters
     if adapter and not adapters:
         raise UserError(f"--adapter: {run_dir} trained every weight (no finetune.method lora or qlora); "
@@ -102,9 +103,9 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     except OSError as err:
         raise UserError(f"{out / 'model.safetensors'}: cannot write the export ({err.strerror or err})") from None
     config_text = signed_config_text(dump_config(cfg))
-    write_file(out / "config.yaml", config_text)
-    if not (run_dir / "config.yaml").exists():
-        write_file(run_dir / "config.yaml", config_text)
+    write_file(out / "config.yaml", config_text)  # an export's own copy, beside its weights
+    if not RunDir(run_dir).config.exists():
+        RunDir(run_dir).write_config(config_text)
     from flopwise.artifacts.export_hf import write_hf_folder
 
     hf_folder = write_hf_folder(model, cfg, run_tokenizer(run_dir, cfg), out / "hf")
@@ -167,7 +168,7 @@ def _unshared(state: dict) -> dict:
 
 def run_tokenizer(run_dir: Path, cfg) -> Path | None:
     """The tokenizer.json the run trained with: the copy in the run directory, else `data.tokenizer`."""
-    copy = Path(run_dir) / "tokenizer.json"
+    copy = RunDir(run_dir).tokenizer
     if copy.is_file():
         return copy
     return Path(cfg.data.tokenizer) if cfg.data.tokenizer is not None else None

@@ -73,7 +73,7 @@ def llama_to_transformers(model: nn.Module) -> nn.Module:
     """`LlamaForCausalLM` with the built-in llama decoder's weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from flopwise.train.model import ffn_hidden_of, kv_heads_of
+    from flopwise.config.model_shape import ffn_hidden_of, kv_heads_of
 
     mc = model.cfg
     n_kv = kv_heads_of(mc)
@@ -105,7 +105,7 @@ def gpt2_to_transformers(model: nn.Module) -> nn.Module:
     """`GPT2LMHeadModel` with the built-in gpt2 decoder's weights."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from flopwise.train.model import ffn_hidden_of, kv_heads_of
+    from flopwise.config.model_shape import ffn_hidden_of, kv_heads_of
 
     mc = model.cfg
     if kv_heads_of(mc) != mc.n_heads:

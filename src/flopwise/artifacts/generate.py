@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import RunDir
 
 MAX_NEW_TOKENS = 1 << 20
 MAX_TEMPERATURE = 100.0  # far above any useful value; keeps nan/inf and absurd sizes out of torch
@@ -64,9 +65,9 @@ def resolve_hf_folder(target: Path, *, trust_remote_code: bool = False, accept_r
     target = Path(target)
     if (target / "config.json").is_file():
         return target
-    if (target / "export" / "hf" / "config.json").is_file():
-        return target / "export" / "hf"
-    if (target / "checkpoints").is_dir():
+    if (RunDir(target).export / "hf" / "config.json").is_file():
+        return RunDir(target).export / "hf"
+    if RunDir(target).checkpoints.is_dir():
         from flopwise.artifacts.export import export_checkpoint
 
         result = export_checkpoint(target, trust_remote_code=trust_remote_code, accept_run=accept_run)

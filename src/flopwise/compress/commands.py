@@ -14,8 +14,10 @@ from typing import Optional
 
 import typer
 
+from flopwise.compress.methods import method_help
 from flopwise.errors import UserError
 from flopwise.artifacts.trust_options import ACCEPT_RUN_OPTION, TRUST_REMOTE_CODE_OPTION
+from flopwise.runrecord.run_dir import RunDir
 
 BUILTIN_TASKS = ("digits-cnn", "digits-mlp")
 
@@ -67,9 +69,9 @@ def default_out(cfg, source) -> Path:
         return Path("runs") / f"compress-{cfg.task}-{method}"
     source = Path(source)
     run_dir = source if source.is_dir() else source.parent
-    if run_dir.name == "export":
+    if run_dir == RunDir(run_dir.parent).export:
         run_dir = run_dir.parent
-    return run_dir / "compressed" / method
+    return RunDir(run_dir).compressed / method
 
 
 def register(app: typer.Typer) -> None:
@@ -78,7 +80,7 @@ def register(app: typer.Typer) -> None:
     @app.command("compress")
     def compress(
         target: Optional[str] = typer.Argument(None, help="CONFIG.yaml, RUN_DIR (with export/model.safetensors), or digits-cnn / digits-mlp"),
-        method: Optional[str] = typer.Option(None, "--method", "-m", help="int8-static | int8-dynamic | qat | prune | 2:4 | LLM: int8-weight-only | int4-weight-only | w8a8-dynamic"),
+        method: Optional[str] = typer.Option(None, "--method", "-m", help=method_help()),
         task: Optional[str] = typer.Option(None, "--task", help="built-in task: digits-cnn | digits-mlp"),
         sparsity: Optional[float] = typer.Option(None, "--sparsity", help="prune: fraction of weights set to zero"),
         scope: Optional[str] = typer.Option(None, "--scope", help="prune: layer | global"),

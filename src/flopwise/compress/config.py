@@ -12,11 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from flopwise.compress.methods import LLM_METHODS, METHODS
 from flopwise.errors import UserError
 from flopwise.config.schema import refuse_booleans_for_numbers
 
-METHODS = ("int8-static", "int8-dynamic", "qat", "prune", "2:4", "int8-weight-only", "int4-weight-only", "w8a8-dynamic")
-LLM_METHODS = ("int8-weight-only", "int4-weight-only", "w8a8-dynamic")  # compress/methods/: HF folders out
 TASKS = ("lm", "digits-cnn", "digits-mlp")
 
 
@@ -25,8 +24,7 @@ class CompressConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
-    method: Literal["int8-static", "int8-dynamic", "qat", "prune", "2:4",
-                    "int8-weight-only", "int4-weight-only", "w8a8-dynamic"] = "int8-static"
+    method: Literal[METHODS] = "int8-static"  # compress/methods/__init__.py: the one list
     # auto: PT2E + X86InductorQuantizer on x86 CPUs (measured fastest here); eager torch.ao is the fallback.
     backend: Literal["auto", "pt2e-x86", "torchao", "eager"] = "auto"
     observer: Literal["minmax", "histogram", "percentile"] = "histogram"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import RunDir
 
 REPORT_FILE = "compress_report.json"
 FILE_MODE = 0o644
@@ -133,7 +134,7 @@ def run_config_of(run_dir: Path, *, accept_run: bool = False):
     """The run's recorded config (signature checked: `config/signature.py`)."""
     from flopwise.config.signature import read_run_config
 
-    config_path = Path(run_dir) / "config.yaml"
+    config_path = RunDir(run_dir).config
     if not config_path.is_file():
         raise UserError(f"{run_dir}: no config.yaml; compress an LLM from a run directory written by flopwise train")
     return read_run_config(config_path, accept_run=accept_run, trust_remote_code=False)

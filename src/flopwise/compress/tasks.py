@@ -18,6 +18,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import RunDir
 
 
 @dataclass
@@ -84,7 +85,7 @@ def find_export(source: Path) -> tuple[Path, Path]:
     if not source.exists():
         raise UserError(f"{source}: no such run directory or model file")
     if source.is_dir():
-        weights, config = source / "export" / "model.safetensors", source / "config.yaml"
+        weights, config = RunDir(source).export / "model.safetensors", RunDir(source).config
         if not weights.exists():
             weights = source / "model.safetensors"
     else:

@@ -1,6 +1,6 @@
 """`flopwise diagnose RUN_DIR`: what slowed a run down, in plain words, with the next step.
 
-Reads what `flopwise train` wrote, through `flopwise.runrecord.records` (`metrics.rank<R>.jsonl`,
+Reads what `flopwise train` wrote, through `flopwise.runrecord.run_data` (`metrics.rank<R>.jsonl`,
 one `StepRecord` per optimizer step per rank; `predicted_vs_measured.json`, a `Comparison`;
 `config.yaml`) and looks for the problems the seed articles list: a slow gradient sync
 or a straggling rank (load imbalance), a starved data pipeline, unstable loss, and a
@@ -10,29 +10,21 @@ directory can be copied to. Missing optional fields are skipped, never guessed.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import statistics
-from dataclasses import asdict, dataclass, field
 from functools import reduce
 from pathlib import Path
 
-from flopwise.errors import UserError
-from flopwise.runrecord.records import TIME_COMPONENTS, config_path, metrics_files, read_comparison
-
-# Components of a step as `flopwise train` times them; "other" is the rest of step_seconds
-# (logging, checkpoint hooks, anything untimed). `sync_wait_seconds` (time blocked waiting
-# for other ranks at gradient sync) is optional: when a trainer records it, a straggler
-# shows directly as the rank that never waits.
-COMPONENTS = TIME_COMPONENTS
-COMPONENT_LABELS = {
-    "data_seconds": "data wait",
-    "compute_seconds": "forward+backward",
-    "sync_wait_seconds": "gradient-sync wait",
-    "optimizer_seconds": "optimizer",
-    "other_seconds": "other",
-}
+from flopwise.runrecord.diagnosis import Diagnosis, Finding, RankBreakdown
+from flopwise.runrecord.run_data import (
+    COMPONENT_LABELS,
+    COMPONENTS,
+    PlanRow,
+    RunData,
+    finite_number,
+    is_memory_figure,
+    load_run,
+)
 
 # Thresholds. Chosen so run-to-run noise on a shared CPU host (a few %) stays quiet while a
 # throttled GPU or an uneven shard (tens of %) shows; all are ratios, so units do not matter.
@@ -52,211 +44,6 @@ MEMORY_IMBALANCE = 0.25
 MAX_LISTED = 5
 
 SEVERITIES = ("info", "warn", "critical")
-MEMORY_NAMES = ("weights", "parameters", "gradients", "optimizer", "activations", "saved_activations", "cuda_peak_allocated")
-
-
-def is_memory_figure(name: str) -> bool:
-    """Whether a predicted-vs-measured name is a memory figure in bytes (trainer names, or *bytes*/*memory*)."""
-    return name.split(".")[-1] in MEMORY_NAMES or "bytes" in name or "memory" in name
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem: what was seen, on which rank, and what to try next."""
-
-    kind: str
-    severity: str
-    message: str
-    next_step: str
-    rank: int | None = None
-    evidence: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RankBreakdown:
-    """Median and p90 seconds per step component on one rank (warm-up step excluded)."""
-
-    rank: int
-    steps: int
-    median: dict[str, float]
-    p90: dict[str, float]
-    tokens_per_second: float | None
-    peak_memory_bytes: dict[str, int]
-
-
-@dataclass(frozen=True)
-class PlanRow:
-    """One predicted-vs-measured figure."""
-
-    name: str
-    predicted: float
-    measured: float
-
-    @property
-    def ratio(self) -> float:
-        """measured / predicted (inf when nothing was predicted)."""
-        return self.measured / self.predicted if self.predicted else math.inf
-
-
-@dataclass
-class RunData:
-    """What a run directory holds, parsed: step records per rank, and the side files."""
-
-    run_dir: Path
-    steps_by_rank: dict[int, list[dict]]
-    plan_rows: list[PlanRow]
-    config: dict
-    skipped_lines: int = 0
-    hardware_key: str = ""  # the plan's device ("cpu-measured" for a CPU run); "" when no plan was written
-    profiled: bool = False  # the prediction used a measured device profile (`flopwise calibrate`)
-
-    @property
-    def on_cpu(self) -> bool:
-        """True when the run's plan was made for this machine's CPU (advice about GPUs does not apply)."""
-        return self.hardware_key.startswith("cpu")
-
-    @property
-    def ranks(self) -> list[int]:
-        """Ranks in order."""
-        return sorted(self.steps_by_rank)
-
-    def val_losses(self) -> list[tuple[int, float]]:
-        """(step, val_loss) from the lowest rank's records."""
-        first = self.steps_by_rank[self.ranks[0]]
-        return [(r["step"], r["val_loss"]) for r in first if finite_number(r.get("val_loss")) is not None]
-
-
-@dataclass
-class Diagnosis:
-    """The result of `diagnose`: per-rank breakdown, findings, predicted vs measured."""
-
-    run_dir: str
-    ranks: list[int]
-    steps: int
-    breakdown: list[RankBreakdown]
-    findings: list[Finding]
-    plan_rows: list[PlanRow]
-    skipped_lines: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """Plain dict for `--json` and the report."""
-        return {
-            "run_dir": self.run_dir,
-            "ranks": self.ranks,
-            "steps": self.steps,
-            "breakdown": [asdict(b) for b in self.breakdown],
-            "findings": [asdict(f) for f in self.findings],
-            "predicted_vs_measured": [
-                {"name": r.name, "predicted": r.predicted, "measured": r.measured, "ratio": _finite_or_none(r.ratio)}
-                for r in self.plan_rows
-            ],
-            "skipped_lines": self.skipped_lines,
-            "notes": self.notes,
-        }
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def finite_number(value) -> float | None:
-    """A finite int/float, else None (JSON null stands for a non-finite value)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-def _rank_from_name(path: Path) -> int:
-    match = re.search(r"rank(\d+)", path.name)
-    return int(match.group(1)) if match else 0
-
-
-def read_step_records(path: Path) -> tuple[list[dict], int]:
-    """Training-step records of one file and how many lines could not be read.
-
-    A line cut short by a crash or a kill is skipped, not fatal: the rest is still evidence.
-    """
-    records, bad = [], 0
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                bad += 1
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("step"), int) and finite_number(obj.get("step_seconds")) is not None:
-                obj.setdefault("rank", _rank_from_name(path))
-                records.append(obj)
-    return records, bad
-
-
-def load_run(run_dir: str | Path) -> RunData:
-    """Read a run directory, or raise UserError naming what is missing."""
-    root = Path(run_dir)
-    if not root.exists():
-        raise UserError(f"run directory {root} does not exist; pass the folder `flopwise train` wrote (logging.run_dir)")
-    if not root.is_dir():
-        raise UserError(f"{root} is a file; pass the run directory that holds metrics.rank<R>.jsonl")
-    files = metrics_files(root)
-    if not files:
-        raise UserError(f"{root} holds no metrics.rank<R>.jsonl or metrics.jsonl; is it a `flopwise train` run directory?")
-    by_rank: dict[int, dict[int, dict]] = {}
-    skipped = 0
-    for path in files:
-        records, bad = read_step_records(path)
-        skipped += bad
-        for record in records:
-            # A resumed run rewrites steps after the checkpoint: the last line for a step wins.
-            by_rank.setdefault(int(record["rank"]), {})[record["step"]] = record
-    if not by_rank:
-        names = ", ".join(p.name for p in files)
-        raise UserError(f"{root}: {names} hold no step records (lines with 'step' and 'step_seconds'); did the run get past step 1?")
-    steps_by_rank = {rank: [steps[s] for s in sorted(steps)] for rank, steps in by_rank.items()}
-    return RunData(root, steps_by_rank, read_plan_rows(root), read_config(config_path(root)), skipped,
-                   *read_plan_device(root))
-
-
-def read_plan_device(root: Path) -> tuple[str, bool]:
-    """(the catalog key of the device the plan was made for, "cpu..." on a CPU run, or "" when
-    unknown; whether the prediction used a measured device profile)."""
-    try:
-        comparison = read_comparison(root)
-    except UserError:
-        return "", False
-    if comparison is None:
-        return "", False
-    key = (comparison.hardware or {}).get("key")
-    return (key if isinstance(key, str) else ""), comparison.profile is not None
-
-
-def read_config(path: Path) -> dict:
-    """The resolved config, {} when absent or unreadable (only used for hints)."""
-    if not path.is_file():
-        return {}
-    try:
-        import yaml
-
-        data = yaml.safe_load(path.read_text())
-    except Exception:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def read_plan_rows(run_dir: Path) -> list[PlanRow]:
-    """Predicted-vs-measured pairs of the run's `Comparison` (none when the run wrote none)."""
-    comparison = read_comparison(run_dir)
-    if comparison is None:
-        return []
-    return [PlanRow(name, predicted, measured) for name, predicted, measured in comparison.rows()]
-
-
 # --------------------------------------------------------------------------- statistics
 
 

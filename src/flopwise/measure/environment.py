@@ -13,6 +13,7 @@ import socket
 import sys
 from pathlib import Path
 
+from flopwise.runrecord.run_dir import RunDir
 from flopwise.safe_write import make_folder, write_file
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "DS_ACCELERATOR")
@@ -59,7 +60,7 @@ def _native_bf16() -> bool | None:
 
 def write_environment(run_dir: str | Path) -> Path:
     """Rank 0 writes RUN_DIR/environment.json (other ranks return the path untouched)."""
-    path = Path(run_dir) / "environment.json"
+    path = RunDir(run_dir).environment
     if int(os.environ.get("RANK", "0")) == 0:
         make_folder(path.parent)
         write_file(path, json.dumps(describe_environment(), indent=2) + "\n")

@@ -139,12 +139,13 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
                          spot: bool = False, conflicting: list[str] = ()) -> None:
     """`plan --config`: the plan of the run `flopwise train CONFIG [KEY=VALUE ...]` would start.
 
-    The RunSpec comes from `plan.from_config.runspec_from_config`, the function the trainer
+    The RunSpec comes from `plan.from_config.planned_config`, the function the trainer
     writes its `plan.json` with. The config names no hardware: `--hardware` picks it.
     """
     from flopwise.catalog.hardware import get_hardware  # planner modules load when the command runs, not at --help
+    from flopwise.config.resolve import resolve_run
     from flopwise.errors import UserError
-    from flopwise.plan.from_config import notes_for, runspec_from_config
+    from flopwise.plan.from_config import planned_config
     from flopwise.plan.planner import EXAMPLE, plan
 
     if config is None:
@@ -156,12 +157,13 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
     if _load_training_config is None:
         raise UserError("--config: no training-config reader is registered (run through the `flopwise` command)")
     cfg = _load_training_config(config, list(overrides))
-    result = plan(runspec_from_config(cfg, get_hardware(hardware or EXAMPLE["hardware"])))
+    planned = planned_config(cfg, resolve_run(cfg))
+    result = plan(planned.on(get_hardware(hardware or EXAMPLE["hardware"])))
     if as_json:
         print_plan_json(result)
         return
     print_plan(result)
-    for note in notes_for(cfg):
+    for note in planned.notes:
         print(note)
 
 

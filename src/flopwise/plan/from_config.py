@@ -13,48 +13,59 @@ of a run carries no caching-allocator reserve.
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
+from dataclasses import dataclass
 
 from flopwise.catalog.hardware import HardwareSpec
 from flopwise.catalog.models import ModelSpec, from_hf_config
-from flopwise.errors import UserError
-from flopwise.config.precision import precision_of
+from flopwise.config.model_shape import check_shape, ffn_hidden_of, hf_config_path, kv_heads_of
+from flopwise.config.resolve import ResolvedRun
 from flopwise.plan.finetune import config_fields
 from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
 
-FFN_MULTIPLE_OF = 64
+
+@dataclass(frozen=True)
+class PlannedConfig:
+    """What a training config means to the planner before a device is chosen, and what it does not model."""
+
+    model: ModelSpec
+    layout: Layout
+    workload: Workload
+    notes: tuple[str, ...]
+
+    def on(self, hardware: HardwareSpec) -> RunSpec:
+        """The RunSpec on `hardware`; the trainer measures allocated bytes, so no caching-allocator reserve."""
+        return RunSpec(model=self.model, layout=self.layout, workload=self.workload,
+                       cluster=Cluster(hardware=hardware, allocator_reserve=0.0))
 
 
-def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = None,
-                        vocab_size: int | None = None) -> RunSpec:
-    """The RunSpec of the run `cfg` describes: same model, layout, precision, optimizer and token budget.
+def runspec_from_config(cfg, run: ResolvedRun, hardware: HardwareSpec, vocab_size: int | None = None) -> RunSpec:
+    """The RunSpec of the run `cfg` describes: same model, layout, precision, optimizer and token budget."""
+    return planned_config(cfg, run, vocab_size).on(hardware)
 
-    `world_size` defaults to the processes the config launches (`nproc_per_node x nnodes`,
-    one for `single`); `vocab_size` to `data.vocab_size` (the trainer passes the size its
-    tokenizer actually has).
+
+def planned_config(cfg, run: ResolvedRun, vocab_size: int | None = None) -> PlannedConfig:
+    """The planner's model, layout and workload for `cfg`, and the notes on what it leaves out.
+
+    Processes, mesh, batch and precision are `run`'s (`config/resolve.py`), the numbers the
+    launcher and the trainer use; `vocab_size` defaults to `data.vocab_size` (the trainer
+    passes the size its tokenizer actually has).
     """
-    world = world_size if world_size is not None else processes_of(cfg.parallel)
     vocab = vocab_size if vocab_size is not None else cfg.data.vocab_size
     strategy = cfg.parallel.strategy
     pipeline = strategy == "pipeline"
-    micro_per_pass = cfg.parallel.pipeline_microbatches if pipeline else 1
     par = cfg.parallel
-    tp = par.tp
-    # a pipeline takes what tp and the replicas leave unless parallel.pp says otherwise (train/parallel/mesh.py)
-    pp = (par.pp or world // (tp * par.dp_replicate)) if pipeline else 1
-    dp = max(1, world // (tp * pp))  # tensor-parallel peers and pipeline stages read the same batch
-    _, grad_accum = batch_layout(cfg.training, dp, micro_per_pass)
+    mesh = run.mesh
+    tp, pp, dp = mesh.tp, mesh.pp, mesh.dp  # tensor-parallel peers and pipeline stages read the same batch
     every = cfg.training.checkpoint_every
     layout = Layout(
         dp=dp,
         tp=tp,
         sequence_parallel=cfg.parallel.sequence_parallel and tp > 1,
-        dp_replicate=par.dp_replicate,
+        dp_replicate=mesh.dp_replicate,
         pp=pp,
         micro_batch_size=cfg.training.micro_batch_size,
         # a pipeline pass is `pipeline_microbatches` micro-batches: the planner's accumulation count
-        grad_accum=grad_accum * micro_per_pass,
+        grad_accum=run.micro_batches_per_step,
         # FSDP2's full sharding shards parameters, gradients and optimizer states: ZeRO stage 3
         zero_stage=3 if strategy == "fsdp" or (pipeline and dp > 1) else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
         framework="deepspeed" if strategy == "deepspeed" else "fsdp",
@@ -68,17 +79,16 @@ def runspec_from_config(cfg, hardware: HardwareSpec, world_size: int | None = No
     )
     seq_len = cfg.data.seq_len
     workload = Workload(
-        precision=precision_of(cfg.precision.mode).compute_dtype,
+        precision=run.precision.compute_dtype,
         optimizer=cfg.training.optimizer,
         seq_len=seq_len,
         total_tokens=float(cfg.training.max_steps * layout.global_batch_size * seq_len),
         dropout=cfg.model.dropout > 0,
         **config_fields(getattr(cfg, "finetune", None)),  # LoRA / QLoRA (plan/finetune.py)
     )
-    model = model_spec_from_config(cfg.model, vocab, seq_len)
-    # the trainer measures allocated bytes: no caching-allocator reserve on top
-    return RunSpec(model=model, layout=layout, workload=workload,
-                   cluster=Cluster(hardware=hardware, allocator_reserve=0.0))
+    return PlannedConfig(model=model_spec_from_config(cfg.model, vocab, seq_len), layout=layout,
+                         workload=workload, notes=tuple(notes_for(cfg)))
+
 
 
 def notes_for(cfg) -> list[str]:
@@ -108,31 +118,6 @@ def _offload_of(parallel) -> str:
     if parallel.offload == "none" or parallel.strategy not in ("deepspeed", "fsdp"):
         return "none"
     return parallel.offload if parallel.strategy == "deepspeed" else "params"
-
-
-def processes_of(parallel) -> int:
-    """Processes the config launches: one for `single`, else `nproc_per_node x nnodes`."""
-    if parallel.strategy == "single":
-        return 1
-    return parallel.nproc_per_node * parallel.nnodes
-
-
-def batch_layout(training, world_size: int, micro_batches_per_pass: int = 1) -> tuple[int, int]:
-    """(global batch in sequences, accumulation passes); the global batch defaults to one pass.
-
-    A pass is one micro-batch on each of `world_size` data-parallel ranks, or, for a
-    pipeline, `micro_batches_per_pass` micro-batches through the stages.
-    """
-    per_pass = training.micro_batch_size * world_size * micro_batches_per_pass
-    global_batch = training.global_batch_size or per_pass
-    if global_batch % per_pass:
-        what = "processes" if micro_batches_per_pass == 1 else "parallel.pipeline_microbatches"
-        count = world_size if micro_batches_per_pass == 1 else micro_batches_per_pass
-        raise UserError(
-            f"training.global_batch_size: {global_batch} is not a multiple of micro_batch_size x {what} "
-            f"= {training.micro_batch_size} x {count} (allowed e.g. {per_pass}, {2 * per_pass}, {4 * per_pass})"
-        )
-    return global_batch, global_batch // per_pass
 
 
 # ------------------------------------------------------------------------- the model's numbers
@@ -165,50 +150,3 @@ def model_spec_from_config(model, vocab_size: int, seq_len: int) -> ModelSpec:
         head_dim=model.hidden // model.n_heads,
         source="flopwise built-in decoder (train/model.py)",
     )
-
-
-def llama_ffn_hidden(hidden: int, multiple_of: int = FFN_MULTIPLE_OF) -> int:
-    """SwiGLU width that keeps the MLP's parameters at ~8h^2, as a 4h GELU MLP has.
-
-    LLaMA's rule (Meta `llama/model.py`, FeedForward): int(2 * 4h / 3), rounded up to a
-    multiple of `multiple_of` (Meta uses 256; 64 here so small models stay close to 8h/3).
-    """
-    width = int(2 * 4 * hidden / 3)
-    return multiple_of * math.ceil(width / multiple_of)
-
-
-def ffn_hidden_of(model) -> int:
-    """The MLP width: `model.ffn_hidden`, else the LLaMA rule (llama) or 4h (gpt2)."""
-    if model.ffn_hidden is not None:
-        return model.ffn_hidden
-    return llama_ffn_hidden(model.hidden) if model.kind == "llama" else 4 * model.hidden
-
-
-def kv_heads_of(model) -> int:
-    """Key/value heads: `model.n_kv_heads`, else one per query head (plain multi-head)."""
-    return model.n_kv_heads if model.n_kv_heads is not None else model.n_heads
-
-
-def check_shape(model) -> None:
-    """Reject head layouts the attention cannot split, naming the config keys."""
-    if model.hidden % model.n_heads:
-        raise UserError(f"model.hidden={model.hidden} must be divisible by model.n_heads={model.n_heads}")
-    n_kv = kv_heads_of(model)
-    if model.n_heads % n_kv:
-        raise UserError(f"model.n_heads={model.n_heads} must be a multiple of model.n_kv_heads={n_kv}")
-    if model.kind == "llama" and (model.hidden // model.n_heads) % 2:
-        raise UserError(
-            f"model.hidden / model.n_heads = {model.hidden // model.n_heads} must be even for rotary embeddings"
-        )
-
-
-def hf_config_path(model) -> Path:
-    """The config.json named by `model.hf_config` (a file, or a folder holding config.json)."""
-    if model.hf_config is None:
-        raise UserError("model.hf_config is required when model.kind=hf (path to a config.json)")
-    path = Path(model.hf_config).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise UserError(f"model.hf_config: {path} does not exist")
-    return path

@@ -13,7 +13,9 @@ import html
 import json
 from pathlib import Path
 
-from flopwise.diagnose.analyze import COMPONENT_LABELS, COMPONENTS, Diagnosis, RunData, is_memory_figure
+from flopwise.runrecord.diagnosis import Diagnosis
+from flopwise.runrecord.run_dir import RunDir
+from flopwise.runrecord.run_data import COMPONENT_LABELS, COMPONENTS, RunData, is_memory_figure
 from flopwise.safe_write import write_file
 
 STYLE = """
@@ -33,7 +35,7 @@ pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .85em; }
 def write_html_report(run: RunData, diagnosis: Diagnosis, figures: dict[str, Path | None],
                       summary: list[tuple[str, str]]) -> Path:
     """Write RUN_DIR/report.html from the same facts as report.md; returns its path."""
-    path = run.run_dir / "report.html"
+    path = RunDir(run.run_dir).report_html
     write_file(path, render_html(run, diagnosis, figures, summary))
     return path
 
@@ -75,8 +77,8 @@ def render_html(run: RunData, diagnosis: Diagnosis, figures: dict[str, Path | No
                 for r in diagnosis.plan_rows]
         parts += ["<h2>Predicted vs measured</h2>", _table(["figure", "predicted", "measured", "measured / predicted"], rows)]
     parts += ["<h2>Config</h2>", "<details><summary>config.yaml as resolved for this run (click to open)</summary>",
-              _file_block(run.run_dir / "config.yaml", "no config.yaml in the run directory"), "</details>"]
-    parts += ["<h2>Environment</h2>", _environment(run.run_dir / "environment.json")]
+              _file_block(RunDir(run.run_dir).config, "no config.yaml in the run directory"), "</details>"]
+    parts += ["<h2>Environment</h2>", _environment(RunDir(run.run_dir).environment)]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 

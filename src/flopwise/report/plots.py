@@ -1,6 +1,6 @@
 """The run report's figures: one function per PNG, matplotlib with the file-only Agg backend.
 
-Each function takes parsed run data (from `flopwise.diagnose.analyze`) and a path, writes
+Each function takes parsed run data (`flopwise.runrecord.run_data`, a `Diagnosis`) and a path, writes
 one PNG and returns the path, or returns None when the run holds nothing to plot (a
 run without validation has no val-loss line; one without memory fields no memory bars).
 """
@@ -16,14 +16,9 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from flopwise.diagnose.analyze import (  # noqa: E402
-    COMPONENT_LABELS,
-    Diagnosis,
-    PlanRow,
-    RunData,
-    finite_number,
-    is_memory_figure,
-)
+from flopwise.runrecord.diagnosis import Diagnosis  # noqa: E402
+from flopwise.runrecord.run_dir import RunDir  # noqa: E402
+from flopwise.runrecord.run_data import COMPONENT_LABELS, PlanRow, RunData, finite_number, is_memory_figure  # noqa: E402
 from flopwise.runrecord.records import TIME_COMPONENTS  # noqa: E402
 from flopwise.safe_write import make_entry_folder, write_file  # noqa: E402
 
@@ -56,7 +51,7 @@ def validation_losses(run: RunData) -> list[tuple[int, float]]:
     try:
         import json
 
-        data = json.loads((run.run_dir / "predicted_vs_measured.json").read_text())
+        data = json.loads(RunDir(run.run_dir).comparison.read_text())
         for item in data.get("measured", {}).get("val_losses", []):
             loss = finite_number(item.get("loss"))
             if loss is not None and isinstance(item.get("step"), int):

@@ -10,17 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from flopwise.diagnose.analyze import (
-    COMPONENT_LABELS,
-    Diagnosis,
-    RunData,
-    diagnose,
-    is_memory_figure,
-    load_run,
-)
+from typing import Callable
+
+from flopwise.runrecord.diagnosis import Diagnosis
+from flopwise.runrecord.run_data import COMPONENT_LABELS, RunData, is_memory_figure, load_run
 from flopwise.report import plots
 from flopwise.report.html_report import write_html_report
-from flopwise.runrecord.records import REPORT_FILE, TIME_COMPONENTS
+from flopwise.runrecord.records import TIME_COMPONENTS
+from flopwise.runrecord.run_dir import RunDir
 from flopwise.safe_write import write_file
 
 
@@ -33,11 +30,15 @@ class ReportFiles:
     html: Path | None = None
 
 
-def write_report(run_dir: str | Path) -> ReportFiles:
-    """Diagnose the run, draw its figures, write report.md and report.html; UserError for a bad run dir."""
+def write_report(run_dir: str | Path, diagnose: Callable[[RunData], Diagnosis]) -> ReportFiles:
+    """Diagnose the run, draw its figures, write report.md and report.html; UserError for a bad run dir.
+
+    `diagnose` is `flopwise.diagnose.analyze.diagnose`, handed in by `flopwise.cli` (report reads
+    diagnose's result types from runrecord and never imports the diagnose package).
+    """
     run = load_run(run_dir)
     diagnosis = diagnose(run)
-    plot_dir = run.run_dir / "plots"
+    plot_dir = RunDir(run.run_dir).plots
     figures = {
         "Loss": plots.plot_loss(run, plot_dir / "loss.png"),
         "Throughput per rank": plots.plot_tokens_per_second(run, plot_dir / "tokens_per_second.png",
@@ -45,7 +46,7 @@ def write_report(run_dir: str | Path) -> ReportFiles:
         "Step time breakdown": plots.plot_step_breakdown(diagnosis, plot_dir / "step_breakdown.png"),
         "Memory": plots.plot_memory(diagnosis, plot_dir / "memory.png"),
     }
-    path = run.run_dir / REPORT_FILE
+    path = RunDir(run.run_dir).report
     write_file(path, render_markdown(run, diagnosis, figures))
     page = write_html_report(run, diagnosis, figures, summary_rows(run, diagnosis))
     return ReportFiles(path, [p for p in figures.values() if p is not None], page)

@@ -1,15 +1,8 @@
 """The run record: what a `flopwise train` run directory holds, and the one shape of each file.
 
 Torch-free plain data. `train` writes through it; `diagnose`, `report` and
-`plan --calibrate` read through it, so the layout and the record types are declared once:
-
-    runs/<name>/
-      config.yaml                  the resolved training config
-      plan.json                    the planner's prediction (`Plan.to_dict()`), before step 1
-      metrics.rank<R>.jsonl        one `StepRecord` per optimizer step, one file per rank
-      predicted_vs_measured.json   a `Comparison`, at the end of the run
-      checkpoints/step-N/          see `train/checkpoint/store.py`
-      report.md                    written by `flopwise report`
+`plan --calibrate` read through it, so the record types are declared once. The entries'
+names and paths are `RunDir`'s (`run_dir.py`).
 
 `SCHEMA_VERSION` is written into `predicted_vs_measured.json`; a reader meeting a newer
 version says so instead of guessing at the shape.
@@ -23,16 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flopwise.errors import UserError
-from flopwise.safe_write import write_file
+from flopwise.runrecord.run_dir import RunDir
+from flopwise.safe_write import make_folder, write_file
 
 SCHEMA_VERSION = 1
-
-CONFIG_FILE = "config.yaml"
-PLAN_FILE = "plan.json"
-COMPARISON_FILE = "predicted_vs_measured.json"
-CHECKPOINTS_DIR = "checkpoints"
-REPORT_FILE = "report.md"
-SHARED_METRICS_FILE = "metrics.jsonl"  # read for runs of other tools that log one shared file
 
 # The parts of a step's time, in seconds, as a `StepRecord` holds them; what is left of
 # `step_seconds` is "other".
@@ -43,33 +30,32 @@ MEMORY_COMPONENTS = ("weights", "gradients", "optimizer", "activations", "total"
 
 def config_path(run_dir: str | Path) -> Path:
     """`runs/<name>/config.yaml`."""
-    return Path(run_dir) / CONFIG_FILE
+    return RunDir(run_dir).config
 
 
 def plan_path(run_dir: str | Path) -> Path:
     """`runs/<name>/plan.json`."""
-    return Path(run_dir) / PLAN_FILE
+    return RunDir(run_dir).plan
 
 
 def comparison_path(run_dir: str | Path) -> Path:
     """`runs/<name>/predicted_vs_measured.json`."""
-    return Path(run_dir) / COMPARISON_FILE
+    return RunDir(run_dir).comparison
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
     """`runs/<name>/checkpoints/`."""
-    return Path(run_dir) / CHECKPOINTS_DIR
+    return RunDir(run_dir).checkpoints
 
 
 def metrics_path(run_dir: str | Path, rank: int) -> Path:
-    """`runs/<name>/metrics.rank<R>.jsonl`: one file per rank needs no lock and never interleaves."""
-    return Path(run_dir) / f"metrics.rank{rank}.jsonl"
+    """`runs/<name>/metrics.rank<R>.jsonl`."""
+    return RunDir(run_dir).metrics(rank)
 
 
 def metrics_files(run_dir: str | Path) -> list[Path]:
     """Every rank's metrics file (and a shared `metrics.jsonl`, if another tool wrote one)."""
-    root = Path(run_dir)
-    return sorted(root.glob("metrics.rank*.jsonl")) + [p for p in [root / SHARED_METRICS_FILE] if p.is_file()]
+    return RunDir(run_dir).metrics_files()
 
 
 @dataclass
@@ -173,6 +159,15 @@ class Comparison:
     def measured_mfu(self) -> float | None:
         """The run's measured MFU (a finite number), or None."""
         return _finite(self.measured.get("mfu"))
+
+
+def write_plan(run_dir: str | Path, plan, error: str | None = None) -> Path:
+    """Write `plan.json`: the planner's `Plan` as its JSON contract (`Plan.to_dict()`, docs/planner.md),
+    or `{"error": ...}` when the run could not be planned. The one place a plan becomes a dict."""
+    payload = plan.to_dict() if plan is not None else {"error": error}
+    path = plan_path(run_dir)
+    make_folder(path.parent)
+    return write_file(path, json.dumps(payload, indent=2, default=str))
 
 
 def write_comparison(run_dir: str | Path, comparison: Comparison) -> Path:

@@ -40,6 +40,7 @@ from torch import nn
 
 from flopwise.train.techniques import activation_compression
 from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing
+from flopwise.config.resolve import ResolvedRun
 from flopwise.config.schema import RunConfig
 from flopwise.train.parallel.distributed import DistEnv
 from flopwise.train.model import build_model, transformer_blocks
@@ -70,7 +71,7 @@ class BuiltModel:
     pp_group: object | None = None  # the pipeline stages' process group when the mesh has other dimensions
 
 
-def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> BuiltModel:
+def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv, run: ResolvedRun) -> BuiltModel:
     """Build the model and apply techniques 1-6 in the documented order (7 needs the optimizer: `build_strategy`)."""
     notes: list[str] = []
     pretrained = cfg.model.pretrained
@@ -103,7 +104,7 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Built
         apply_pure_bf16(model)
         notes.append(PURE_BF16_TRADE_OFF)
 
-    mesh, shape = build_device_mesh(cfg.parallel, env)  # the run's one DeviceMesh
+    mesh, shape = build_device_mesh(cfg.parallel, env, run.mesh)  # the run's one DeviceMesh
     if shape.tp > 1:
         apply_tensor_parallel(model, cfg.parallel, env, mesh)
         notes.append(f"tensor parallel: tp {shape.tp}"
@@ -167,6 +168,6 @@ def _int8_activation_compression() -> tuple[Callable[[], ContextManager], tuple[
     return context, hooks
 
 
-def build_strategy(state, cfg: RunConfig, env: DistEnv):
+def build_strategy(state, cfg: RunConfig, env: DistEnv, run: ResolvedRun):
     """Technique 7: the step's `Strategy`, built once the optimizer and loss scaler exist."""
-    return attach_strategy(state, cfg, env)
+    return attach_strategy(state, cfg, env, run)

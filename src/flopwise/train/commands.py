@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from flopwise.runrecord.run_dir import RunDir
+
 
 TRAIN_HELP = (
     "Train a model from a YAML config, with `key=value` overrides.\n\n"
@@ -69,7 +71,7 @@ def set_verbose(verbose: bool) -> None:
 
 def say_where_library_messages_went(folder: Path) -> None:
     """One line naming the library log files, when libraries said anything."""
-    logs = sorted(p for p in folder.glob("library*.log") if p.stat().st_size > 0)
+    logs = [p for p in RunDir(folder).library_logs() if p.stat().st_size > 0]
     if logs:
         lines = sum(len(p.read_text(encoding="utf-8", errors="replace").splitlines()) for p in logs)
         print(f"library messages ({lines} lines: warnings from torch, DeepSpeed, ...) are in "

@@ -19,22 +19,22 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from flopwise.plan.from_config import batch_layout
 from flopwise.train import prediction
 from flopwise.train.run_forecast import forecast_line, gpu_config_on_cpu
 from flopwise.train.parallel import comm_volume
-from flopwise.train.parallel.mesh import mesh_shape_of
 from flopwise.train.build import BuiltModel, build_strategy, build_training_model
+from flopwise.config.resolve import ResolvedRun, resolve_run
 from flopwise.config.schema import RunConfig, TrainingConfig
 from flopwise.config.loading import dump_config
 from flopwise.config.signature import signed_config_text
 from flopwise.train.data.files import TokenLoader
 from flopwise.train.launch.heartbeat import note_step
 from flopwise.train.data.prepare import prepare_data
-from flopwise.train.parallel.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier, data_parallel_shape
+from flopwise.train.parallel.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier
 from flopwise.train.checkpoint.policy import StepBoundary
-from flopwise.runrecord.records import MemoryBytes, StepRecord, config_path, write_comparison
-from flopwise.safe_write import copy_file, make_folder, write_file
+from flopwise.runrecord.records import MemoryBytes, StepRecord, write_comparison
+from flopwise.runrecord.run_dir import RunDir
+from flopwise.safe_write import copy_file, make_folder
 from flopwise.train.metrics import MetricsWriter, RunDisplay
 from flopwise.train.techniques.precision import make_grad_scaler, pretrained_precision_default
 from flopwise.train.step import Strategy, StepHooks, train_step
@@ -111,29 +111,32 @@ def evaluate(state: TrainState, loader, batches: int) -> float:
     return state.strategy.evaluate(loader, batches)
 
 
-def make_loader(cfg: RunConfig, env: DistEnv, prepared, split: str):
+def make_loader(cfg: RunConfig, env: DistEnv, prepared, split: str, run: ResolvedRun):
     """This rank's loader for 'train' (prefetching) or 'val' (synchronous, repeatable)."""
-    dp_rank, dp_size, _ = data_parallel_shape(cfg.parallel, env)
     return TokenLoader(
         prepared, split, seq_len=cfg.data.seq_len, micro_batch_size=cfg.training.micro_batch_size,
-        rank=dp_rank, world_size=dp_size, seed=cfg.training.seed,
+        rank=run.mesh.dp_rank_of(env.rank), world_size=run.mesh.dp, seed=cfg.training.seed,
         prefetch=cfg.data.prefetch if split == "train" else 0,
     )
 
 
-def build_state(cfg: RunConfig, env: DistEnv, prepared) -> TrainState:
-    """A fresh TrainState at step 0: model (seeded), optimizer, schedule, loss scaler, loader, strategy."""
+def build_state(cfg: RunConfig, env: DistEnv, prepared, run: ResolvedRun | None = None) -> TrainState:
+    """A fresh TrainState at step 0: model (seeded), optimizer, schedule, loss scaler, loader, strategy.
+
+    `run`: the run's `ResolvedRun` (None: resolved here for this rank's world).
+    """
+    run = run if run is not None else resolve_run(cfg, processes=env.world_size)
     torch.manual_seed(cfg.training.seed)  # same initial weights on every rank
-    built = build_training_model(cfg, prepared.vocab_size, env)
+    built = build_training_model(cfg, prepared.vocab_size, env, run)
     optimizer = make_optimizer(built.module, cfg.training)
     state = TrainState(
         built=built,
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, cfg.training),
         scaler=make_grad_scaler(cfg.precision, env.device.type),
-        train_loader=make_loader(cfg, env, prepared, "train"),
+        train_loader=make_loader(cfg, env, prepared, "train", run),
     )
-    state.strategy = build_strategy(state, cfg, env)
+    state.strategy = build_strategy(state, cfg, env, run)
     return state
 
 
@@ -143,13 +146,14 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     `before_final_forward`: callables run before the last forward of every step (tests use
     one to slow a rank down on purpose); a real run has none.
     """
+    run = resolve_run(cfg, processes=env.world_size)  # processes, mesh, batch, precision: computed once
     run_dir = Path(cfg.logging.run_dir)
     device_default = pretrained_precision_default(cfg, env.device)  # before anything reads the mode
     if device_default is not None:
         cfg._default_notes.append(device_default)
     if env.is_main:
         make_folder(run_dir)
-        write_file(config_path(run_dir), signed_config_text(dump_config(cfg)))
+        RunDir(run_dir).write_config(signed_config_text(dump_config(cfg)))
 
     # Rank 0 tokenizes and caches; the others wait, then load the cache.
     prepared = prepare_data(cfg.data) if env.is_main else None
@@ -157,16 +161,15 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     if prepared is None:
         prepared = prepare_data(cfg.data)
     if env.is_main and prepared.tokenizer_path is not None:  # `flopwise export` / `generate` read it here
-        copy_file(prepared.tokenizer_path, run_dir / "tokenizer.json")
+        copy_file(prepared.tokenizer_path, RunDir(run_dir).tokenizer)
 
-    _, dp_size, micro_per_pass = data_parallel_shape(cfg.parallel, env)
-    global_batch, grad_accum = batch_layout(cfg.training, dp_size, micro_per_pass)
-    state = build_state(cfg, env, prepared)
+    global_batch, grad_accum = run.global_batch, run.grad_accum
+    state = build_state(cfg, env, prepared, run)
     built = state.built
-    val_loader = make_loader(cfg, env, prepared, "val")
-    tokens_per_step = global_batch * cfg.data.seq_len
+    val_loader = make_loader(cfg, env, prepared, "val", run)
+    tokens_per_step = run.tokens_per_step
 
-    forecast = prediction.prepare(cfg, prepared.vocab_size, env)
+    forecast = prediction.prepare(cfg, run, prepared.vocab_size, env)
     display = RunDisplay(
         enabled=env.is_main, total_steps=cfg.training.max_steps, run_dir=run_dir,
         progress=cfg.logging.progress, tensorboard=cfg.logging.tensorboard,
@@ -190,7 +193,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     try:
         while state.step < cfg.training.max_steps:
             if state.step + 1 == metered:  # one step's collectives, counted (its time is left out of the speed)
-                with comm_volume.CollectiveBytesMeter(mesh_shape_of(cfg.parallel, env.world_size)) as meter:
+                with comm_volume.CollectiveBytesMeter(run.mesh) as meter:
                     step = train_step(state, env, grad_accum, hooks)
                 result.comm_bytes = meter.to_dict()
             else:
@@ -233,7 +236,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     bubble = getattr(state.strategy, "measured_bubble", lambda: None)()
     if bubble is not None:  # the pipeline's idle share, averaged over ranks
         summary["bubble_fraction"] = all_reduce_mean([bubble], env)[0]
-    comparison = forecast.compare(summary)
+    comparison = prediction.compare(forecast, summary)
     if env.is_main:
         write_comparison(run_dir, comparison)
         print(prediction.format_comparison(comparison), flush=True)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from flopwise.runrecord.records import MemoryBytes, json_line, metrics_path
+from flopwise.runrecord.run_dir import RunDir
 from flopwise.safe_write import WriteFailed, make_folder, open_for_append, write_through_descriptor
 from flopwise.train.parallel.distributed import local_tensor
 
@@ -249,7 +250,7 @@ class RunDisplay:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(RunDir(run_dir).tensorboard))
         if wandb_project:
             import wandb
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flopwise.errors import UserError
-from flopwise.plan.from_config import check_shape, ffn_hidden_of, hf_config_path, kv_heads_of
+from flopwise.config.model_shape import check_shape, ffn_hidden_of, hf_config_path, kv_heads_of
 from flopwise.rotary import apply_rotary, rotary_tables
 from flopwise.config.schema import ModelConfig
 

@@ -1,14 +1,11 @@
 """Predicted vs measured: the planner's forecast for this very run, and the comparison at the end.
 
-Before step 1 the run writes `plan.json` (the planner's `plan(RunSpec).to_dict()` for the
-same model, layout, precision and device). At the end it writes and prints
+Before step 1 the run plans itself (a typed `Plan` for the same model, layout, precision and
+device, kept in the `Forecast`; `runrecord.write_plan` serialises it once, as `plan.json`). At
+the end `compare` (pure) puts it beside what was measured, and the run writes and prints
 `predicted_vs_measured.json`: memory per component, tokens/s and MFU, side by side.
 
-The device's peak FLOP/s in the dtype the matmuls run in decides MFU. On CUDA it is the
-catalog's dense peak for the detected device; a device the catalog does not know gives no
-MFU and says why (never another chip's peak). On CPU there is no catalog entry, so the
-best GEMM of this device's measured profile, in that dtype, stands in for the peak and is
-labelled "measured CPU peak".
+The device and its peak FLOP/s (MFU's denominator) come from `measure/device_peak.py`.
 
 The prediction uses the device profile of the device the run is on (`flopwise
 calibrate`'s cache, or a quick profile measured by all ranks on first use and cached), so
@@ -17,40 +14,26 @@ predicted and measured throughput come from the same machine; the record names i
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import platform
-import re
-import time
 from dataclasses import dataclass, field
 
-import torch
-
-from flopwise.catalog.hardware import HardwareSpec, load_hardware
-from flopwise.plan.from_config import model_spec_from_config, notes_for, runspec_from_config
-from flopwise.plan.planner import plan
-from flopwise.config.precision import precision_of
-from flopwise.runrecord.records import MEMORY_COMPONENTS, Comparison, plan_path
-from flopwise.safe_write import make_folder, write_file
+from flopwise.measure.device_peak import device_name, device_profile, detect_hardware
+from flopwise.plan.from_config import planned_config
+from flopwise.plan.planner import Plan, plan
+from flopwise.config.resolve import ResolvedRun
+from flopwise.runrecord.records import MEMORY_COMPONENTS, Comparison, write_plan
 from flopwise.config.schema import RunConfig
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
 
-CPU_KEY = "cpu-measured"
-# Square matmul sizes for the CPU peak: cache behaviour makes either one faster on a given
-# machine, so the peak is the best of both.
-CALIBRATION_SIZES = (512, 1024)
 # What the CPU measurement counts per rank (`metrics.measure_memory`); the plan's `other` is not among them.
 COUNTED_COMPONENTS = ("weights", "gradients", "optimizer", "activations")
-# Device memory as reported by CUDA vs the catalog's figure (GB vs GiB, reserved memory).
-MEMORY_TOLERANCE = 0.15
 
 
 @dataclass
 class Forecast:
     """What the planner expects for this run, and the peak that MFU divides by."""
 
-    plan: dict | None
+    plan: Plan | None  # the planner's own value; serialised once, into plan.json (runrecord.write_plan)
     hardware_key: str
     hardware_name: str
     peak_flops: float | None  # per device, in the run's compute dtype
@@ -66,115 +49,120 @@ class Forecast:
             return None
         return self.flops_per_token * tokens_per_second / (self.world_size * self.peak_flops)
 
-    def compare(self, measured: dict) -> Comparison:
-        """The predicted-vs-measured record; `measured.mfu` / `measured.hardware` feed `plan --calibrate`."""
-        predicted_memory = _planned_memory(self.plan)
-        measured_memory = {
-            "weights": measured["parameters"],
-            "gradients": measured["gradients"],
-            "optimizer": measured["optimizer"],
-            "activations": measured["activations"],
-        }
-        host_predicted = ((self.plan or {}).get("memory") or {}).get("cpu_offload_bytes") or 0.0
-        if host_predicted:
-            # FSDP2's CPUOffloadPolicy keeps parameter shards, their gradients and the optimizer
-            # state in host memory: the model states the run counted are host-resident bytes
-            # (on a CPU run host and "device" are one memory, so the policy, not the address, places them)
-            predicted_memory["host_offload"] = host_predicted
-            measured_memory["host_offload"] = sum(measured_memory.pop(k) for k in ("weights", "gradients", "optimizer"))
-            measured_memory.update(weights=0, gradients=0, optimizer=0)
-        measured_memory["total"] = sum(v for k, v in measured_memory.items() if k != "host_offload")
-        measured_memory["counted_total"] = measured_memory["total"]  # named as on the predicted side, for readers
-        # `other` (FSDP's gathered units, DDP buckets, a pipeline stage's gathered copy) lives only
-        # around collectives and is not counted on CPU: the totals compare the counted components
-        predicted_memory["counted_total"] = sum(predicted_memory.get(k) or 0.0 for k in COUNTED_COMPONENTS)
-        if measured.get("cuda_peak_allocated") is not None:
-            measured_memory["cuda_peak_allocated"] = measured["cuda_peak_allocated"]
-        plan_time = (self.plan or {}).get("time") or {}
-        predicted = {
-            "memory_bytes": predicted_memory,
-            "tokens_per_second": plan_time.get("tokens_per_second"),
-            "step_seconds": plan_time.get("step_seconds"),
-            "mfu": plan_time.get("mfu"),
-        }
-        measured_out = {
-            "memory_bytes": measured_memory,
-            "tokens_per_second": measured["tokens_per_second"],
-            "step_seconds": measured["step_seconds"],
-            "mfu": self.mfu(measured["tokens_per_second"]),
-            "hardware": self.hardware_key,
-            "final_train_loss": measured.get("final_train_loss"),
-            "val_losses": [{"step": s, "loss": v} for s, v in measured.get("val_losses", [])],
-            "steps": measured.get("steps"),
-        }
-        ratio = {}
-        for key in MEMORY_COMPONENTS:
-            predicted_key = "counted_total" if key == "total" else key
-            ratio[f"memory_{key}"] = _memory_ratio(measured_memory.get(key), predicted_memory.get(predicted_key))
-        if host_predicted:
-            ratio["memory_host_offload"] = _ratio(measured_memory["host_offload"], host_predicted)
-        ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
-        ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
-        if measured.get("comm_bytes") is not None:  # one metered step (`train/parallel/comm_volume.py`)
-            planned = (self.plan or {}).get("comm") or {}
-            predicted["comm_bytes_per_step"] = {dim: planned.get(f"{dim}_bytes") for dim in ("dp", "tp", "pp")}
-            measured_out["comm_bytes_per_step"] = {dim: sum(kinds.values())
-                                                   for dim, kinds in measured["comm_bytes"].items()}
-            measured_out["comm_bytes_by_kind"] = measured["comm_bytes"]
-            for dim in ("dp", "tp", "pp"):
-                ratio[f"comm_{dim}"] = _memory_ratio(measured_out["comm_bytes_per_step"].get(dim, 0.0),
-                                                     predicted["comm_bytes_per_step"][dim] or 0.0)
-        if measured.get("bubble_fraction") is not None:  # pipelines: idle share of a pass, mean over ranks
-            predicted["bubble_fraction"] = plan_time.get("bubble_fraction")
-            measured_out["bubble_fraction"] = measured["bubble_fraction"]
-            ratio["bubble_fraction"] = _ratio(measured["bubble_fraction"], predicted["bubble_fraction"])
-        return Comparison(
-            hardware={
-                "key": self.hardware_key,
-                "name": self.hardware_name,
-                "peak_flops": self.peak_flops,
-                "peak_source": self.peak_source,
-                "devices": self.world_size,
-            },
-            predicted=predicted,
-            measured=measured_out,
-            measured_over_predicted=ratio,
-            profile=self.profile,
-            notes=list(self.notes) + [
-                "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
-                "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
-                "comm bytes are what each rank sends per optimizer step (ring model: all-reduce 2(n-1)/n, "
-                "all-gather and reduce-scatter (n-1)/n of the buffer, a pipeline send its size), counted on one "
-                "step by dimension and collective kind; the largest rank",
-                "memory_total compares the counted components (predicted counted_total = weights + gradients + "
-                "optimizer + activations); the plan's `other` (gathered FSDP units, buckets) is not counted on CPU",
-                "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
-                "measured activations are the peak bytes of tensors saved for backward alive at once (logits "
-                "included; a pipeline's in-flight micro-batches, not all of a pass's); with recompute the planner also counts one layer's recomputed activations, "
-                "which exist only during its backward",
-            ],
-        )
+
+def compare(forecast: Forecast, measured: dict) -> Comparison:
+    """The predicted-vs-measured record; `measured.mfu` / `measured.hardware` feed `plan --calibrate`.
+
+    Pure: the forecast made before step 1 and this run's measurements in, the record out.
+    """
+    predicted_memory = _planned_memory(forecast.plan)
+    measured_memory = {
+        "weights": measured["parameters"],
+        "gradients": measured["gradients"],
+        "optimizer": measured["optimizer"],
+        "activations": measured["activations"],
+    }
+    host_predicted = (forecast.plan.memory.cpu_offload_bytes if forecast.plan is not None else 0.0) or 0.0
+    if host_predicted:
+        # FSDP2's CPUOffloadPolicy keeps parameter shards, their gradients and the optimizer
+        # state in host memory: the model states the run counted are host-resident bytes
+        # (on a CPU run host and "device" are one memory, so the policy, not the address, places them)
+        predicted_memory["host_offload"] = host_predicted
+        measured_memory["host_offload"] = sum(measured_memory.pop(k) for k in ("weights", "gradients", "optimizer"))
+        measured_memory.update(weights=0, gradients=0, optimizer=0)
+    measured_memory["total"] = sum(v for k, v in measured_memory.items() if k != "host_offload")
+    measured_memory["counted_total"] = measured_memory["total"]  # named as on the predicted side, for readers
+    # `other` (FSDP's gathered units, DDP buckets, a pipeline stage's gathered copy) lives only
+    # around collectives and is not counted on CPU: the totals compare the counted components
+    predicted_memory["counted_total"] = sum(predicted_memory.get(k) or 0.0 for k in COUNTED_COMPONENTS)
+    if measured.get("cuda_peak_allocated") is not None:
+        measured_memory["cuda_peak_allocated"] = measured["cuda_peak_allocated"]
+    plan_time = forecast.plan.time if forecast.plan is not None else None
+    predicted = {
+        "memory_bytes": predicted_memory,
+        "tokens_per_second": _planned_time(plan_time, "tokens_per_second"),
+        "step_seconds": _planned_time(plan_time, "step_seconds"),
+        "mfu": _planned_time(plan_time, "mfu"),
+    }
+    measured_out = {
+        "memory_bytes": measured_memory,
+        "tokens_per_second": measured["tokens_per_second"],
+        "step_seconds": measured["step_seconds"],
+        "mfu": forecast.mfu(measured["tokens_per_second"]),
+        "hardware": forecast.hardware_key,
+        "final_train_loss": measured.get("final_train_loss"),
+        "val_losses": [{"step": s, "loss": v} for s, v in measured.get("val_losses", [])],
+        "steps": measured.get("steps"),
+    }
+    ratio = {}
+    for key in MEMORY_COMPONENTS:
+        predicted_key = "counted_total" if key == "total" else key
+        ratio[f"memory_{key}"] = _memory_ratio(measured_memory.get(key), predicted_memory.get(predicted_key))
+    if host_predicted:
+        ratio["memory_host_offload"] = _ratio(measured_memory["host_offload"], host_predicted)
+    ratio["tokens_per_second"] = _ratio(measured_out["tokens_per_second"], predicted["tokens_per_second"])
+    ratio["mfu"] = _ratio(measured_out["mfu"], predicted["mfu"])
+    if measured.get("comm_bytes") is not None:  # one metered step (`train/parallel/comm_volume.py`)
+        planned = forecast.plan.comm if forecast.plan is not None else None
+        predicted["comm_bytes_per_step"] = {dim: getattr(planned, f"{dim}_bytes", None) for dim in ("dp", "tp", "pp")}
+        measured_out["comm_bytes_per_step"] = {dim: sum(kinds.values())
+                                               for dim, kinds in measured["comm_bytes"].items()}
+        measured_out["comm_bytes_by_kind"] = measured["comm_bytes"]
+        for dim in ("dp", "tp", "pp"):
+            ratio[f"comm_{dim}"] = _memory_ratio(measured_out["comm_bytes_per_step"].get(dim, 0.0),
+                                                 predicted["comm_bytes_per_step"][dim] or 0.0)
+    if measured.get("bubble_fraction") is not None:  # pipelines: idle share of a pass, mean over ranks
+        predicted["bubble_fraction"] = _planned_time(plan_time, "bubble_fraction")
+        measured_out["bubble_fraction"] = measured["bubble_fraction"]
+        ratio["bubble_fraction"] = _ratio(measured["bubble_fraction"], predicted["bubble_fraction"])
+    return Comparison(
+        hardware={
+            "key": forecast.hardware_key,
+            "name": forecast.hardware_name,
+            "peak_flops": forecast.peak_flops,
+            "peak_source": forecast.peak_source,
+            "devices": forecast.world_size,
+        },
+        predicted=predicted,
+        measured=measured_out,
+        measured_over_predicted=ratio,
+        profile=forecast.profile,
+        notes=list(forecast.notes) + [
+            "memory is per device (rank), in bytes; measured on CPU = exact tensor bytes of this rank's "
+            "parameters, gradients, optimizer state and tensors saved for backward (largest rank)",
+            "comm bytes are what each rank sends per optimizer step (ring model: all-reduce 2(n-1)/n, "
+            "all-gather and reduce-scatter (n-1)/n of the buffer, a pipeline send its size), counted on one "
+            "step by dimension and collective kind; the largest rank",
+            "memory_total compares the counted components (predicted counted_total = weights + gradients + "
+            "optimizer + activations); the plan's `other` (gathered FSDP units, buckets) is not counted on CPU",
+            "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
+            "measured activations are the peak bytes of tensors saved for backward alive at once (logits "
+            "included; a pipeline's in-flight micro-batches, not all of a pass's); with recompute the planner also counts one layer's recomputed activations, "
+            "which exist only during its backward",
+        ],
+    )
 
 
-def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
+def prepare(cfg: RunConfig, run: ResolvedRun, vocab_size: int, env: DistEnv) -> Forecast:
     """Find the device peak, plan the run, and write `plan.json` (rank 0) before the first step.
 
-    The RunSpec comes from `plan.from_config.runspec_from_config`, the same function
+    The plan's inputs come from `plan.from_config.planned_config`, the same function
     `flopwise plan --config` uses, so the two predictions agree for the same config; the
     time model uses this device's measured profile (`flopwise calibrate`).
     """
-    dtype = precision_of(cfg.precision.mode).compute_dtype
-    notes = notes_for(cfg)
-    profile, profile_record = _device_profile(env, dtype, notes)
-    hardware, peak_source, reason = detect_hardware(cfg, env, profile)
-    spec = model_spec_from_config(cfg.model, vocab_size, cfg.data.seq_len)
-    plan_dict, plan_error = None, None
+    dtype = run.precision.compute_dtype
+    planned = planned_config(cfg, run, vocab_size)
+    notes = list(planned.notes)
+    profile, profile_record = device_profile(env.device, dtype, notes)
+    hardware, peak_source, reason = detect_hardware(env.device, dtype, env.world_size,
+                                                    lambda values: all_reduce_mean(values, env), profile)
+    spec = planned.model
+    planned_run, plan_error = None, None
     if hardware is None:
         plan_error = f"no prediction: {reason}"
     else:
         try:
-            runspec = runspec_from_config(cfg, hardware, world_size=env.world_size, vocab_size=vocab_size)
-            plan_dict = plan(runspec, profile=profile).to_dict()
+            planned_run = plan(planned.on(hardware), profile=profile)
         except Exception as err:  # a forecast that fails must not stop the training run
             plan_error = f"no prediction: the planner could not plan this run ({err.__class__.__name__}: {err})"
     if plan_error:
@@ -184,11 +172,11 @@ def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
         reason = f"the catalog has no {dtype} peak for {hardware.name}"
     if reason:
         notes.append(f"no MFU: {reason}")
-    flops_per_token = planned_flops_per_token(plan_dict) or model_flops_per_token(spec)
+    flops_per_token = planned_flops_per_token(planned_run) or model_flops_per_token(spec)
     forecast = Forecast(
-        plan=plan_dict,
+        plan=planned_run,
         hardware_key=hardware.key if hardware is not None else "unknown",
-        hardware_name=hardware.name if hardware is not None else _device_name(env),
+        hardware_name=hardware.name if hardware is not None else device_name(env.device),
         peak_flops=peak,
         peak_source=peak_source,
         flops_per_token=flops_per_token,
@@ -197,10 +185,7 @@ def prepare(cfg: RunConfig, vocab_size: int, env: DistEnv) -> Forecast:
         profile=profile_record,
     )
     if env.is_main:
-        path = plan_path(cfg.logging.run_dir)
-        make_folder(path.parent)
-        payload = plan_dict if plan_dict is not None else {"error": plan_error}
-        write_file(path, json.dumps(payload, indent=2, default=str))
+        write_plan(cfg.logging.run_dir, planned_run, plan_error)
     return forecast
 
 
@@ -215,172 +200,27 @@ def model_flops_per_token(spec) -> float:
     return 6.0 * n + 12.0 * L * s * h
 
 
-# ------------------------------------------------------------------------- the device and its peak
-
-
-def _device_profile(env: DistEnv, dtype: str, notes: list[str]):
-    """(profile, record of which one) for this device; (None, None) and a note if it cannot be had."""
-    from flopwise.measure.calibrate import profile_for_device
-
-    try:
-        profile, path = profile_for_device(env.device, dtype)
-    except Exception as err:  # a forecast that fails must not stop the training run
-        notes.append(f"prediction: no device profile ({err.__class__.__name__}: {err}); table efficiency used")
-        return None, None
-    record = {"path": str(path), "device": profile.device, "created": profile.created,
-              "threads": profile.threads, "processes": profile.processes, "dtypes": list(profile.dtypes())}
-    notes.append(f"prediction: device profile {path} (measured {profile.created})")
-    return profile, record
-
-
-def detect_hardware(cfg: RunConfig, env: DistEnv, profile=None) -> tuple[HardwareSpec | None, str, str | None]:
-    """(hardware, where its peak comes from, why there is no MFU or None)."""
-    if env.device.type == "cuda":
-        name = torch.cuda.get_device_name(env.device)
-        return cuda_hardware(name, torch.cuda.get_device_properties(env.device).total_memory)
-    dtypes = {"fp32"}
-    dtypes.add(precision_of(cfg.precision.mode).compute_dtype)
-    if profile is not None and all(profile.peak_flops(d) for d in dtypes):
-        peaks = {d: profile.peak_flops(d) for d in sorted(dtypes)}
-        label = (f"measured CPU peak: best GEMM per dtype in the device profile ({profile.threads} thread(s), "
-                 f"{profile.processes} process(es) measuring at once)")
-        return cpu_hardware(peaks, env.world_size, label), label, None
-    peaks = {}
-    for dtype in sorted(dtypes):
-        local = max(measure_matmul_flops(_torch_dtype(dtype), n) for n in CALIBRATION_SIZES)
-        peaks[dtype] = all_reduce_mean([local], env)[0]
-    threads = torch.get_num_threads()
-    sizes = "/".join(str(n) for n in CALIBRATION_SIZES)
-    label = (f"measured CPU peak: fastest timed square matmul (n={sizes}) per process, "
-             f"{threads} thread(s), mean over {env.world_size} rank(s)")
-    return cpu_hardware(peaks, env.world_size, label), label, None
-
-
-def cuda_hardware(device_name: str, total_memory_bytes: int | None) -> tuple[HardwareSpec | None, str, str | None]:
-    """(catalog entry, peak source, None) for a known GPU; (None, "none", why) for an unknown one."""
-    spec = catalog_entry_for_cuda(device_name, total_memory_bytes)
-    if spec is None:
-        return None, "none", f"'{device_name}' is not in the hardware catalog (see `flopwise hardware`)"
-    return spec, f"catalog entry '{spec.key}' (dense peak, datasheet)", None
-
-
-def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.4) -> float:
-    """FLOP/s of the fastest of repeated n x n matmuls (2·n³ FLOPs each) with this process's threads."""
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    torch.mm(a, b)  # warm-up: first call pays for allocation and kernel selection
-    best = math.inf
-    deadline = time.perf_counter() + seconds
-    reps = 0
-    while reps < 3 or time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-        reps += 1
-    return 2.0 * n**3 / best
-
-
-def cpu_hardware(peaks_flops: dict[str, float], processes: int, label: str) -> HardwareSpec:
-    """A HardwareSpec for this CPU, one 'device' per process, peaks from `measure_matmul_flops`."""
-    memory_gib = None
-    try:
-        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / processes
-    except (ValueError, OSError, AttributeError):
-        pass
-    return HardwareSpec(
-        key=CPU_KEY,
-        name=f"CPU ({platform.processor() or platform.machine()}), measured",
-        vendor="cpu",
-        peak_tflops={dtype: value / 1e12 for dtype, value in peaks_flops.items()},
-        sparse_factor=None,
-        memory_gb=memory_gib,
-        memory_unit="GiB",
-        memory_bandwidth_gbs=None,
-        scale_up_gbs=None,
-        devices_per_node=processes,
-        scale_out_gbs=None,
-        tdp_w=None,
-        sources={"peak_tflops": label, "memory_gb": "physical memory / processes"},
-        confidence={"peak_tflops": "measured", "memory_gb": "measured"},
-        notes="stands in for a catalog entry on CPU runs",
-    )
-
-
-def catalog_entry_for_cuda(device_name: str, total_memory_bytes: int | None = None) -> HardwareSpec | None:
-    """The catalog entry for a CUDA device name such as 'NVIDIA H100 80GB HBM3', or None.
-
-    Candidates share the chip's model token (h100, a100, l40s, ...); the form factor in
-    the name (pcie or not) filters them; the one whose key parts (`40gb`, `80gb`) appear
-    in the name wins. When the device reports its memory, the entry's memory must agree
-    within MEMORY_TOLERANCE (an H100 NVL is not an H100 SXM). No match, no entry.
-    """
-    name = device_name.lower()
-    tokens = set(re.findall(r"[a-z]*\d+[a-z]*", name))
-    candidates = []
-    for key, spec in load_hardware().items():
-        if key.split("-")[0] in tokens or any(alias.lower() in tokens for alias in spec.aliases):
-            candidates.append(spec)
-    pcie = "pcie" in name
-    candidates = [s for s in candidates if ("pcie" in s.key) == pcie]
-    if total_memory_bytes:
-        candidates = [s for s in candidates if s.memory_bytes is None
-                      or abs(s.memory_bytes - total_memory_bytes) <= MEMORY_TOLERANCE * s.memory_bytes]
-    if not candidates:
-        return None
-
-    def score(spec: HardwareSpec) -> tuple:
-        named = sum(part in tokens for part in spec.key.split("-"))
-        memory_gap = abs((spec.memory_bytes or 0) - (total_memory_bytes or 0)) if total_memory_bytes else 0
-        return (-named, memory_gap)
-
-    return min(candidates, key=score)
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
-
-
-def _device_name(env: DistEnv) -> str:
-    return torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
-
-
 # ------------------------------------------------------------------------- output
 
 
-def _planned_memory(plan: dict | None) -> dict:
-    """The plan's per-device memory in the trainer's components.
-
-    Reads `memory.per_device_bytes` when the plan has it, else the planner's flat fields:
-    optimizer = optimizer states + fp32 master weights; activations = per-layer
-    activations + logits (the measured saved tensors include the loss's logits).
-    """
-    memory = (plan or {}).get("memory") or {}
-    per_device = memory.get("per_device_bytes")
-    if isinstance(per_device, dict):
-        keys = ("weights", "gradients", "optimizer", "activations", "other", "total")
-        return {key: per_device.get(key) for key in keys if key in per_device}
-    if "weights" not in memory:
-        return {}
-    return {
-        "weights": memory.get("weights"),
-        "gradients": memory.get("gradients"),
-        "optimizer": (memory.get("optimizer_states") or 0) + (memory.get("master_weights") or 0),
-        "activations": (memory.get("activations") or 0) + (memory.get("logits") or 0),
-        "other": memory.get("comm_buffers"),
-        "total": memory.get("total_bytes"),
-    }
+def _planned_memory(plan: Plan | None) -> dict:
+    """The plan's per-device memory in the trainer's components (`MemoryEstimate.per_device_bytes`):
+    optimizer = optimizer states + fp32 master weights; activations = per-layer activations +
+    logits (the measured saved tensors include the loss's logits)."""
+    return plan.memory.per_device_bytes() if plan is not None else {}
 
 
-def planned_flops_per_token(plan: dict | None) -> float | None:
-    """Model FLOPs per token from a plan (`flops_per_token`, or `flops.model_per_unit` per token)."""
-    if not plan:
+def _planned_time(time, name: str) -> float | None:
+    """A figure of the plan's time estimate; None without a plan, or where it is infinite (as plan.json writes it)."""
+    value = getattr(time, name, None) if time is not None else None
+    return None if value is None or (isinstance(value, float) and math.isinf(value)) else value
+
+
+def planned_flops_per_token(plan: Plan | None) -> float | None:
+    """Model FLOPs per token, as the planner counts them (None without a plan)."""
+    if plan is None or not plan.flops.model_per_unit:
         return None
-    if plan.get("flops_per_token"):
-        return float(plan["flops_per_token"])
-    flops = plan.get("flops") or {}
-    if flops.get("unit", "token") == "token" and flops.get("model_per_unit"):
-        return float(flops["model_per_unit"])
-    return None
+    return float(plan.flops.model_per_unit)
 
 
 def _memory_ratio(measured, predicted) -> float | None:

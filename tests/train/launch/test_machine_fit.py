@@ -6,7 +6,8 @@ import pytest
 
 from flopwise.errors import UserError
 from flopwise.config.loading import load_config
-from flopwise.train.launch.machine_fit import check_fits_this_machine, machine_memory_bytes, parameter_lower_bound
+from flopwise.config.resolve import resolve_run
+from flopwise.train.launch.machine_fit import check_fits_this_machine, machine_memory_bytes, parameter_count
 from flopwise.train.launch.start import launch
 
 
@@ -24,13 +25,13 @@ def test_a_model_too_large_for_this_machine_is_refused_before_anything_starts(tm
     assert not (tmp_path / "run").exists()
 
 
-def test_the_default_run_fits_and_the_bound_stays_below_the_real_count():
+def test_the_default_run_fits_and_the_count_is_the_built_models():
     cfg = load_config(None, [])
-    check_fits_this_machine(cfg)
+    check_fits_this_machine(cfg, resolve_run(cfg))
     from flopwise.train.model import build_model
 
     real = sum(p.numel() for p in build_model(cfg.model, cfg.data.vocab_size).parameters())
-    assert parameter_lower_bound(cfg) <= real
+    assert parameter_count(cfg) == real
 
 
 def test_more_processes_than_a_cpu_machine_can_host_are_refused(tmp_path):

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from flopwise.train.parallel.comm_volume import dimension_of, measuring_step, ring_bytes
-from flopwise.train.parallel.mesh import MeshShape
+from flopwise.config.mesh_shape import MeshShape
 
 
 def test_ring_bytes_follow_the_planners_model():
@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent('''
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from flopwise.train.parallel.comm_volume import CollectiveBytesMeter
-    from flopwise.train.parallel.mesh import MeshShape
+    from flopwise.config.mesh_shape import MeshShape
     mesh = init_device_mesh("cpu", (2,))
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
     for layer in model:

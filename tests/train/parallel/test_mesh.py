@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from flopwise.errors import UserError
-from flopwise.train.parallel.mesh import MeshShape, mesh_shape
+from flopwise.config.mesh_shape import MeshShape, mesh_shape
 
 
 def test_shapes_fill_the_world_and_name_the_keys_when_they_cannot():
@@ -30,7 +30,8 @@ SCRIPT = textwrap.dedent(
     import os, sys, torch, torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from flopwise.config.schema import ModelConfig
-    from flopwise.train.parallel.mesh import build_mesh, data_parallel_rank, mesh_shape
+    from flopwise.config.mesh_shape import mesh_shape
+    from flopwise.train.parallel.mesh import build_mesh, data_parallel_rank
     from flopwise.train.model import build_model
     from flopwise.train.parallel.tensor_parallel import apply_tp
 

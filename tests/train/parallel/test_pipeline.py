@@ -98,7 +98,7 @@ def test_more_stages_than_layers_is_one_line_and_exit_2(corpus, tmp_path):
 
 def test_global_batch_must_be_whole_pipeline_passes():
     from flopwise.config.loading import load_config
-    from flopwise.plan.from_config import batch_layout
+    from flopwise.config.resolve import batch_layout
 
     cfg = load_config(None, ["training.micro_batch_size=2", "training.global_batch_size=12"]).training
     assert batch_layout(cfg, 1, 3) == (12, 2)

@@ -12,7 +12,29 @@ from __future__ import annotations
 from flopwise.compress.methods.base import LLMQuantMethod
 from flopwise.errors import UserError
 
-__all__ = ["LLMQuantMethod", "LLM_METHOD_NAMES", "get_method", "registry"]
+__all__ = ["LLMQuantMethod", "METHOD_FLOWS", "METHODS", "LLM_METHODS", "get_method", "registry"]
+
+# Every compression method, the one list: its name and the flow that runs it. "model": a task's
+# network through `compress/run.py` (PT2E / torch.ao INT8, QAT, pruning, 2:4); "llm": an HF causal
+# LM folder in, a smaller one out, one file per method in this package (`registry`).
+METHOD_FLOWS = {
+    "int8-static": "model",
+    "int8-dynamic": "model",
+    "qat": "model",
+    "prune": "model",
+    "2:4": "model",
+    "int8-weight-only": "llm",
+    "int4-weight-only": "llm",
+    "w8a8-dynamic": "llm",
+}
+METHODS = tuple(METHOD_FLOWS)
+LLM_METHODS = tuple(name for name, flow in METHOD_FLOWS.items() if flow == "llm")
+
+
+def method_help() -> str:
+    """The `--method` help: every method, the LLM ones marked."""
+    model = [name for name, flow in METHOD_FLOWS.items() if flow == "model"]
+    return " | ".join(model) + " | LLM: " + " | ".join(LLM_METHODS)
 
 
 def registry() -> dict[str, LLMQuantMethod]:
@@ -21,9 +43,6 @@ def registry() -> dict[str, LLMQuantMethod]:
 
     methods = (int8_weight_only.METHOD, int4_weight_only.METHOD, w8a8_dynamic.METHOD)
     return {method.name: method for method in methods}
-
-
-LLM_METHOD_NAMES = ("int8-weight-only", "int4-weight-only", "w8a8-dynamic")
 
 
 def get_method(name: str) -> LLMQuantMethod:

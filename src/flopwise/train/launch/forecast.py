@@ -56,21 +56,22 @@ def forecast_node(cfg: RunConfig, hardware_key: str) -> NodeForecast:
     from flopwise.plan.from_config import runspec_from_config
     from flopwise.plan.memory import ALLOCATOR_RESERVE_FRACTION
     from flopwise.plan.planner import plan
-    from flopwise.train.launch.start import world_size_of
+    from flopwise.config.resolve import resolve_run
 
     hardware = get_hardware(hardware_key)
-    runspec = runspec_from_config(cfg, hardware, world_size=world_size_of(cfg))
+    run = resolve_run(cfg)
+    runspec = runspec_from_config(cfg, run, hardware)
     # A job on real GPUs is judged by reserved memory (what nvidia-smi and published runs show): the
     # allocator's reserve goes back on top of the allocated bytes the trainer's own plan.json compares.
     runspec = dataclasses.replace(runspec, cluster=dataclasses.replace(
-        runspec.cluster, devices_per_node=cfg.parallel.nproc_per_node, allocator_reserve=ALLOCATOR_RESERVE_FRACTION))
+        runspec.cluster, devices_per_node=run.processes_per_node, allocator_reserve=ALLOCATOR_RESERVE_FRACTION))
     result = plan(runspec)
     memory, time = result.memory, result.time
     return NodeForecast(
         hardware_key=hardware.key,
         hardware_name=hardware.name,
         nodes=cfg.parallel.nnodes,
-        gpus_per_node=cfg.parallel.nproc_per_node,
+        gpus_per_node=run.processes_per_node,
         precision=runspec.workload.precision,
         memory_gib=memory.total_bytes / GIB,
         usable_gib=memory.capacity_bytes / GIB,

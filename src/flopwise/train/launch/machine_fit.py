@@ -4,8 +4,8 @@ Processes: without CUDA, more than 8 ranks per CPU core only thrash the machine 
 rank is a full Python process with its own model copy and threads).
 
 Two lower bounds, so a run that would fit is never refused: every process builds the whole
-model in fp32 before it is sharded (4 bytes per parameter; 2 for a LoRA/QLoRA base read in a
-16-bit compute dtype), and the loss reads fp32
+model in fp32 before it is sharded (4 bytes per parameter, counted as the planner counts
+them; 2 for a LoRA/QLoRA base read in a 16-bit compute dtype), and the loss reads fp32
 logits of `micro_batch_size x seq_len x vocab_size`. Their sum times the processes on this
 node must fit in the machine's memory; otherwise the ranks die later in the allocator
 with a traceback each.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from flopwise.config.resolve import ResolvedRun
 from flopwise.errors import UserError
 
 GIB = 2**30
@@ -28,25 +29,27 @@ def machine_memory_bytes() -> int | None:
         return None
 
 
-def parameter_lower_bound(cfg) -> int:
-    """Parameters of the built-in decoder, counted low: attention 4h^2 (fewer with GQA counted as full), MLP 2 h f, embeddings."""
-    m = cfg.model
-    ffn = m.ffn_hidden or 2 * m.hidden
-    per_layer = 2 * m.hidden * m.hidden + 2 * m.hidden * ffn
-    embeddings = cfg.data.vocab_size * m.hidden * (1 if m.tie_embeddings else 2)
-    return m.n_layers * per_layer + embeddings
+def parameter_count(cfg) -> int | None:
+    """Parameters of the model, as the planner counts them (`plan/params.py`); None for an HF model
+    whose family only transformers knows."""
+    if cfg.model.kind == "hf":
+        return hf_parameters(cfg)
+    from flopwise.plan.from_config import model_spec_from_config
+    from flopwise.plan.params import count_params
+
+    return count_params(model_spec_from_config(cfg.model, cfg.data.vocab_size, cfg.data.seq_len)).total
 
 
 RANKS_PER_CORE = 8
 
 
-def check_process_count(cfg) -> None:
+def check_process_count(cfg, run: ResolvedRun) -> None:
     """On a machine without CUDA, at most RANKS_PER_CORE processes per CPU core."""
     import torch
 
     cores = os.cpu_count() or 1
     most = RANKS_PER_CORE * cores
-    if not torch.cuda.is_available() and cfg.parallel.nproc_per_node > most:
+    if not torch.cuda.is_available() and run.processes_per_node > most:
         raise UserError(f"parallel.nproc_per_node: {cfg.parallel.nproc_per_node} processes on {cores} CPU core(s) "
                         f"without a GPU (allowed here: at most {most}, {RANKS_PER_CORE} per core)")
 
@@ -61,7 +64,7 @@ def hf_parameters(cfg) -> int | None:
     import json
 
     from flopwise.catalog.models import from_hf_config, reads_hf_model_type
-    from flopwise.plan.from_config import hf_config_path
+    from flopwise.config.model_shape import hf_config_path
     from flopwise.plan.params import count_params
 
     path = hf_config_path(cfg.model)
@@ -83,14 +86,14 @@ def weight_bytes_per_parameter(cfg) -> int:
     return 2 if adapters and precision_of(cfg.precision.mode).compute_dtype != "fp32" else 4
 
 
-def check_fits_this_machine(cfg) -> None:
+def check_fits_this_machine(cfg, run: ResolvedRun) -> None:
     """One UserError line when the processes, or the lower bound of their memory, exceed this machine."""
-    check_process_count(cfg)
-    parameters = hf_parameters(cfg) if cfg.model.kind == "hf" else parameter_lower_bound(cfg)
+    check_process_count(cfg, run)
+    parameters = parameter_count(cfg)
     total = machine_memory_bytes()
     if total is None or parameters is None:
         return
-    procs = cfg.parallel.nproc_per_node
+    procs = run.processes_per_node
     weights = weight_bytes_per_parameter(cfg) * parameters
     logits = 4 * cfg.training.micro_batch_size * cfg.data.seq_len * cfg.data.vocab_size
     need = procs * (weights + logits)

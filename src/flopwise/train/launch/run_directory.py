@@ -36,9 +36,9 @@ from typing import Iterator
 import yaml
 
 from flopwise.errors import UserError
+from flopwise.runrecord.run_dir import LOCK_FILE, RunDir
 from flopwise.safe_write import make_folder, refuse_links, write_through_descriptor
 
-LOCK_FILE = "run.lock"
 # Keys a resumed run may change: lengths, logging, checkpoint policy, process layout (DCP reshards).
 RESUMABLE_PREFIXES = ("logging.", "checkpoint.", "parallel.", "compress")
 RESUMABLE_KEYS = {"training.max_steps", "training.eval_every", "training.eval_batches",
@@ -88,7 +88,7 @@ def prepare_run_directory(run_dir: Path) -> Path:
 def acquire_lock(run_dir: Path) -> RunLock:
     """Lock `run_dir/run.lock` for this process, or refuse in one line naming the live holder."""
     run_dir = prepare_run_directory(Path(run_dir))
-    path = (run_dir / LOCK_FILE).absolute()
+    path = RunDir(run_dir).lock.absolute()
     held = _HELD.get(path)
     if held is not None:
         held.holds += 1
@@ -146,9 +146,9 @@ def release_lock(lock: RunLock) -> None:
 
 def is_used(run_dir: Path) -> bool:
     """True when a run already wrote checkpoints or metrics here."""
-    checkpoints = run_dir / "checkpoints"
+    checkpoints = RunDir(run_dir).checkpoints
     has_steps = checkpoints.is_dir() and any(p.name.startswith("step-") for p in checkpoints.iterdir())
-    return has_steps or any(run_dir.glob("metrics.rank*.jsonl"))
+    return has_steps or RunDir(run_dir).has_metrics()
 
 
 def move_aside(run_dir: Path, keep: str = LOCK_FILE) -> Path:
@@ -208,7 +208,7 @@ def config_differences(saved: dict, current: dict) -> list[str]:
 
 def check_same_config(run_dir: Path, current: dict) -> None:
     """Refuse to resume `run_dir` with a config whose training-relevant keys differ from its config.yaml."""
-    saved_path = run_dir / "config.yaml"
+    saved_path = RunDir(run_dir).config
     try:
         saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
@@ -245,7 +245,7 @@ def claim_run_directory(cfg, holds_lock: bool = True, report=print) -> Iterator[
     run_dir = Path(cfg.logging.run_dir)
     lock = acquire_lock(run_dir) if holds_lock else None
     try:
-        refuse_links(run_dir)
+        refuse_links(run_dir, [RunDir(run_dir).checkpoints])
         check_reuse(cfg, report)
         yield
     finally:

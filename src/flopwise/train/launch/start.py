@@ -1,7 +1,7 @@
 """Starting a run: in this process, or under torchrun when the config asks for several.
 
-`flopwise train` with `parallel.nproc_per_node * parallel.nnodes > 1`, outside an existing
-launch, starts torchrun itself, once per node:
+`flopwise train` with more than one process (`ResolvedRun.processes`: `parallel.nproc_per_node *
+parallel.nnodes`, one for `strategy=single`), outside an existing launch, starts torchrun itself, once per node:
 
     python -m torch.distributed.run --nproc-per-node N
         [--standalone | --nnodes M --node-rank R --rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id ID]
@@ -35,6 +35,7 @@ from pathlib import Path
 from flopwise.errors import UserError
 from flopwise.config.schema import RunConfig
 from flopwise.config.loading import dump_config
+from flopwise.config.resolve import ResolvedRun, processes_of, resolve_run
 from flopwise.errors import PREEMPTED_EXIT_CODE, Preempted
 from flopwise.train.launch.heartbeat import HEARTBEAT_DIR_ENV, STALLED_EXIT_CODE, StallWatch
 
@@ -93,11 +94,6 @@ def first_signal_only():
         api._terminate_process_handler = original
 
 
-def world_size_of(cfg: RunConfig) -> int:
-    """Processes the config asks for in all."""
-    return cfg.parallel.nproc_per_node * cfg.parallel.nnodes
-
-
 def torchrun_args(cfg: RunConfig, config_path: Path) -> list[str]:
     """torchrun's command line for this config (without the `python -m torch.distributed.run`)."""
     p = cfg.parallel
@@ -133,7 +129,7 @@ def started_as_one_rank(cfg: RunConfig) -> bool:
     if "LOCAL_RANK" in os.environ and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return True
     if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
-        return int(os.environ.get("SLURM_NTASKS", "1")) == world_size_of(cfg)
+        return int(os.environ.get("SLURM_NTASKS", "1")) == processes_of(cfg.parallel)
     return False
 
 
@@ -149,7 +145,8 @@ def launch(cfg: RunConfig) -> None:
     from flopwise.train.launch.run_directory import claim_run_directory
 
     check_strategy(cfg.parallel)
-    check_fits_this_machine(cfg)  # an impossible size is one line now, not an allocator traceback per rank
+    run = resolve_run(cfg)
+    check_fits_this_machine(cfg, run)  # an impossible size is one line now, not an allocator traceback per rank
     if cfg.model.kind == "hf":
         from flopwise.train.model import refuse_remote_code_without_switch
 
@@ -158,9 +155,9 @@ def launch(cfg: RunConfig) -> None:
     try:
         if _leads_run(cfg, one_rank):
             with claim_run_directory(cfg):
-                _launch(cfg, one_rank)
+                _launch(cfg, run, one_rank)
         else:
-            _launch(cfg, one_rank)
+            _launch(cfg, run, one_rank)
     except Preempted:
         ignore_stop_signals()  # saved and stopping: a Ctrl-C now must not turn exit 75 into 130
         raise
@@ -173,21 +170,20 @@ def _leads_run(cfg: RunConfig, one_rank: bool) -> bool:
     return cfg.parallel.nnodes == 1 or cfg.parallel.node_rank == 0
 
 
-def _launch(cfg: RunConfig, one_rank: bool) -> None:
+def _launch(cfg: RunConfig, run: ResolvedRun, one_rank: bool) -> None:
     if one_rank:
         run_here(cfg)  # torchrun or Slurm restarts this process; no retry loop of our own
         return
-    if world_size_of(cfg) == 1:
+    if run.processes == 1:
         _run_here_with_restarts(cfg)
         return
-    from flopwise.runrecord.records import config_path
-    from flopwise.safe_write import write_file
     from flopwise.config.signature import signed_config_text
+    from flopwise.runrecord.run_dir import RunDir
     from flopwise.train.launch.run_directory import prepare_run_directory
 
     run_dir = prepare_run_directory(Path(cfg.logging.run_dir))
     if cfg.parallel.node_rank == 0:
-        write_file(config_path(run_dir), signed_config_text(dump_config(cfg)))  # the run's record, before any rank starts
+        RunDir(run_dir).write_config(signed_config_text(dump_config(cfg)))  # the run's record, before any rank starts
     _prepare_data_once(cfg)
     _run_torchrun_with_restarts(cfg)
 

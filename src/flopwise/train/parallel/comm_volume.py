@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from flopwise.train.parallel.mesh import DIMS, MeshShape
+from flopwise.config.mesh_shape import DIMS, MeshShape
 
 c10d = torch.ops.c10d
 funcol = torch.ops._c10d_functional

@@ -51,22 +51,6 @@ def resolve_backend(cfg: ParallelConfig) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def data_parallel_shape(cfg: ParallelConfig, env: "DistEnv") -> tuple[int, int, int]:
-    """(data-parallel rank, data-parallel size, micro-batches per pass) of this process.
-
-    Data-parallel strategies split each batch over the data-parallel ranks (all ranks over
-    `parallel.tp`), one micro-batch per data-parallel rank per pass. A pipeline splits the model instead: every stage sees the same batch, and one
-    pass feeds `pipeline_microbatches` micro-batches through the stages.
-    """
-    from flopwise.train.parallel.mesh import mesh_shape_of
-
-    shape = mesh_shape_of(cfg, env.world_size)
-    # Mesh ranks are row-major over (pp, dp_replicate, dp_shard, tp): the `tp` neighbours of
-    # one data-parallel rank, and its peers in the other pipeline stages, read the same batch.
-    dp_rank = (env.rank // shape.tp) % shape.dp
-    return dp_rank, shape.dp, cfg.pipeline_microbatches if cfg.strategy == "pipeline" else 1
-
-
 def init_distributed(cfg: ParallelConfig) -> DistEnv:
     """Join the process group (from torchrun or Slurm variables) or stay a single process.
 

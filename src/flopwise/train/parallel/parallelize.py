@@ -14,11 +14,12 @@ import copy
 from torch import nn
 
 from flopwise.errors import UserError
-from flopwise.plan.from_config import batch_layout, processes_of
 from flopwise.plan.timing import split_layers
+from flopwise.config.mesh_shape import MeshShape, mesh_shape_of
+from flopwise.config.resolve import ResolvedRun, processes_of
 from flopwise.config.schema import ParallelConfig, RunConfig
 from flopwise.train.parallel.distributed import DistEnv
-from flopwise.train.parallel.mesh import MeshShape, dp_mesh_of, mesh_shape_of
+from flopwise.train.parallel.mesh import dp_mesh_of
 from flopwise.train.step import Strategy
 from flopwise.train.parallel.strategy_deepspeed import DeepSpeedStrategy
 from flopwise.train.parallel.strategy_pipeline import PipelineStrategy
@@ -59,11 +60,10 @@ def check_deepspeed_config(cfg: ParallelConfig) -> None:
         raise UserError("parallel.offload: optimizer offload needs parallel.zero_stage >= 1 (allowed at stage 0: none)")
 
 
-def build_device_mesh(cfg: ParallelConfig, env: DistEnv):
-    """The run's one DeviceMesh and its shape, for FSDP2 over a process group; (None, shape) otherwise."""
+def build_device_mesh(cfg: ParallelConfig, env: DistEnv, shape: MeshShape):
+    """The run's one DeviceMesh of `shape` (`ResolvedRun.mesh`), for FSDP2 over a process group; (None, shape) otherwise."""
     from flopwise.train.parallel.mesh import build_mesh
 
-    shape = mesh_shape_of(cfg, env.world_size)
     composed_pipeline = cfg.strategy == "pipeline" and shape.pp < env.world_size
     if not env.distributed or not (cfg.strategy == "fsdp" or composed_pipeline):
         return None, shape
@@ -258,15 +258,14 @@ def _keep_stage(model: nn.Module, ranges: list[tuple[int, int]], index: int) -> 
     return model
 
 
-def attach_strategy(state, cfg: RunConfig, env: DistEnv) -> Strategy:
+def attach_strategy(state, cfg: RunConfig, env: DistEnv, run: ResolvedRun) -> Strategy:
     """The `Strategy` that drives this run's step: DeepSpeed's engine, a pipeline schedule, or plain torch.
 
     DeepSpeed and the pipeline schedule need the optimizer (and the loss scaler), so
     they are attached once the `TrainState` exists.
     """
     if cfg.parallel.strategy == "deepspeed":
-        _, grad_accum = batch_layout(cfg.training, env.world_size)
-        return DeepSpeedStrategy(state, cfg, env, grad_accum)
+        return DeepSpeedStrategy(state, cfg, env, run.grad_accum)
     if cfg.parallel.strategy == "pipeline":
         return PipelineStrategy(state, cfg.parallel, cfg.precision, cfg.training.grad_clip, env,
                                 state.built.pp_group)

@@ -81,7 +81,7 @@ def _apply_tp_builtin(model: nn.Module, mesh: DeviceMesh, sp: bool) -> None:
     """The built-in decoder: llama (RMSNorm, SwiGLU, RoPE) or gpt2 (LayerNorm, GELU, learned positions)."""
     cfg = model.cfg
     tp = mesh.size()
-    from flopwise.train.model import ffn_hidden_of, kv_heads_of
+    from flopwise.config.model_shape import ffn_hidden_of, kv_heads_of
 
     check_tp_shape(cfg.n_heads, kv_heads_of(cfg), ffn_hidden_of(cfg), model.vocab_size, tp)
     if cfg.tie_embeddings:
