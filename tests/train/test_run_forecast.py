@@ -24,16 +24,19 @@ def test_a_run_prints_its_forecast_before_step_one(corpus, tmp_path, capsys):  #
 
 def test_no_plan_no_line_and_a_plan_that_does_not_fit_says_so():
     assert forecast_line(None, "x") is None
-    plan = {"time": {"step_seconds": 2.0, "total_seconds": 20000.0, "steps": 10000},
-            "memory": {"total_bytes": 30 * 2**30, "capacity_bytes": 22 * 2**30}, "fits": False}
-    assert forecast_line(plan, "RTX 4090") == (
-        "forecast on RTX 4090: step 2 s, run 5.6 h (10,000 steps); memory 30.00 of 22.0 GiB per device: DOES NOT FIT")
+    from flopwise.plan.planner import build_runspec, plan
+
+    full = plan(build_runspec(model="llama2-7b", hardware="rtx4090", gpus=1, tokens="1e8"))  # 16 B/param: no
+    line = forecast_line(full, "RTX 4090")
+    assert re.fullmatch(r"forecast on RTX 4090: step [\d.e+]+ s, run .+ \([\d,]+ steps\); memory [\d,.]+ of "
+                        r"2[0-9]\.\d GiB per device: DOES NOT FIT(; expected error ±\d+ %)?", line), line
+    assert not full.fits and full.memory.total_bytes > full.memory.capacity_bytes
 
 
 def test_a_gpu_config_on_a_cpu_is_warned_about_and_not_on_a_gpu():
     cfg = load_config(None, ["precision.mode=bf16", "parallel.backend=nccl"])
-    warning = gpu_config_on_cpu(cfg, "cpu", {"time": {"total_seconds": 7200.0}})
+    warning = gpu_config_on_cpu(cfg, "cpu", 7200.0)
     assert warning.startswith("warning: no GPU found") and "parallel.backend=nccl" in warning
     assert "precision.mode=bf16" in warning and "a forecast of 2.0 h" in warning
     assert gpu_config_on_cpu(cfg, "cuda", None) is None
-    assert gpu_config_on_cpu(load_config(None, []), "cpu", {"time": {"total_seconds": 60.0}}) is None
+    assert gpu_config_on_cpu(load_config(None, []), "cpu", 60.0) is None

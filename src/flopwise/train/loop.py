@@ -308,7 +308,7 @@ def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -
         lines += [f"  {note}" for note in cfg.default_notes]
     lines += forecast.notes
     for line in (forecast_line(forecast.plan, forecast.hardware_name),
-                 gpu_config_on_cpu(cfg, env.device.type, forecast.plan)):
+                 gpu_config_on_cpu(cfg, env.device.type, forecast.plan.time.total_seconds if forecast.plan else None)):
         if line:
             lines.append(line)
     if cfg.training.pruning is not None:

@@ -22,31 +22,26 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def forecast_line(plan: dict | None, hardware_name: str) -> str | None:
-    """`forecast: step 0.31 s, run 52 min (10,000 steps); memory 18.2 of 21.5 GiB per device: fits`; None
-    without a plan."""
-    if not plan:
+def forecast_line(plan, hardware_name: str) -> str | None:
+    """`forecast on H100: step 0.31 s, run 52 min (10,000 steps); memory 18.2 of 21.5 GiB per device: fits`
+    from the run's typed `Plan`; None without a plan."""
+    if plan is None:
         return None
-    time, memory = plan.get("time") or {}, plan.get("memory") or {}
-    step, total, steps = time.get("step_seconds"), time.get("total_seconds"), time.get("steps")
-    need, capacity = memory.get("total_bytes"), memory.get("capacity_bytes")
-    if step is None or need is None:
-        return None
-    parts = [f"forecast on {hardware_name}: step {step:.3g} s"]
-    if total is not None and steps:
-        parts[0] += f", run {_duration(total)} ({int(steps):,} steps)"
-    fits = plan.get("fits", memory.get("fits"))
-    verdict = "fits" if fits else "DOES NOT FIT"
-    room = f" of {capacity / GIB:,.1f}" if capacity else ""
-    parts.append(f"memory {need / GIB:,.2f}{room} GiB per device: {verdict}")
-    band = (plan.get("band") or {}).get("expected_error")
-    if band:
-        parts.append(f"expected error ±{100 * band:.0f} %")
+    time, memory = plan.time, plan.memory
+    parts = [f"forecast on {hardware_name}: step {time.step_seconds:.3g} s"]
+    if time.steps:
+        parts[0] += f", run {_duration(time.total_seconds)} ({int(time.steps):,} steps)"
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    room = f" of {memory.capacity_bytes / GIB:,.1f}" if memory.capacity_bytes > 0 else ""
+    parts.append(f"memory {memory.total_bytes / GIB:,.2f}{room} GiB per device: {verdict}")
+    if plan.band is not None and plan.band.expected_error:
+        parts.append(f"expected error ±{100 * plan.band.expected_error:.0f} %")
     return "; ".join(parts)
 
 
-def gpu_config_on_cpu(cfg, device_type: str, plan: dict | None) -> str | None:
-    """A warning when this run is on a CPU but its config reads as written for GPUs; None otherwise."""
+def gpu_config_on_cpu(cfg, device_type: str, total_seconds: float | None) -> str | None:
+    """A warning when this run is on a CPU but its config reads as written for GPUs (`total_seconds`:
+    the forecast run time, if any); None otherwise."""
     if device_type != "cpu":
         return None
     reasons = []
@@ -56,9 +51,8 @@ def gpu_config_on_cpu(cfg, device_type: str, plan: dict | None) -> str | None:
         reasons.append(f"precision.mode={cfg.precision.mode} (16-bit matmuls are emulated on most CPUs)")
     if cfg.training.compile:
         reasons.append("training.compile=true")
-    total = ((plan or {}).get("time") or {}).get("total_seconds")
-    if total is not None and total > LONG_CPU_RUN_SECONDS:
-        reasons.append(f"a forecast of {_duration(total)}")
+    if total_seconds is not None and total_seconds > LONG_CPU_RUN_SECONDS:
+        reasons.append(f"a forecast of {_duration(total_seconds)}")
     if not reasons:
         return None
     return ("warning: no GPU found; this run goes on the CPU, but its config looks written for GPUs: "
