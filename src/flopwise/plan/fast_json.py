@@ -27,9 +27,11 @@ def run_json_plan(argv: list[str]) -> bool:
     if values["search"]:
         out = _search(values)
     elif not values["as_json"]:  # the tables, as the typer command prints them, without building its app
-        from flopwise.plan.commands import print_plan
+        from flopwise.plan.commands import _checkpoint_cost, _print_checkpoint_cost, print_plan
 
-        print_plan(plan(build_runspec(**runspec_kwargs(values))))
+        result = plan(build_runspec(**runspec_kwargs(values)))
+        print_plan(result)
+        _print_checkpoint_cost(_checkpoint_cost(result, values))  # --storage-gbps, as the typer command
         return True
     else:
         result = plan(build_runspec(**runspec_kwargs(values)))
