@@ -74,6 +74,15 @@ def default_out(cfg, source) -> Path:
     return RunDir(run_dir).compressed / method
 
 
+def json_keeps_stdout(as_json: bool):
+    """With --json, stdout carries the JSON alone: progress, and whatever a library imported on the
+    way prints there (DeepSpeed's logger binds a stdout handler when accelerate imports it), goes
+    to stderr until the work is done."""
+    import contextlib
+
+    return contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+
+
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the top-level app."""
 
@@ -125,10 +134,10 @@ def register(app: typer.Typer) -> None:
             from flopwise.compress.llm import compress_llm_run, print_llm_result
 
             batch = latency_batch or (cfg.latency_batch if "latency_batch" in cfg.model_fields_set else 1)
-            result = compress_llm_run(Path(source), cfg, Path(out_dir), latency_batch=batch,
-                                      new_tokens=cfg.new_tokens, trust_remote_code=trust_remote_code,
-                                      accept_run=accept_run,
-                                      report=lambda line: print(line, flush=True, file=sys.stderr if as_json else sys.stdout))
+            with json_keeps_stdout(as_json):
+                result = compress_llm_run(Path(source), cfg, Path(out_dir), latency_batch=batch,
+                                          new_tokens=cfg.new_tokens, trust_remote_code=trust_remote_code,
+                                          accept_run=accept_run, report=lambda line: print(line, flush=True))
             if as_json:
                 print(json.dumps(result, indent=2))
             else:
@@ -138,10 +147,10 @@ def register(app: typer.Typer) -> None:
         from flopwise.compress.report import print_table, write_report
         from flopwise.compress.run import compress_task
 
-        task = build_task(cfg, source, trust_remote_code=trust_remote_code, accept_run=accept_run)
-        result = compress_task(task, cfg, Path(out_dir),
-                               progress=lambda line: print(line, flush=True, file=sys.stderr if as_json else sys.stdout))
-        result["report"] = write_report(result, Path(out_dir))
+        with json_keeps_stdout(as_json):
+            task = build_task(cfg, source, trust_remote_code=trust_remote_code, accept_run=accept_run)
+            result = compress_task(task, cfg, Path(out_dir), progress=lambda line: print(line, flush=True))
+            result["report"] = write_report(result, Path(out_dir))
         if as_json:
             print(json.dumps(result, indent=2, default=str))
         else:

@@ -116,10 +116,13 @@ def test_kill_9_at_a_random_step_then_rerun_gives_the_same_losses(corpus, tmp_pa
     finally:
         if proc.poll() is None:
             proc.kill()
+    # checkpoints are written in the background: a kill soon after the first save can land before
+    # it is published (it stays a .tmp- folder), and then the rerun rightly starts from step 0
+    published = [p for p in (run_dir / "checkpoints").glob("step-*") if p.is_dir()]
     rerun = train_cli(path)
     out, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, err[-3000:]
-    assert "resumed from checkpoint step-" in out
+    assert ("resumed from checkpoint step-" in out) == bool(published), (published, out[-2000:])
     assert losses(run_dir) == single_reference  # bit for bit
 
 
