@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from flopwise.compress.config import LLM_METHODS, parse_compress_config
+from flopwise.compress.config import parse_compress_config
 from flopwise.compress.llm_timing import Timing, speedup_text, time_call
-from flopwise.compress.methods import get_method, registry
+from flopwise.compress.methods import LLM_METHODS, get_method, registry
 from flopwise.errors import UserError
 from tests.hf_fixtures import write_pretrained
 
@@ -19,9 +19,10 @@ def pretrained(tmp_path_factory):
     return write_pretrained(tmp_path_factory.mktemp("llm") / "model")
 
 
-def test_registry_holds_one_method_per_file_by_name():
-    assert tuple(registry()) == LLM_METHODS
-    with pytest.raises(UserError, match="not an LLM compression method"):
+def test_registry_holds_the_llm_methods_by_name():
+    assert tuple(name for name, method in registry().items() if method.flow == "llm") == LLM_METHODS
+    assert LLM_METHODS == ("int8-weight-only", "int4-weight-only", "w8a8-dynamic")
+    with pytest.raises(UserError, match="not a compression method"):
         get_method("int3")
 
 

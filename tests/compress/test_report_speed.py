@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flopwise.compress.report import notes
-from flopwise.compress.run import ranges_apart
+from flopwise.compress.model_run import ranges_apart
 
 
 def latency(median: float, q1: float, q3: float) -> dict:

@@ -25,7 +25,7 @@ NOT_RUN_DIRECTORY = {
     ("artifacts/export_hf.py", "tokenizer.json"): "a pretrained HF folder's tokenizer",
     ("compress/report.py", "report.md"): "the compressed artifact's own report",
     ("compress/report.py", "compressed"): "a key of compress's result",
-    ("compress/run.py", "compressed"): "a key of compress's result",
+    ("compress/model_run.py", "compressed"): "a key of compress's result",
     ("diagnose/doctor.py", "tensorboard"): "the Python package",
     ("extras.py", "tensorboard"): "the Python package",
 }

@@ -1,13 +1,13 @@
 """CLI commands of flopwise.compress (registered by flopwise.cli).
 
 `flopwise compress CONFIG.yaml` | `flopwise compress RUN_DIR --method ...` |
-`flopwise compress --task digits-cnn --method int8-static`. torch is imported inside the
-command only.
+`flopwise compress --task digits-cnn --method ...`. The command knows no method: it asks the
+registry (`compress/methods/`) for the one named and prints what its `run` returns. torch is
+imported inside the command only.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -50,16 +50,6 @@ def resolve_config(target: Optional[str], options: dict):
     if cfg.task in BUILTIN_TASKS:
         return cfg, cfg.task
     return cfg.model_copy(update={"task": "lm"}), Path(target)
-
-
-def build_task(cfg, source, *, trust_remote_code: bool = False, accept_run: bool = False):
-    """The Task to compress: a built-in digits task, or the LM of an exported run."""
-    from flopwise.compress.tasks import digits_task, lm_task
-
-    if cfg.task in BUILTIN_TASKS:
-        return digits_task(cfg.task)
-    return lm_task(Path(source), eval_batches=cfg.eval_batches, batch_size=min(cfg.batch_size, 8),
-                   trust_remote_code=trust_remote_code, accept_run=accept_run)
 
 
 def default_out(cfg, source) -> Path:
@@ -117,42 +107,21 @@ def register(app: typer.Typer) -> None:
             latency_batch=latency_batch if latency_batch is None or latency_batch >= 2 else None,
         )
         cfg, source = resolve_config(target, options)
-        out_dir = out or cfg.out or default_out(cfg, source)
-        from flopwise.compress.config import LLM_METHODS
+        out_dir = Path(out or cfg.out or default_out(cfg, source))
+        from flopwise.compress.methods import Job, get_method
+        from flopwise.compress.result import print_result
         from flopwise.library_noise import route_library_noise
 
         if latency_batch is not None and latency_batch < 1:
             raise UserError(f"--latency-batch: {latency_batch} must be >= 1")
-        if latency_batch == 1 and cfg.method not in LLM_METHODS:
-            raise UserError("--latency-batch 1: batch 1 is always measured for this method; "
-                            "--latency-batch sets the second, larger batch (>= 2)")
+        method = get_method(cfg.method)
+        job = Job(cfg=cfg, source=source, out=out_dir, latency_batch=method.timed_batch(cfg, latency_batch),
+                  trust_remote_code=trust_remote_code, accept_run=accept_run,
+                  progress=lambda line: print(line, flush=True))
 
         # torchao logs each CUDA kernel library it cannot load on a CPU, plus deprecation chatter
         # from torch.export: kept in OUT/library.log, shown with -v.
-        route_library_noise(Path(out_dir), verbose)
-        if cfg.method in LLM_METHODS:  # an HF folder transformers loads (compress/llm.py)
-            from flopwise.compress.llm import compress_llm_run, print_llm_result
-
-            batch = latency_batch or (cfg.latency_batch if "latency_batch" in cfg.model_fields_set else 1)
-            with json_keeps_stdout(as_json):
-                result = compress_llm_run(Path(source), cfg, Path(out_dir), latency_batch=batch,
-                                          new_tokens=cfg.new_tokens, trust_remote_code=trust_remote_code,
-                                          accept_run=accept_run, report=lambda line: print(line, flush=True))
-            if as_json:
-                print(json.dumps(result, indent=2))
-            else:
-                print_llm_result(result)
-                print(f"compressed model: {out_dir} (transformers loads it; try `flopwise generate {out_dir} --prompt ...`)")
-            return
-        from flopwise.compress.report import print_table, write_report
-        from flopwise.compress.run import compress_task
-
+        route_library_noise(out_dir, verbose)
         with json_keeps_stdout(as_json):
-            task = build_task(cfg, source, trust_remote_code=trust_remote_code, accept_run=accept_run)
-            result = compress_task(task, cfg, Path(out_dir), progress=lambda line: print(line, flush=True))
-            result["report"] = write_report(result, Path(out_dir))
-        if as_json:
-            print(json.dumps(result, indent=2, default=str))
-        else:
-            print_table(result)
-            print(f"compressed model: {out_dir} (load with flopwise.compress.load_compressed({str(out_dir)!r}))")
+            result = method.run(job)
+        print_result(result, as_json)

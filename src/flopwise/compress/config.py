@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from flopwise.compress.methods import LLM_METHODS, METHODS
+from flopwise.compress.methods import METHODS, get_method
 from flopwise.errors import UserError
 from flopwise.config.schema import refuse_booleans_for_numbers
 
@@ -84,14 +84,8 @@ def parse_compress_config(section: dict | None, pruning: object | None = None, s
 
 
 def check_combination(cfg: CompressConfig, source: str = "config") -> None:
-    """Combinations that each key allows alone but that cannot run together, caught before any training."""
-    if cfg.method == "prune" and cfg.schedule == "gradual" and cfg.finetune_steps == 0:
-        raise UserError(f"{source}: compress.schedule: gradual pruning needs compress.finetune_steps > 0 (or schedule: oneshot)")
-    if cfg.method in LLM_METHODS and cfg.task not in (None, "lm"):
-        raise UserError(f"{source}: compress.method: {cfg.method} compresses a trained causal LM (a run directory), "
-                        f"not the {cfg.task} task")
-    if cfg.method in ("int8-static", "qat") and cfg.backend in ("torchao", "eager"):
-        raise UserError(f"{source}: compress.backend: {cfg.method} runs on the PT2E flow only (allowed: auto, pt2e-x86)")
+    """Combinations that each key allows alone but that the method cannot run, caught before any training."""
+    get_method(cfg.method).check(cfg, source)
 
 
 def describe_error(err: ValidationError) -> str:
@@ -118,6 +112,4 @@ def _short(value) -> str:
 
 def check_method(method: str) -> str:
     """A method name from the command line, or a UserError listing the allowed ones."""
-    if method not in METHODS:
-        raise UserError(f"--method {method!r} is not a compression method (allowed: {', '.join(METHODS)})")
-    return method
+    return get_method(method).name

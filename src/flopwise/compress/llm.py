@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from flopwise.compress.result import CompressResult
 from flopwise.errors import UserError
 from flopwise.runrecord.run_dir import RunDir
 
@@ -29,21 +30,20 @@ REPORT_FILE = "compress_report.json"
 FILE_MODE = 0o644
 
 
-def compress_llm_run(run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_tokens: int = 32,
+def compress_llm_run(method, run_dir: Path, cfg, out: Path, latency_batch: int = 1, new_tokens: int = 32,
                      min_run_time: float = 2.0, report: Callable[[str], None] = print, *,
                      trust_remote_code: bool = False, accept_run: bool = False) -> dict:
-    """Quantize the run's model with `cfg.method`, save it in `out`, and return the measurements.
+    """Quantize the run's model with `method` (an `LLMQuantMethod`), save it in `out`, and return
+    the measurements.
 
     The run's config.yaml is read only with this user's signature (or `accept_run`); the HF
     folders are loaded with remote code only when `trust_remote_code` (the command line's flag).
     """
     from flopwise.compress.llm_timing import pin_threads
-    from flopwise.compress.methods import get_method
     from flopwise.artifacts.generate import load_for_generation, resolve_hf_folder
     from flopwise.hf_logging import quiet_hf_libraries
 
     quiet_hf_libraries()
-    method = get_method(cfg.method)
     run_dir = Path(run_dir)
     threads = pin_threads(cfg.threads)
     report(f"threads: {threads} (intra-op, pinned for every timing)")
@@ -231,27 +231,26 @@ def summarize_llm(method: str, note: str, measured: dict, threads: int, batch: i
     }
 
 
-def print_llm_result(result: dict) -> None:
-    """A short before/after table for the terminal."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{result['method']}: batch {result['latency_batch']} x {result['new_tokens']} new tokens, "
-                        f"{result['threads']} thread(s)")
-    for column in ("", "before", "after", "after / before"):
-        table.add_column(column, justify="right")
+def llm_result(result: dict, out: Path) -> CompressResult:
+    """The record with its before/after table for the terminal (printed by `result.print_result`)."""
     b, a = result["before"], result["after"]
 
     def tps(side: dict) -> str:
         r = side["generation"]["tokens_per_second"]
         return f"{r['median']:.1f} [{r['low']:.1f}-{r['high']:.1f}]"
 
-    table.add_row("perplexity (held-out)", f"{b['perplexity']:.3f}", f"{a['perplexity']:.3f}",
-                  f"{a['perplexity'] / b['perplexity']:.4f}")
-    table.add_row("tokens/s median [IQR]", tps(b), tps(a), result["speedup_text"])
-    table.add_row("disk (MiB)", f"{b['disk_bytes'] / 2**20:.2f}", f"{a['disk_bytes'] / 2**20:.2f}", f"{result['disk_ratio']:.3f}")
-    table.add_row("memory (MiB)", f"{b['memory_bytes'] / 2**20:.2f}", f"{a['memory_bytes'] / 2**20:.2f}",
-                  f"{result['memory_ratio']:.3f}")
-    Console().print(table)
-    if result["note"]:
-        print(f"note: {result['note']}")
+    rows = (
+        ("perplexity (held-out)", f"{b['perplexity']:.3f}", f"{a['perplexity']:.3f}", f"{a['perplexity'] / b['perplexity']:.4f}"),
+        ("tokens/s median [IQR]", tps(b), tps(a), result["speedup_text"]),
+        ("disk (MiB)", f"{b['disk_bytes'] / 2**20:.2f}", f"{a['disk_bytes'] / 2**20:.2f}", f"{result['disk_ratio']:.3f}"),
+        ("memory (MiB)", f"{b['memory_bytes'] / 2**20:.2f}", f"{a['memory_bytes'] / 2**20:.2f}", f"{result['memory_ratio']:.3f}"),
+    )
+    return CompressResult(
+        record=result,
+        title=(f"{result['method']}: batch {result['latency_batch']} x {result['new_tokens']} new tokens, "
+               f"{result['threads']} thread(s)"),
+        columns=tuple((column, "right") for column in ("", "before", "after", "after / before")),
+        rows=rows,
+        notes=(f"note: {result['note']}",) if result["note"] else (),
+        next_step=f"compressed model: {out} (transformers loads it; try `flopwise generate {out} --prompt ...`)",
+    )

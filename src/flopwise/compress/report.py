@@ -1,9 +1,11 @@
-"""The before/after report of a compression run: a rich table, JSON, and a PNG."""
+"""The before/after report of a "model" compression run: the terminal table, JSON, Markdown and a PNG."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from flopwise.compress.result import CompressResult
 
 MB = 1e6
 
@@ -70,22 +72,23 @@ def _ratio(entry: dict, key: str, label: str) -> str:
     return f"{ratio:.2f}x faster than {label}" if ratio >= 1 else f"{1 / ratio:.2f}x slower than {label}"
 
 
-def print_table(result: dict) -> None:
-    """Print the before/after table and the notes with rich."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"flopwise compress: {result['method']} on {result['task']}")
+def model_result(result: dict, out: Path) -> CompressResult:
+    """The record with its before/after table and notes for the terminal (printed by `result.print_result`)."""
     data = rows(result)
+    columns = []
     for key in data[0]:
         header = key.replace("_parameters", "").replace("latency_", "").replace("throughput_", "").replace("_per_s", " /s")
-        table.add_column(header.replace("_ms", " ms").replace("_mb", " MB"), justify="left" if key == "model" else "right")
-    for row in data:
-        table.add_row(*[v if isinstance(v, str) else (f"{v:,}" if isinstance(v, int) else f"{v:.4g}") for v in row.values()])
-    console = Console(width=None if Console().is_terminal else 140)
-    console.print(table)
-    for line in notes(result):
-        console.print(f"- {line}")
+        columns.append((header.replace("_ms", " ms").replace("_mb", " MB"), "left" if key == "model" else "right"))
+    cells = tuple(tuple(v if isinstance(v, str) else (f"{v:,}" if isinstance(v, int) else f"{v:.4g}") for v in row.values())
+                  for row in data)
+    return CompressResult(
+        record=result,
+        title=f"flopwise compress: {result['method']} on {result['task']}",
+        columns=tuple(columns),
+        rows=cells,
+        notes=tuple(f"- {line}" for line in notes(result)),
+        next_step=f"compressed model: {out} (load with flopwise.compress.load_compressed({str(out)!r}))",
+    )
 
 
 def write_json(result: dict, path: Path) -> Path:

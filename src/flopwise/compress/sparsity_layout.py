@@ -17,12 +17,12 @@ import torch
 METADATA_KEY = "sparsity_config"
 
 
-def sparsity_config(method: str, details: dict) -> dict:
-    """compressed-tensors' SparsityCompressionConfig fields for a pruned (`prune`) or `2:4` model."""
+def sparsity_config(structure: str, details: dict) -> dict:
+    """compressed-tensors' SparsityCompressionConfig fields for a pruned ("unstructured") or "2:4" model."""
     layers = details.get("sparsity", {}).get("layers", {})
     return {
         "format": "dense",
-        "sparsity_structure": "2:4" if method == "2:4" else "unstructured",
+        "sparsity_structure": structure,
         "global_sparsity": float(details.get("sparsity", {}).get("overall", 0.0)),
         "targets": sorted(layers),
         "ignore": list(details.get("skipped_layers", [])),

@@ -44,6 +44,14 @@ def relative_quality_loss(task: Task, before: float, after: float) -> float:
     return lost / abs(before) if before else 0.0
 
 
+def task_for(cfg, source, *, trust_remote_code: bool = False, accept_run: bool = False) -> Task:
+    """The Task a compress config names: a built-in digits task, or the LM of an exported run at `source`."""
+    if cfg.task not in (None, "lm"):
+        return digits_task(cfg.task)
+    return lm_task(Path(source), eval_batches=cfg.eval_batches, batch_size=min(cfg.batch_size, 8),
+                   trust_remote_code=trust_remote_code, accept_run=accept_run)
+
+
 def digits_task(name: str, network_kwargs: dict | None = None, epochs: int | None = None, seed: int = 0) -> Task:
     """Train the built-in digits network `name` for real accuracy (seconds on a CPU core)."""
     from flopwise.compress.models import build_network, digits_accuracy, load_digits_data, train_digits

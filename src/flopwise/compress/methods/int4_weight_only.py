@@ -9,7 +9,7 @@ so the file is no smaller than INT8's. The report states which one ran.
 
 from __future__ import annotations
 
-from flopwise.compress.methods.base import LLMQuantMethod
+from flopwise.compress.methods.llm_flow import LLMQuantMethod
 
 CUDA_GROUP_SIZE = 128
 CPU_GROUP_SIZE = 32

@@ -6,7 +6,7 @@ Activations stay in floating point; the matmul dequantizes the weight (torchao
 
 from __future__ import annotations
 
-from flopwise.compress.methods.base import LLMQuantMethod
+from flopwise.compress.methods.llm_flow import LLMQuantMethod
 
 
 def _config(device_type: str):

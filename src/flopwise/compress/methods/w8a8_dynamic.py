@@ -6,7 +6,7 @@ token with scales computed on the fly, so the matmul itself can run in int8.
 
 from __future__ import annotations
 
-from flopwise.compress.methods.base import LLMQuantMethod
+from flopwise.compress.methods.llm_flow import LLMQuantMethod
 
 
 def _config(device_type: str):
