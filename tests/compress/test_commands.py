@@ -56,7 +56,8 @@ def test_seed_pruning_yaml_prunes_the_builtin_cnn_and_writes_the_report(tmp_path
     result = run_cli(str(config), "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
-    assert report["method"] == "prune"
+    assert report["method"] == "prune" and report["flow"] == "model"
+    assert report["out"] == str(tmp_path / "out") and report["threads"] >= 1
     assert report["details"]["sparsity"]["overall"] == pytest.approx(0.6, abs=1e-3)
     assert report["summary"]["disk_ratio"] == pytest.approx(1.0, abs=0.02)  # dense with zeros: the standard layout
     from safetensors import safe_open

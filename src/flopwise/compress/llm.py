@@ -73,7 +73,7 @@ def compress_llm_run(method, run_dir: Path, cfg, out: Path, latency_batch: int =
         measurements[label] = measure_llm(model, tokenizer, folder, held_out, seq_len, cfg, threads,
                                           latency_batch, new_tokens, min_run_time)
         del model
-    result = summarize_llm(method.name, note, measurements, threads, latency_batch, new_tokens, Path(out))
+    result = summarize_llm(method.name, note, measurements, threads, latency_batch, new_tokens, Path(out), flow=method.flow)
     path = Path(out) / REPORT_FILE
     path.write_text(json.dumps(result, indent=2))
     os.chmod(path, FILE_MODE)
@@ -204,7 +204,8 @@ def measure_llm(model, tokenizer, folder: Path, held_out, seq_len: int, cfg, thr
     }
 
 
-def summarize_llm(method: str, note: str, measured: dict, threads: int, batch: int, new_tokens: int, out: Path) -> dict:
+def summarize_llm(method: str, note: str, measured: dict, threads: int, batch: int, new_tokens: int, out: Path,
+                  flow: str = "llm") -> dict:
     """The before/after record: ratios, and a speed-up only where the timing intervals are apart."""
     from flopwise.compress.llm_timing import Timing, speedup_text
 
@@ -216,6 +217,7 @@ def summarize_llm(method: str, note: str, measured: dict, threads: int, batch: i
     before, after = measured["before"], measured["after"]
     return {
         "method": method,
+        "flow": flow,
         "note": note,
         "out": str(out),
         "threads": threads,

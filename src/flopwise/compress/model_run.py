@@ -92,6 +92,7 @@ def compress_with(method, task: Task, cfg, out: Path, progress=None) -> dict:
         "task": task.name,
         "quality_basis": task.quality_basis,
         "method": method.name,
+        "flow": method.flow,
         "backend": manifest["backend"],
         "compiled": bool(cfg.compile and fmt == "pt2"),
         "threads": threads,

@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+# Keys every record holds, whatever the flow: which method ran, which flow's fields follow, where
+# the compressed model is, and the thread count every timing used.
+COMMON_KEYS = ("method", "flow", "out", "threads")
+
 
 @dataclass(frozen=True)
 class CompressResult:
-    """A method's outcome: `record` is the JSON shape (its keys are read by scripts and tests);
-    the rest is how a terminal shows it."""
+    """A method's outcome: `record` is the JSON (`COMMON_KEYS`, then the flow's own fields, whose
+    names scripts and tests read); the rest is how a terminal shows it."""
 
     record: dict
     title: str
@@ -22,6 +26,11 @@ class CompressResult:
     rows: tuple[tuple[str, ...], ...]  # cells, already formatted
     notes: tuple[str, ...] = ()  # lines under the table, printed as they are
     next_step: str = ""  # where the compressed model is and how to use it
+
+    def __post_init__(self):
+        missing = [key for key in COMMON_KEYS if key not in self.record]
+        if missing:
+            raise ValueError(f"a compress record lacks the common keys {missing}")
 
 
 def print_result(result: CompressResult, as_json: bool = False) -> None:
