@@ -93,3 +93,11 @@ def test_shipped_compress_configs_validate():
         assert cfg.method in ("int8-static", "int8-dynamic", "qat", "prune", "2:4"), path
     cfg, _ = resolve_config(str(Path(__file__).parents[2] / "configs" / "compress_prune.yaml"), {})
     assert cfg.method == "prune" and cfg.sparsity == 0.6 and cfg.schedule == "gradual"
+
+
+def test_latency_batch_one_is_refused_by_a_model_method_before_any_work(tmp_path):
+    result = run_cli("--task", "digits-mlp", "--method", "prune", "--latency-batch", "1", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1 and "--latency-batch 1: batch 1 is always measured" in lines[0]
+    assert not (tmp_path / "out").exists()
