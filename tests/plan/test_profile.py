@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -335,3 +336,18 @@ def test_the_default_split_is_chosen_on_the_profile():
     assert plan(measured, profile).fits
     assert (plan(measured, profile).time.step_seconds
             <= plan(curve, profile).time.step_seconds * 1.0101)
+
+
+def test_plan_config_uses_the_profile_and_refuses_the_flags_it_would_ignore(tmp_path):
+    """`plan --config` predicts what `flopwise train` on that device predicts: with the device's profile."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "gpu_single_node.yaml"
+    path = make_profile(kind="cuda", device="NVIDIA H100 80GB HBM3").save(tmp_path / "h100.json")
+    common = ("--config", str(config), "--hardware", "h100-sxm", "--json", "parallel.nproc_per_node=1")
+    curve = run_plan(*common)
+    profiled = run_plan(*common, "--profile", str(path))
+    assert curve.returncode == 0 and profiled.returncode == 0, curve.stderr + profiled.stderr
+    curve_step = json.loads(curve.stdout)["time"]["step_seconds"]
+    profiled_time = json.loads(profiled.stdout)["time"]
+    assert profiled_time["step_seconds"] > 50 * curve_step and "profile" in profiled_time["efficiency_source"]
+    ignored = run_plan(*common, "--stack", "megatron-core", "--pue", "1.3")
+    assert ignored.returncode == 2 and "drop --stack, --pue" in ignored.stderr and "Traceback" not in ignored.stderr

@@ -7,6 +7,7 @@ is imported only when a table is printed.
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -51,13 +52,11 @@ def plan_command(**options) -> None:
     o = dict(options)
     config, overrides = o.pop("config", None), o.pop("overrides", None)
     if config is not None or overrides:
-        by_flag = {option.flag: option.name for option in OPTIONS}
-        conflicting = [flag for flag in ("--model", "--gpus", "--dp", "--tp", "--pp", "--micro-batch", "--global-batch",
-                                         "--batch-tokens", "--seq-len", "--tokens", "--precision", "--optimizer",
-                                         "--zero") if o[by_flag[flag]] is not None]
-        conflicting += ["--search"] if o["search"] else []
+        # every flag the config path does not read is refused, not silently ignored
+        conflicting = [option.flag for option in OPTIONS
+                       if option.name not in CONFIG_FLAGS and option.name != "spot" and o[option.name] != option.default]
         return plan_training_config(config, overrides or [], o["hardware"], o["as_json"], spot=o["spot"],
-                                    conflicting=conflicting)
+                                    conflicting=conflicting, profile=o["profile"])
     devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1)) if o["dp"] else 8)
     if o["search"]:  # the search picks the layout; one device keeps the global batch exactly as asked
         o.update(gpus=1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
@@ -135,8 +134,12 @@ def print_plan_json(result, checkpoint=None) -> None:
     print(json.dumps(data, indent=2, allow_nan=False, default=str))
 
 
+CONFIG_FLAGS = frozenset({"hardware", "profile", "as_json"})
+"""The `plan` options that `plan --config` reads; the config (with KEY=VALUE overrides) sets the rest."""
+
+
 def plan_training_config(config: Path | None, overrides: list[str], hardware: str | None, as_json: bool,
-                         spot: bool = False, conflicting: list[str] = ()) -> None:
+                         spot: bool = False, conflicting: list[str] = (), profile: str | None = None) -> None:
     """`plan --config`: the plan of the run `flopwise train CONFIG [KEY=VALUE ...]` would start.
 
     The RunSpec comes from `plan.from_config.planned_config`, the function the trainer
@@ -158,7 +161,14 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
         raise UserError("--config: no training-config reader is registered (run through the `flopwise` command)")
     cfg = _load_training_config(config, list(overrides))
     planned = planned_config(cfg, resolve_run(cfg))
-    result = plan(planned.on(get_hardware(hardware or EXAMPLE["hardware"])))
+    measured, warnings = None, ()
+    if profile is not None:  # the device's measured rates, as `flopwise train` uses them
+        measured, device, warnings = _read_profile(profile, hardware)
+    else:
+        device = get_hardware(hardware or EXAMPLE["hardware"])
+    result = plan(planned.on(device), profile=measured)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if as_json:
         print_plan_json(result)
         return

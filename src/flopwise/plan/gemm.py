@@ -91,8 +91,11 @@ FP8_RECIPE_FACTOR = {"delayed": 1.0, "tensorwise": 1.0, "rowwise": 0.90, "mxfp8"
 """fp8 GEMM rate of a scaling recipe relative to per-tensor scaling (delayed and tensorwise run the
 same cuBLAS per-tensor-scaled GEMM). rowwise: torch `_scaled_mm` with row-wise scales runs a CUTLASS
 kernel that reaches 90-100 % of the tensor-wise cuBLAS one on most shapes with a tail down to 50 %
-(pytorch/pytorch issue #147971, H100): the lower end of the common range. mxfp8 (Blackwell block
-scales) is native to the tensor cores: 1.0."""
+(pytorch/pytorch issue #147971, H100): the lower end of the common range. On an H200 with torch
+2.11 the row-wise GEMM alone ran at 0.89-1.12x (median 1.02x) of the per-tensor one at seven
+transformer shapes (benchmarks/hopper_kernels.py, BENCHMARKS.md), so 0.90 stands for the recipe end to
+end (row-wise scaling of the backward's transposed operands) rather than for the GEMM. mxfp8
+(Blackwell block scales) is native to the tensor cores: 1.0."""
 
 ATTENTION_KERNEL_FRACTION_HOPPER = {
     "fa2": (0.339, 0.295),
