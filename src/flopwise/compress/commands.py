@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from flopwise.compress.methods import method_help
+from flopwise.compress.methods import Job, get_method, method_help
 from flopwise.errors import UserError
 from flopwise.artifacts.trust_options import ACCEPT_RUN_OPTION, TRUST_REMOTE_CODE_OPTION
 from flopwise.runrecord.run_dir import RunDir
@@ -108,7 +108,6 @@ def register(app: typer.Typer) -> None:
         )
         cfg, source = resolve_config(target, options)
         out_dir = Path(out or cfg.out or default_out(cfg, source))
-        from flopwise.compress.methods import Job, get_method
         from flopwise.compress.result import print_result
         from flopwise.library_noise import route_library_noise
 
