@@ -45,8 +45,11 @@ def test_quick_calibration_writes_a_valid_profile(tmp_path):
     assert set(profile.op_forward_share) == set(ELEMENTWISE_OPS)
     assert all(0 < v <= 1 for v in profile.op_forward_share.values())
     shapes = budget_for("cpu", True).attention_shapes
-    assert {(p.dtype, p.seq, p.head_dim) for p in profile.attention} == {
-        (d, s, h) for d in ("fp32", "bf16") for s, h in shapes}
+    measured = {(p.dtype, p.seq, p.head_dim) for p in profile.attention}
+    assert {key for key in measured if key[0] == "fp32"} == {("fp32", s, h) for s, h in shapes}
+    # bf16 attention runs slowly on CPUs without bf16 units: a shape whose one call exceeds the quick
+    # budget's max_call_seconds (0.2 s, reached on a loaded machine) is left out by design, never invented
+    assert measured - {("fp32", s, h) for s, h in shapes} <= {("bf16", s, h) for s, h in shapes}
     assert all(p.flops_per_s > 1e6 for p in profile.attention)
     assert 0 < profile.optimizer_seconds_per_param["adamw"] < 1e-6
     assert profile.collectives == ()  # --quick in one process starts no peers
