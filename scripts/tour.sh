@@ -84,6 +84,10 @@ step "flopwise plan --model llama2-7b --hardware a100-40gb --gpus 128 --tokens 1
 step "flopwise compare --model llama2-7b --tokens 10B --hardware rtx4090 --gpus 4 --local" \
   fw compare --model llama2-7b --tokens 10B --hardware rtx4090 --gpus 4 --local
 [ -z "$(ls -d compare-* hybrid-* 2>/dev/null)" ] || { echo "tour: compare wrote files without --out" >&2; exit 1; }
+step "flopwise plan --model llama2-7b --hardware rtx4090 --gpus 1 --finetune qlora" \
+  fw plan --model llama2-7b --hardware rtx4090 --gpus 1 --finetune qlora
+step "flopwise compare --model llama2-70b --hardware rtx4090 --gpus 4 --local --finetune qlora --tokens 1B" \
+  fw compare --model llama2-70b --hardware rtx4090 --gpus 4 --local --finetune qlora --tokens 1B
 step "flopwise hardware" fw hardware
 step "flopwise hardware h100-sxm" fw hardware h100-sxm
 step "flopwise models" fw models

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[str]:
+    """Each `flopwise ...` line of the README, comment dropped; a continued line ends in `...` as the tour names it."""
+    lines = [line.split("#")[0].strip() for line in (ROOT / "README.md").read_text().splitlines()
+             if line.startswith("flopwise ")]
+    return [line[:-1].strip() + " ..." if line.endswith("\\") else line for line in lines]
+
+
+def tour_step_names() -> list[str]:
+    names = re.findall(r'^step "((?:[^"\\]|\\.)*)"', (ROOT / "scripts" / "tour.sh").read_text(), flags=re.M)
+    return [name.replace('\\"', '"') for name in names]
+
+
+def test_every_readme_command_has_a_tour_step():
+    steps = tour_step_names()
+    missing = [cmd for cmd in readme_commands() if not any(step == cmd or step.startswith(cmd + " (") for step in steps)]
+    assert not missing, f"README commands the tour does not run: {missing}"
 
 
 @pytest.mark.slow
