@@ -370,6 +370,12 @@ class RunConfig(Section):
             raise ValueError("data.hf_dataset: set either data.hf_dataset or data.paths, not both")
         if self.data.mix and (self.data.paths or self.data.hf_dataset is not None):
             raise ValueError("data.mix: chat files are mixed on their own; leave data.paths and data.hf_dataset unset")
+        if self.data.mix and self.model.kind != "hf":
+            raise ValueError(f"data.mix: chat data trains a HuggingFace model (model.kind=hf, model.pretrained); "
+                             f"the built-in {self.model.kind} decoder has no per-document attention mask")
+        if self.data.mix and self.parallel.strategy in ("deepspeed", "pipeline"):
+            raise ValueError(f"data.mix: packed chat rows train with parallel.strategy single, ddp or fsdp "
+                             f"(got {self.parallel.strategy})")
         if self.model.kind != "hf" and self.data.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len {self.model.max_seq_len} "

@@ -27,6 +27,8 @@ from flopwise.config.resolve import ResolvedRun, resolve_run
 from flopwise.config.schema import RunConfig, TrainingConfig
 from flopwise.config.loading import dump_config
 from flopwise.config.signature import signed_config_text
+from flopwise.train.data.chat_loader import ChatLoader
+from flopwise.train.data.chat_rows import PreparedChat
 from flopwise.train.data.files import TokenLoader
 from flopwise.train.launch.heartbeat import note_step
 from flopwise.train.data.prepare import prepare_data
@@ -113,6 +115,10 @@ def evaluate(state: TrainState, loader, batches: int) -> float:
 
 def make_loader(cfg: RunConfig, env: DistEnv, prepared, split: str, run: ResolvedRun):
     """This rank's loader for 'train' (prefetching) or 'val' (synchronous, repeatable)."""
+    if isinstance(prepared, PreparedChat):  # data.mix: packed chat rows, token-weighted per step
+        return ChatLoader(prepared, split, micro_batch_size=cfg.training.micro_batch_size,
+                          rank=run.mesh.dp_rank_of(env.rank), world_size=run.mesh.dp, seed=cfg.training.seed,
+                          grad_accum=run.grad_accum)
     return TokenLoader(
         prepared, split, seq_len=cfg.data.seq_len, micro_batch_size=cfg.training.micro_batch_size,
         rank=run.mesh.dp_rank_of(env.rank), world_size=run.mesh.dp, seed=cfg.training.seed,

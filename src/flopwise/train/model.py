@@ -188,8 +188,19 @@ class HFCausalLM(nn.Module):
         self.hf = hf_model
         self.vocab_size = hf_model.config.vocab_size
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.hf(input_ids=input_ids, use_cache=False).logits
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits; with `segment_ids` (packed documents) attention stays inside each document
+        and `position_ids` restart per document (train/data/packing.py)."""
+        if segment_ids is None:
+            return self.hf(input_ids=input_ids, use_cache=False).logits
+        from flopwise.train.data.packing import attention_inputs
+
+        device = input_ids.device.type  # the mask is added to the scores: give it their dtype
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
+            else self.hf.get_input_embeddings().weight.dtype
+        boundaries = attention_inputs(segment_ids, position_ids, dtype=dtype)
+        return self.hf(input_ids=input_ids, use_cache=False, **boundaries).logits
 
 
 def load_hf_config(cfg: ModelConfig):

@@ -170,6 +170,26 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def summed_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy summed over the labelled tokens (-100 skipped), in fp32."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+
+
+def micro_batch_loss(model: nn.Module, batch, grad_accum: int) -> torch.Tensor:
+    """The micro-batch's share of the step's loss, the tensor to backpropagate.
+
+    Plain (inputs, targets): its mean over tokens / grad_accum (every row is full, so this is the
+    step's token mean). Packed chat rows (`chat_loader.ChatBatch`): the summed token losses times
+    the batch's `loss_weight`, which makes the step's loss the mean over all its labelled tokens
+    on all ranks, whatever the split into micro-batches and ranks.
+    """
+    if hasattr(batch, "loss_weight"):
+        logits = model(batch.inputs, position_ids=batch.position_ids, segment_ids=batch.segment_ids)
+        return summed_loss(logits, batch.targets) * batch.loss_weight
+    inputs, targets = batch
+    return loss_fn(model(inputs), targets) / grad_accum
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work so host timers measure it (no-op on CPU)."""
     if device.type == "cuda":

@@ -166,7 +166,8 @@ def test_mix_stands_alone_in_the_config(tmp_path):
 
     with pytest.raises(UserError, match="data.mix: chat files are mixed on their own"):
         load_config(None, [f"data.mix=[{{path: {tmp_path / 'a.jsonl'}, weight: 2}}]", f"data.paths=[{tmp_path}]"])
-    cfg = load_config(None, [f"data.mix=[{{path: {tmp_path / 'a.jsonl'}, weight: 2}}]", "data.loss_on=all"])
+    cfg = load_config(None, [f"data.mix=[{{path: {tmp_path / 'a.jsonl'}, weight: 2}}]", "data.loss_on=all",
+                             "model.kind=hf", "parallel.strategy=ddp"])
     assert cfg.data.mix[0].weight == 2 and cfg.data.loss_on == "all"
     with pytest.raises(UserError, match="loss_on"):
         load_config(None, ["data.loss_on=prompt"])

@@ -22,7 +22,7 @@ from flopwise.config.schema import PrecisionConfig
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, measure_memory
 from flopwise.train.techniques.precision import autocast_context
-from flopwise.train.step import StepHooks, apply_update, loss_fn
+from flopwise.train.step import StepHooks, apply_update, loss_fn, micro_batch_loss, summed_loss
 
 
 class TorchStrategy:
@@ -45,17 +45,19 @@ class TorchStrategy:
 
     def fetch(self, loader) -> tuple[torch.Tensor, torch.Tensor]:
         """The next micro-batch, copied to the device without blocking the host."""
-        inputs, targets = next(loader)
+        batch = next(loader)
+        if hasattr(batch, "loss_weight"):  # packed chat rows
+            return batch.to(self.env.device, non_blocking=True)
+        inputs, targets = batch
         return inputs.to(self.env.device, non_blocking=True), targets.to(self.env.device, non_blocking=True)
 
     def forward_backward(self, batch, micro: int, grad_accum: int, hooks: StepHooks) -> float:
         """Forward under autocast, backward of the (scaled) loss; gradients sync on the last micro-step only."""
-        inputs, targets = batch
         built, last = self.built, micro == grad_accum - 1
         with gradient_sync(built.model, enabled=last):
             with hooks.around_forward(built.module, micro, last, built.forward_context, built.saved_tensor_hooks), \
                     autocast_context(self.precision_mode, self.env.device.type):
-                loss = loss_fn(built.model(inputs), targets) / grad_accum
+                loss = micro_batch_loss(built.model, batch, grad_accum)
             hooks.before_backward(self.env, last)
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         return loss.detach().item()
@@ -99,11 +101,23 @@ class TorchStrategy:
         model = self.built.model
         model.eval()
         total = 0.0
-        for inputs, targets in loader.val_batches(batches):
+        chat_sum = chat_tokens = 0.0
+        for batch in loader.val_batches(batches):
+            if hasattr(batch, "loss_weight"):  # packed chat rows: the mean over all labelled tokens
+                batch = batch.to(self.env.device)
+                with autocast_context(self.precision_mode, self.env.device.type):
+                    logits = model(batch.inputs, position_ids=batch.position_ids, segment_ids=batch.segment_ids)
+                chat_sum += summed_loss(logits, batch.targets).item()
+                chat_tokens += float((batch.targets != -100).sum())
+                continue
+            inputs, targets = batch
             inputs, targets = inputs.to(self.env.device), targets.to(self.env.device)
             with autocast_context(self.precision_mode, self.env.device.type):
                 total += loss_fn(model(inputs), targets).item()
         model.train()
+        if chat_tokens or chat_sum:
+            mean_sum, mean_tokens = all_reduce_mean([chat_sum, chat_tokens], self.env)
+            return mean_sum / max(mean_tokens, 1e-12)
         return all_reduce_mean([total / batches], self.env)[0]
 
 
