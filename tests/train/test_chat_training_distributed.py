@@ -1,0 +1,73 @@
+"""Chat data (`data.mix`) on 2 real CPU processes started by `flopwise train`: LoRA under DDP on
+packed, answer-only rows lowers the loss, and a run killed with SIGKILL after a published checkpoint
+continues, when the identical command is rerun, with every rank's losses equal to an uninterrupted
+run's bit for bit (the chat loader's position is part of the checkpoint)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flopwise.train.checkpoint import store as ckpt
+from tests.hf_fixtures import write_pretrained
+from tests.train.checkpoint.test_policy import losses, train_cli, write
+from tests.train.checkpoint.test_strategy_checkpoints import (
+    assert_the_same_command_continues, kill_launcher_and_workers, wait_for_checkpoint_and_step,
+)
+from tests.train.test_chat_training import conversations, write_chat
+
+pytest.importorskip("peft")
+psutil = pytest.importorskip("psutil")
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat-dist")
+    write_pretrained(root / "pretrained")
+    write_chat(root / "alpha.jsonl", conversations("alpha", 60, seed=1))
+    write_chat(root / "beta.jsonl", conversations("beta", 30, seed=2))
+    return root
+
+
+def config(folders, run_dir, **checkpoint) -> dict:
+    return {
+        "model": {"kind": "hf", "pretrained": str(folders / "pretrained")},
+        "data": {"mix": [{"path": str(folders / "alpha.jsonl"), "weight": 2},
+                         {"path": str(folders / "beta.jsonl"), "weight": 1}],
+                 "seq_len": 128, "val_fraction": 0.1},
+        "parallel": {"nproc_per_node": 2, "strategy": "ddp"},
+        "precision": {"mode": "fp32"},
+        "finetune": {"method": "lora", "rank": 4, "alpha": 8},
+        "training": {"max_steps": STEPS, "micro_batch_size": 2, "global_batch_size": 8, "warmup_steps": 1,
+                     "lr": 2e-2, "min_lr": 2e-3, "eval_every": STEPS, "eval_batches": 1},
+        "checkpoint": {"keep_last": 20, **checkpoint},
+        "logging": {"run_dir": str(run_dir), "progress": False},
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_lora_on_chat_rows_under_ddp_learns_and_resumes_bit_for_bit(folders, tmp_path):
+    ref_dir = tmp_path / "ref" / "run"
+    proc = train_cli(write(config(folders, ref_dir), ref_dir.parent / "config.yaml"))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "LoRA (PEFT): rank 4" in out
+    first, second = losses(ref_dir, 0), losses(ref_dir, 1)
+    # each rank logs its share (summed token losses x W / the step's tokens); their mean is the step's loss
+    steps = [(a + b) / 2 for a, b in zip(first, second)]
+    assert len(steps) == STEPS and max(steps[-2:]) < min(steps[:2]), steps
+
+    run_dir = tmp_path / "killed" / "run"
+    path = write(config(folders, run_dir, every_steps=2), run_dir.parent / "config.yaml")
+    proc = train_cli(path)
+    try:
+        wait_for_checkpoint_and_step(proc, run_dir, 5)
+        kill_launcher_and_workers(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    saved = [step for step, _ in ckpt.published_steps(run_dir)]
+    assert saved and max(saved) < STEPS
+    assert_the_same_command_continues(path, max(saved), run_dir, ref_dir)
