@@ -238,3 +238,13 @@ def test_validation_loss_is_the_token_mean_of_the_held_out_rows(folders, tmp_pat
     val = make_loader(cfg, env, prepared, "val", resolve_run(cfg, processes=1))
     first = evaluate(state, val, 2)
     assert np.isfinite(first) and first == evaluate(state, val, 2)
+
+
+def test_a_bf16_autocast_step_builds_the_mask_in_the_scores_dtype(folders, tmp_path):
+    from flopwise.train.step import train_step
+
+    _, env, _, state = built(folders, tmp_path)
+    fp32 = train_step(state, env, grad_accum=1).loss
+    _, env, _, state = built(folders, tmp_path, "precision.mode=bf16")
+    bf16 = train_step(state, env, grad_accum=1).loss
+    assert bf16 == pytest.approx(fp32, rel=3e-2)

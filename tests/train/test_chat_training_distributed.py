@@ -54,6 +54,7 @@ def test_lora_on_chat_rows_under_ddp_learns_and_resumes_bit_for_bit(folders, tmp
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     assert "LoRA (PEFT): rank 4" in out
+    assert "data: chat mix of 2 file(s)" in out and "(loss_on assistant)" in out
     first, second = losses(ref_dir, 0), losses(ref_dir, 1)
     # each rank logs its share (summed token losses x W / the step's tokens); their mean is the step's loss
     steps = [(a + b) / 2 for a, b in zip(first, second)]

@@ -304,7 +304,11 @@ def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -
         getattr(p, "ds_numel", p.numel()) for p in built.module.parameters())
     lines = [
         f"run dir: {cfg.logging.run_dir}",
-        f"data: {prepared.train_tokens:,} train / {prepared.val_tokens:,} val tokens, vocab {prepared.vocab_size}",
+        f"data: {prepared.train_tokens:,} train / {prepared.val_tokens:,} val tokens, vocab {prepared.vocab_size}"
+        if not isinstance(prepared, PreparedChat) else
+        f"data: chat mix of {len(cfg.data.mix)} file(s), {len(prepared.train_rows):,} train / "
+        f"{len(prepared.val_rows):,} val packed rows, {prepared.train_tokens:,} / {prepared.val_tokens:,} "
+        f"tokens with loss (loss_on {cfg.data.loss_on}), vocab {prepared.vocab_size}",
         f"model: {cfg.model.kind}, ~{n_params / 1e6:.2f}M parameters; batch {global_batch} x {cfg.data.seq_len} "
         f"tokens ({grad_accum} micro-step(s) of {cfg.training.micro_batch_size} per rank)",
     ]
