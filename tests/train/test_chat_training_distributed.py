@@ -1,5 +1,6 @@
-"""Chat data (`data.mix`) on 2 real CPU processes started by `flopwise train`: LoRA under DDP on
-packed, answer-only rows lowers the loss, and a run killed with SIGKILL after a published checkpoint
+"""Chat data (`data.mix`) on 2 real CPU processes started by `flopwise train`: two ranks under FSDP2
+with 2 micro-steps each give the losses of one process taking the whole batch at once (the loss is
+token-weighted over the step and the ranks), LoRA under DDP on packed, answer-only rows lowers the loss, and a run killed with SIGKILL after a published checkpoint
 continues, when the identical command is rerun, with every rank's losses equal to an uninterrupted
 run's bit for bit (the chat loader's position is part of the checkpoint)."""
 
@@ -72,3 +73,24 @@ def test_lora_on_chat_rows_under_ddp_learns_and_resumes_bit_for_bit(folders, tmp
     saved = [step for step, _ in ckpt.published_steps(run_dir)]
     assert saved and max(saved) < STEPS
     assert_the_same_command_continues(path, max(saved), run_dir, ref_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_fsdp_ranks_with_accumulation_equal_one_process_with_the_whole_batch(folders, tmp_path):
+    def run(name: str, nproc: int, strategy: str, micro: int) -> list[list[float]]:
+        cfg = config(folders, tmp_path / name / "run")
+        cfg["parallel"] = {"nproc_per_node": nproc, "strategy": strategy, "fsdp_min_params": 0}
+        cfg["finetune"]["dropout"] = 0.0  # no per-rank randomness
+        cfg["training"].update(max_steps=4, micro_batch_size=micro, optimizer="sgd", lr=0.5, min_lr=0.5,
+                               warmup_steps=0, grad_clip=None)
+        proc = train_cli(write(cfg, tmp_path / name / "config.yaml"))
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        return [losses(tmp_path / name / "run", rank) for rank in range(nproc)]
+
+    (whole,) = run("one", 1, "single", 8)
+    first, second = run("two", 2, "fsdp", 2)  # 2 ranks x 2 micro-steps x 2 rows
+    shared = [(a + b) / 2 for a, b in zip(first, second)]
+    assert shared == pytest.approx(whole, rel=1e-4, abs=1e-6), (shared, whole)
+    assert whole[-1] < whole[0]  # the steps moved the weights, so later losses compare the gradients
