@@ -248,3 +248,25 @@ def test_a_bf16_autocast_step_builds_the_mask_in_the_scores_dtype(folders, tmp_p
     _, env, _, state = built(folders, tmp_path, "precision.mode=bf16")
     bf16 = train_step(state, env, grad_accum=1).loss
     assert bf16 == pytest.approx(fp32, rel=3e-2)
+
+
+def test_activation_checkpointing_keeps_the_document_mask(folders, tmp_path):
+    from flopwise.train.step import train_step
+
+    _, env, _, state = built(folders, tmp_path)
+    plain = train_step(state, env, grad_accum=1)
+    _, env, _, state = built(folders, tmp_path, "training.gradient_checkpointing=true")
+    recomputed = train_step(state, env, grad_accum=1)
+    assert recomputed.loss == pytest.approx(plain.loss, rel=1e-6)
+    assert recomputed.grad_norm == pytest.approx(plain.grad_norm, rel=1e-5)
+
+
+def test_qlora_trains_on_chat_rows(folders, tmp_path):
+    pytest.importorskip("peft")
+    pytest.importorskip("torchao")
+    from flopwise.train.step import train_step
+
+    _, env, _, state = built(folders, tmp_path, "finetune.method=qlora", "finetune.rank=4", "training.optimizer=adamw",
+                             "training.lr=1e-2")
+    losses = [train_step(state, env, grad_accum=1).loss for _ in range(6)]
+    assert all(np.isfinite(losses)) and min(losses[-2:]) < losses[0], losses

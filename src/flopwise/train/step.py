@@ -102,7 +102,7 @@ class Strategy(Protocol):
         """Put the model in training mode; return the learning rate this step uses."""
 
     def fetch(self, loader) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next (inputs, targets) on this rank's device."""
+        """The next (inputs, targets) on this rank's device (or a packed `ChatBatch`, see `micro_batch_loss`)."""
 
     def forward_backward(self, batch, micro: int, grad_accum: int, hooks: StepHooks) -> float:
         """Forward and backward of one micro-step; returns its share of the step's mean loss."""
