@@ -235,9 +235,15 @@ def test_validation_loss_is_the_token_mean_of_the_held_out_rows(folders, tmp_pat
     from flopwise.train.loop import make_loader
     from flopwise.config.resolve import resolve_run
 
+    from flopwise.train.data.chat import ChatEncoder, load_chat_tokenizer
+
     val = make_loader(cfg, env, prepared, "val", resolve_run(cfg, processes=1))
+    assert val.row_ids(0) == [0, 1, 2, 3] and val.num_rows == 7  # held-out rows in order (the 2nd batch wraps)
+    encoder = ChatEncoder(load_chat_tokenizer(folders / "pretrained"))
+    (mean0, count0), (mean1, count1) = (answer_token_mean_alone(folders, val, s, 4, encoder) for s in (0, 4))
     first = evaluate(state, val, 2)
-    assert np.isfinite(first) and first == evaluate(state, val, 2)
+    assert first == pytest.approx((mean0 * count0 + mean1 * count1) / (count0 + count1), rel=1e-5)
+    assert first == evaluate(state, val, 2)
 
 
 def test_a_bf16_autocast_step_builds_the_mask_in_the_scores_dtype(folders, tmp_path):

@@ -175,6 +175,11 @@ def summed_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
 
 
+def packed_logits(model: nn.Module, batch) -> torch.Tensor:
+    """Logits of packed rows: positions restart and attention stays inside each document."""
+    return model(batch.inputs, position_ids=batch.position_ids, segment_ids=batch.segment_ids)
+
+
 def micro_batch_loss(model: nn.Module, batch, grad_accum: int) -> torch.Tensor:
     """The micro-batch's share of the step's loss, the tensor to backpropagate.
 
@@ -184,8 +189,7 @@ def micro_batch_loss(model: nn.Module, batch, grad_accum: int) -> torch.Tensor:
     on all ranks, whatever the split into micro-batches and ranks.
     """
     if hasattr(batch, "loss_weight"):
-        logits = model(batch.inputs, position_ids=batch.position_ids, segment_ids=batch.segment_ids)
-        return summed_loss(logits, batch.targets) * batch.loss_weight
+        return summed_loss(packed_logits(model, batch), batch.targets) * batch.loss_weight
     inputs, targets = batch
     return loss_fn(model(inputs), targets) / grad_accum
 

@@ -22,7 +22,8 @@ from flopwise.config.schema import PrecisionConfig
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, measure_memory
 from flopwise.train.techniques.precision import autocast_context
-from flopwise.train.step import StepHooks, apply_update, loss_fn, micro_batch_loss, summed_loss
+from flopwise.train.data.chat import IGNORE_INDEX
+from flopwise.train.step import StepHooks, apply_update, loss_fn, micro_batch_loss, packed_logits, summed_loss
 
 
 class TorchStrategy:
@@ -101,23 +102,22 @@ class TorchStrategy:
         model = self.built.model
         model.eval()
         total = 0.0
-        chat_sum = chat_tokens = 0.0
+        packed, packed_sum, packed_tokens = False, 0.0, 0.0
         for batch in loader.val_batches(batches):
             if hasattr(batch, "loss_weight"):  # packed chat rows: the mean over all labelled tokens
-                batch = batch.to(self.env.device)
+                packed, batch = True, batch.to(self.env.device)
                 with autocast_context(self.precision_mode, self.env.device.type):
-                    logits = model(batch.inputs, position_ids=batch.position_ids, segment_ids=batch.segment_ids)
-                chat_sum += summed_loss(logits, batch.targets).item()
-                chat_tokens += float((batch.targets != -100).sum())
+                    packed_sum += summed_loss(packed_logits(model, batch), batch.targets).item()
+                packed_tokens += float((batch.targets != IGNORE_INDEX).sum())
                 continue
             inputs, targets = batch
             inputs, targets = inputs.to(self.env.device), targets.to(self.env.device)
             with autocast_context(self.precision_mode, self.env.device.type):
                 total += loss_fn(model(inputs), targets).item()
         model.train()
-        if chat_tokens or chat_sum:
-            mean_sum, mean_tokens = all_reduce_mean([chat_sum, chat_tokens], self.env)
-            return mean_sum / max(mean_tokens, 1e-12)
+        if packed:
+            mean_sum, mean_tokens = all_reduce_mean([packed_sum, packed_tokens], self.env)
+            return mean_sum / max(mean_tokens, 1.0)
         return all_reduce_mean([total / batches], self.env)[0]
 
 
