@@ -11,6 +11,7 @@ checkpointing (save/resume) and other strategies plug in without touching the lo
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from flopwise.measure.calibrate import machine_load
 from flopwise.train import prediction
 from flopwise.train.run_forecast import forecast_line, gpu_config_on_cpu
 from flopwise.train.parallel import comm_volume
@@ -236,6 +238,9 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     bubble = getattr(state.strategy, "measured_bubble", lambda: None)()
     if bubble is not None:  # the pipeline's idle share, averaged over ranks
         summary["bubble_fraction"] = all_reduce_mean([bubble], env)[0]
+    summary["machine_load"] = {"end": machine_load(), "cpu_count": os.cpu_count(),
+                               "own_threads": env.world_size * torch.get_num_threads()
+                               if env.device.type == "cpu" else env.world_size}
     comparison = prediction.compare(forecast, summary)
     if env.is_main:
         write_comparison(run_dir, comparison)
