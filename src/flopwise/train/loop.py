@@ -31,6 +31,7 @@ from flopwise.config.loading import dump_config
 from flopwise.config.signature import signed_config_text
 from flopwise.train.data.files import TokenLoader
 from flopwise.train.launch.heartbeat import note_step
+from flopwise.train.launch.strategy_choice import settle_for_this_device
 from flopwise.train.data.prepare import prepare_data
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier
 from flopwise.train.checkpoint.policy import StepBoundary
@@ -148,7 +149,10 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     `before_final_forward`: callables run before the last forward of every step (tests use
     one to slow a rank down on purpose); a real run has none.
     """
+    choice = settle_for_this_device(cfg, env.world_size)  # parallel.strategy unset: chosen here, not by a launcher
     run = resolve_run(cfg, processes=env.world_size)  # processes, mesh, batch, precision: computed once
+    if choice is not None and env.is_main:
+        print(choice.line(), flush=True)
     run_dir = Path(cfg.logging.run_dir)
     device_default = pretrained_precision_default(cfg, env.device)  # before anything reads the mode
     if device_default is not None:
@@ -187,7 +191,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     writer = MetricsWriter(run_dir, env.rank, append=state.step > 0)
     hooks = StepHooks(sync_wait=measure_sync_wait(cfg.training, env), before_final_forward=tuple(before_final_forward))
     result = RunResult(steps=0, tokens_per_step=tokens_per_step)
-    if state.step == 0:  # the starting point, so the fall of the validation loss is visible
+    if state.step == 0 and cfg.training.eval_at_start:  # the starting point, when asked: it delays step 1
         result.val_losses.append((0, evaluate(state, val_loader, cfg.training.eval_batches)))
         display.eval(0, result.val_losses[-1][1])
     metered = comm_volume.measuring_step(state.step + 1, cfg.training.max_steps, env.world_size,
