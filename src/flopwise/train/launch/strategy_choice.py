@@ -11,6 +11,22 @@ from flopwise.plan.default_strategy import StrategyChoice, memory_only_hardware,
 from flopwise.train.launch.machine_fit import machine_memory_bytes
 
 
+def strategy_of_run_directory(cfg) -> str | None:
+    """The strategy recorded in the config.yaml of the run this config resumes, or None."""
+    import yaml
+
+    from flopwise.runrecord.run_dir import RunDir
+
+    if not (cfg.checkpoint.resume or cfg.checkpoint.resume_from):
+        return None
+    try:
+        saved = yaml.safe_load(RunDir(cfg.logging.run_dir).config.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    strategy = (saved.get("parallel") or {}).get("strategy") if isinstance(saved, dict) else None
+    return strategy if strategy in ("single", "ddp", "fsdp", "deepspeed", "pipeline") else None
+
+
 def this_device(cfg, processes_per_node: int):
     """(memory-only HardwareSpec of one process's share of this machine, "cpu" or "cuda")."""
     import torch
@@ -29,6 +45,10 @@ def settle_for_this_device(cfg, processes: int | None = None) -> StrategyChoice 
     actually joined (a rank), else the config's."""
     if cfg.parallel.strategy is not None:
         return None
+    recorded = strategy_of_run_directory(cfg)
+    if recorded is not None:  # a resume keeps what the run was trained with, whatever this machine would pick
+        cfg.parallel.strategy = recorded
+        return StrategyChoice(recorded, f"the strategy {cfg.logging.run_dir} was trained with (its config.yaml)")
     per_node = max(1, processes // cfg.parallel.nnodes) if processes is not None else cfg.parallel.nproc_per_node
     hardware, kind = this_device(cfg, per_node)
     return settle_strategy(cfg, hardware, kind, processes)
