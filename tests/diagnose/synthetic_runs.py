@@ -34,6 +34,7 @@ def write_run_dir(
     seed: int = 0,
     hardware: str = "cpu-measured",
     profile: dict | None = None,
+    machine_load: dict | None = None,
 ) -> Path:
     """Write a run dir and return it.
 
@@ -120,5 +121,7 @@ def write_run_dir(
         }
         if profile is not None:  # the device profile record the prediction used
             pvm["profile"] = profile
+        if machine_load is not None:  # the 1-minute load during the run
+            pvm["measured"]["machine_load"] = machine_load
         (root / "predicted_vs_measured.json").write_text(json.dumps(pvm))
     return root

@@ -69,6 +69,26 @@ def test_a_cpu_run_slower_than_its_device_profile_predicts_is_a_finding(tmp_path
                                                       if f.kind == "plan_mismatch")
 
 
+@pytest.mark.parametrize("calibrated, run_load, verdict", [
+    (0.1, {"start": 3.5, "end": 5.0}, "busy during the run, not when calibrated"),
+    (0.9, {"start": 0.2, "end": 2.2}, "profile was measured on a busy machine"),
+    (0.9, {"start": 3.5, "end": 5.0}, "busy both times"),
+    (0.1, {"start": 0.2, "end": 2.2}, "quiet machine both times: the model is wrong"),
+])
+def test_diagnose_says_whether_a_busy_machine_or_the_model_explains_a_speed_miss(tmp_path, calibrated, run_load,
+                                                                                  verdict):
+    profile = {"path": "/tmp/p.json", "sha256": "ab" * 32, "source": "cache", "busy_load_per_core": calibrated}
+    load = {**run_load, "cpu_count": 4, "own_threads": 2}
+    d = diagnose_run_dir(write_run_dir(tmp_path / "run", plan_step_seconds=0.05, profile=profile, machine_load=load))
+    line = next(note for note in d.notes if note.startswith("profile /tmp/p.json"))
+    assert "sha256 abababababab" in line and "cache" in line and f"calibrated under load {calibrated:.2f}" in line
+    assert verdict in line and "\n" not in line
+    # on time, the same line says so and blames nothing
+    close = diagnose_run_dir(write_run_dir(tmp_path / "close", plan_step_seconds=0.11, profile=profile,
+                                           machine_load=load))
+    assert any(note.startswith("profile /tmp/p.json") and note.endswith("speed as predicted") for note in close.notes)
+
+
 def test_straggler_seen_from_sync_waits_alone(tmp_path):
     run_dir = write_run_dir(tmp_path / "run", ranks=2, straggler=(1, 0.35))
     # A trainer that times the wait but not compute separately: drop compute_seconds.

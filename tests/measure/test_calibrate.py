@@ -60,7 +60,7 @@ def test_default_output_is_the_per_device_cache(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "flopwise", "calibrate", "--quick", "--dtypes", "fp32", "--nproc", "1"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    written = list((tmp_path / "flopwise" / "profiles").glob("cpu-*-1t.json"))
+    written = list((tmp_path / "flopwise" / "profiles").glob("cpu-*-1t-*.json"))
     assert len(written) == 1 and str(written[0]) in proc.stdout
     assert load_profile(written[0]).dtypes() == ("fp32",)
 
@@ -84,26 +84,26 @@ def test_dtypes_are_checked():
 
 def test_the_trainer_measures_a_profile_once_then_reads_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first, path = profile_for_device(torch.device("cpu"), "fp32")
-    assert path.is_file() and path.parent == tmp_path / "flopwise" / "profiles"
+    first, path, source = profile_for_device(torch.device("cpu"), "fp32")
+    assert source == "measured" and path.is_file() and path.parent == tmp_path / "flopwise" / "profiles"
     assert first.dtypes() == ("fp32",)
-    again, same = profile_for_device(torch.device("cpu"), "fp32")
-    assert same == path and again == first  # read back, not measured again
-    both, _ = profile_for_device(torch.device("cpu"), "bf16")  # a missing dtype is measured and added
+    again, same, source = profile_for_device(torch.device("cpu"), "fp32")
+    assert source == "cache" and same == path and again == first  # read back, not measured again
+    both, _, _ = profile_for_device(torch.device("cpu"), "bf16")  # a missing dtype is measured and added
     assert set(both.dtypes()) == {"fp32", "bf16"}
     assert [p for p in both.gemm if p.dtype == "fp32"] == list(first.gemm)
 
 
 def test_the_trainer_measures_again_a_cache_written_before_operator_timings(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first, path = profile_for_device(torch.device("cpu"), "fp32")
+    first, path, _ = profile_for_device(torch.device("cpu"), "fp32")
     old = first.to_dict()
     for key in ("op_seconds_per_element", "attention_flops_per_s", "optimizer_seconds_per_param"):
         del old[key]
     old["schema_version"] = 1
     path.write_text(json.dumps(old))
     assert load_profile(path).schema_version == 1
-    fresh, same = profile_for_device(torch.device("cpu"), "fp32")
+    fresh, same, _ = profile_for_device(torch.device("cpu"), "fp32")
     assert same == path and fresh.schema_version == SCHEMA_VERSION and fresh.op_seconds_per_element
     assert load_profile(path).schema_version == SCHEMA_VERSION
 
@@ -145,3 +145,40 @@ def test_a_bad_out_is_one_line_before_anything_is_measured(tmp_path, out, fragme
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("error: --out:") and fragment in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_two_concurrent_calibrations_leave_one_valid_profile(tmp_path):
+    """Two `flopwise calibrate` runs writing the same cache at once: one whole, loadable profile for
+    this machine's key, the other kept as `.prev`, no torn or temporary file; the profile records the
+    machine's load while it was measured."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "flopwise", "calibrate", "--quick", "--dtypes", "fp32", "--nproc", "1",
+           "--threads", "1"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err for _, err in outputs]
+    folder = tmp_path / "flopwise" / "profiles"
+    names = sorted(p.name for p in folder.iterdir())
+    assert len(names) == 2 and names[1].endswith(".prev.json"), names  # the profile and the one it replaced
+    profile = load_profile(folder / names[0])
+    assert profile.dtypes() == ("fp32",) and profile.threads == 1
+    assert load_profile(folder / names[1]).dtypes() == ("fp32",)
+    assert profile.cpu_count == os.cpu_count() and profile.load_before is not None and profile.load_after is not None
+    # the one that came second says what it replaced, and where the previous profile is kept
+    said = [out.replace("\n", "") for out, _ in outputs]
+    assert sum("replaced the profile at" in out for out in said) == 1
+    assert all("machine load (1 min) while measuring" in out for out in said)
+
+
+def test_the_cache_file_names_this_host_and_torch_build(tmp_path, monkeypatch):
+    import socket
+
+    from flopwise.measure.calibrate import profile_path_for
+    from flopwise.plan.profile import profile_key
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = profile_path_for(torch.device("cpu"))
+    assert path.parent == tmp_path / "flopwise" / "profiles"
+    assert path.stem.endswith(profile_key("", None, 1, socket.gethostname(), torch.__version__).removeprefix("device"))

@@ -41,7 +41,7 @@ def test_the_default_config_is_two_fsdp_processes_of_the_builtin_decoder():
 
 
 def test_fsdp_and_every_k_checkpointing_are_planned_as_what_they_are():
-    spec = _spec("training.gradient_checkpointing=2")
+    spec = _spec("parallel.strategy=fsdp", "training.gradient_checkpointing=2")
     assert spec.layout.framework == "fsdp" and spec.layout.zero_stage == 3  # FSDP2 full sharding
     assert spec.layout.recompute == "every:2"
     assert _spec("training.gradient_checkpointing=true").layout.recompute == "full"
@@ -139,6 +139,11 @@ def test_plan_config_predicts_what_train_writes_to_plan_json(tmp_path):
     # The run's device is this CPU, with a measured peak; the plan's is the catalog default.
     # Everything that does not depend on the device is the same prediction.
     assert _hardware_free(json.loads(planned.stdout)) == _hardware_free(written)
+    # parallel.strategy is unset: both chose DDP (a whole replica fits), said why, and the run recorded it
+    assert "parallel.strategy: ddp (chosen: 2 processes" in trained.stdout
+    assert "parallel.strategy: ddp (chosen: 2 processes" in planned.stderr
+    assert written["inputs"]["layout"]["zero_stage"] == 0
+    assert load_config(tmp_path / "run" / "config.yaml").parallel.strategy == "ddp"
 
 
 def test_mesh_keys_become_the_planned_layout():
@@ -146,7 +151,7 @@ def test_mesh_keys_become_the_planned_layout():
     assert (tp.dp, tp.tp, tp.sequence_parallel, tp.devices) == (2, 2, True, 4)
     hsdp = _spec("parallel.nproc_per_node=4", "parallel.dp_replicate=2").layout
     assert (hsdp.dp, hsdp.dp_replicate, hsdp.shard_group) == (4, 2, 2)
-    assert _spec("parallel.offload=optimizer").layout.offload == "params"  # FSDP2 offloads all three together
+    assert _spec("parallel.strategy=fsdp", "parallel.offload=optimizer").layout.offload == "params"  # FSDP2 offloads all three together
     pipe = _spec("parallel.strategy=pipeline", "parallel.pipeline_schedule=looped-bfs",
                  "parallel.pipeline_virtual_stages=2").layout
     assert (pipe.pp, pipe.pipeline_schedule, pipe.virtual_stages, pipe.interleaved_variant) == (

@@ -23,6 +23,7 @@ from flopwise.plan.profile import (
     default_profile_path,
     device_slug,
     load_profile,
+    profile_from_dict,
 )
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
@@ -186,6 +187,11 @@ def test_cache_path_follows_xdg_and_names_device_threads_and_processes(monkeypat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = default_profile_path("cpu (AMD EPYC 9654)", threads=1, processes=2)
     assert path == tmp_path / "flopwise" / "profiles" / "cpu-amd-epyc-9654-1t-2p.json"
+    keyed = default_profile_path("cpu (AMD EPYC 9654)", 1, 2, host="Node7.lab", torch_version="2.5.1+cpu")
+    assert keyed.name == "cpu-amd-epyc-9654-1t-2p-node7-lab-torch2.5.1-cpu.json"
+    # another machine or another torch build sharing the home directory gets its own file
+    assert default_profile_path("cpu (AMD EPYC 9654)", 1, 2, host="node8", torch_version="2.5.1+cpu") != keyed
+    assert default_profile_path("cpu (AMD EPYC 9654)", 1, 2, host="Node7.lab", torch_version="2.6.0") != keyed
     assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
@@ -351,3 +357,32 @@ def test_plan_config_uses_the_profile_and_refuses_the_flags_it_would_ignore(tmp_
     assert profiled_time["step_seconds"] > 50 * curve_step and "profile" in profiled_time["efficiency_source"]
     ignored = run_plan(*common, "--stack", "megatron-core", "--pue", "1.3")
     assert ignored.returncode == 2 and "drop --stack, --pue" in ignored.stderr and "Traceback" not in ignored.stderr
+
+
+def test_a_profile_replaced_at_its_path_is_kept_as_prev(tmp_path):
+    path = tmp_path / "cpu.json"
+    first = make_profile()
+    assert first.save_keeping_previous(path) is None  # nothing there before
+    second = dataclasses.replace(make_profile(), created="2026-12-04T09:00:00+00:00")
+    previous = second.save_keeping_previous(path)
+    assert previous == tmp_path / "cpu.prev.json"
+    assert load_profile(path) == second and load_profile(previous) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.json", "cpu.prev.json"]  # no temporary file left
+
+
+def test_the_load_a_profile_was_measured_under_round_trips_and_warns_when_busy(tmp_path):
+    from flopwise.plan.profile import busy_warning
+
+    quiet = dataclasses.replace(make_profile(), load_before=0.3, load_after=2.4, cpu_count=4)
+    path = quiet.save(tmp_path / "quiet.json")
+    assert load_profile(path) == quiet
+    # after: 2.4 less its own 2 processes x 1 thread = 0.4; before 0.3; per core 0.1
+    assert quiet.busy_load_per_core() == pytest.approx(0.1)
+    assert busy_warning(quiet) is None
+    busy = dataclasses.replace(quiet, load_before=3.0)
+    assert busy.busy_load_per_core() == pytest.approx(0.75)
+    assert "busy" in busy_warning(busy) and "0.75" in busy_warning(busy)
+    assert make_profile().busy_load_per_core() is None and busy_warning(make_profile()) is None  # not recorded
+    data = quiet.to_dict() | {"load_before": -1}
+    with pytest.raises(UserError, match="load_before"):
+        profile_from_dict(data)

@@ -24,7 +24,7 @@ def real_run(tmp_path_factory):
         "model.n_layers=2", "model.hidden=64", "model.n_heads=4", "model.max_seq_len=64", "data.seq_len=64",
         "data.vocab_size=512", "data.max_bytes=300000", f"data.cache_dir={root / 'cache'}",
         "training.max_steps=10", "training.warmup_steps=2", "training.micro_batch_size=4", "training.eval_every=5",
-        "parallel.nproc_per_node=2", "parallel.strategy=ddp", f"logging.run_dir={run_dir}", "logging.progress=false",
+        "training.eval_at_start=true", "parallel.nproc_per_node=2", "parallel.strategy=ddp", f"logging.run_dir={run_dir}", "logging.progress=false",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
     env["OMP_NUM_THREADS"] = "1"

@@ -183,7 +183,7 @@ REQUIRED_METRICS = {
 
 def test_a_run_trains_and_writes_its_run_directory(corpus, tmp_path, capsys):
     cfg = tiny_cfg(corpus, tmp_path, "training.max_steps=20", "training.lr=1e-2", "training.eval_every=10",
-                   "training.pruning.sparsity=0.6", "logging.tensorboard=true")
+                   "training.eval_at_start=true", "training.pruning.sparsity=0.6", "logging.tensorboard=true")
     result = run_training(cfg, single_env(cfg))
     run_dir = tmp_path / "run"
     assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "plan.json", "metrics.rank0.jsonl",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -136,6 +139,13 @@ def test_bf16_on_cpu_reports_mfu_against_the_bf16_peak(tmp_path):
     run_training(cfg, init_distributed(cfg.parallel))
     comparison = json.loads((tmp_path / "run" / "predicted_vs_measured.json").read_text())
     profile = load_profile(comparison["profile"]["path"])
+    # the run names the profile that predicted it, by a hash of the very file, and the load it ran under
+    record = comparison["profile"]
+    assert record["sha256"] == hashlib.sha256(Path(record["path"]).read_bytes()).hexdigest()
+    assert record["source"] in ("cache", "measured") and record["cpu_count"] == os.cpu_count()
+    load = comparison["measured"]["machine_load"]
+    assert load["cpu_count"] == os.cpu_count() and load["own_threads"] == torch.get_num_threads()
+    assert load["start"] is not None and load["end"] is not None
     # The same figure computed on two paths (mean of the profile's points, then JSON): equal to rounding.
     assert comparison["hardware"]["peak_flops"] == pytest.approx(profile.peak_flops("bf16"), rel=1e-12)
     assert profile.peak_flops("bf16") != pytest.approx(profile.peak_flops("fp32"), rel=1e-3)

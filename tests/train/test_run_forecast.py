@@ -13,13 +13,20 @@ from tests.train.test_loop import corpus, tiny_cfg  # noqa: F401
 
 
 def test_a_run_prints_its_forecast_before_step_one(corpus, tmp_path, capsys):  # noqa: F811
-    cfg = tiny_cfg(corpus, tmp_path, "training.max_steps=2", "training.eval_every=100")
+    cfg = tiny_cfg(corpus, tmp_path, "training.max_steps=2", "training.eval_every=100", "training.eval_at_start=true")
     run_training(cfg, init_distributed(cfg.parallel))
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("forecast on "))
     assert re.search(r"step [\d.e-]+ s, run .+ \(2 steps\); memory [\d.,]+ of [\d.,]+ GiB per device: fits", line), line
     assert out.index("forecast on ") < out.index("step 0: val loss")  # before any step
     assert "no GPU found" not in out  # fp32, no nccl, a short run: nothing GPU-minded
+
+
+def test_nothing_is_evaluated_before_step_one_unless_asked(corpus, tmp_path, capsys):  # noqa: F811
+    cfg = tiny_cfg(corpus, tmp_path, "training.max_steps=2", "training.eval_every=100")
+    result = run_training(cfg, init_distributed(cfg.parallel))
+    out = capsys.readouterr().out
+    assert "step 0: val loss" not in out and [step for step, _ in result.val_losses] == [2]  # the last step only
 
 
 def test_no_plan_no_line_and_a_plan_that_does_not_fit_says_so():

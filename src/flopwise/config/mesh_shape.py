@@ -81,14 +81,16 @@ def mesh_shape_of(parallel, world_size: int) -> MeshShape:
     Tensor parallelism and HSDP replicas compose with FSDP2 and pipelines only; DDP,
     DeepSpeed and a single process keep every process a whole-model data-parallel replica.
     """
-    pipeline = parallel.strategy == "pipeline"
+    # strategy None (not chosen yet: plan/default_strategy.py) reads as what the layout asks for: pipeline
+    # stages mean a pipeline, tensor parallelism and replicas FSDP2
+    pipeline = parallel.strategy == "pipeline" or (parallel.strategy is None and (parallel.pp or 1) > 1)
     if pipeline:
         pp = parallel.pp if parallel.pp is not None else world_size // (parallel.tp * parallel.dp_replicate)
     else:
         pp = 1 if parallel.pp is None else parallel.pp
     if pp > 1 and not pipeline:
         raise UserError(f"parallel.pp={pp} needs parallel.strategy=pipeline (got {parallel.strategy})")
-    if parallel.strategy not in ("fsdp", "pipeline"):
+    if parallel.strategy not in ("fsdp", "pipeline", None):
         for key in ("tp", "dp_replicate"):
             if getattr(parallel, key) > 1:
                 raise UserError(

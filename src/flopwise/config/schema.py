@@ -152,7 +152,9 @@ class DataConfig(Section):
 class ParallelConfig(Section):
     """How processes split the work. `nproc_per_node` > 1 makes `flopwise train` start torchrun."""
 
-    strategy: Literal["single", "ddp", "fsdp", "deepspeed", "pipeline"] = "fsdp"
+    # None: chosen for the device and the model when the run starts (plan/default_strategy.py), printed with
+    # the reason and written into the run's config.yaml
+    strategy: Literal["single", "ddp", "fsdp", "deepspeed", "pipeline"] | None = None
     nproc_per_node: int = Field(2, ge=1, le=1024)
     nnodes: int = Field(1, ge=1, le=MAX_COUNT)
     node_rank: int = Field(0, ge=0, lt=MAX_COUNT)
@@ -232,6 +234,7 @@ class TrainingConfig(Section):
     compile: bool = False
     eval_every: int = Field(50, ge=1, le=MAX_STEPS)
     eval_batches: int = Field(8, ge=1, le=MAX_COUNT)
+    eval_at_start: bool = False  # a validation loss at step 0 (before training): costs start-up time, so only when asked
     measure_sync_wait: bool | None = None  # time the wait for other ranks before gradient sync; None = when > 1 rank
     pruning: PruningConfig | None = None
 
@@ -384,7 +387,7 @@ class RunConfig(Section):
         if self.finetune is not None and self.finetune.adapters:
             _check_adapters(self)
         precision = precision_of(self.precision.mode)
-        if precision.param_dtype != "fp32" and not precision.pure and self.parallel.strategy != "fsdp":
+        if precision.param_dtype != "fp32" and not precision.pure and self.parallel.strategy not in ("fsdp", None):
             raise ValueError(
                 f"precision.mode: {self.precision.mode} keeps 16-bit parameters through FSDP2 and needs "
                 f"parallel.strategy=fsdp (got {self.parallel.strategy}; allowed otherwise: fp32, bf16, fp16, bf16-true)"
@@ -398,7 +401,7 @@ def _check_adapters(cfg: RunConfig) -> None:
     if cfg.model.pretrained is None:
         raise ValueError(f"finetune.method: {method} adapts a pretrained model; set model.pretrained "
                          "(a save_pretrained folder) or use finetune.method=full")
-    if cfg.parallel.strategy not in ("single", "ddp", "fsdp"):
+    if cfg.parallel.strategy not in ("single", "ddp", "fsdp", None):
         raise ValueError(f"finetune.method: {method} runs under parallel.strategy single, ddp or fsdp "
                          f"(got {cfg.parallel.strategy})")
     if cfg.parallel.tp > 1:

@@ -441,6 +441,55 @@ def find_plan_mismatch(rows: list[PlanRow], run_dir: Path, on_cpu: bool = False,
     return findings
 
 
+BUSY_LOAD_PER_CORE = 0.5  # other work's 1-minute load per core above which a machine counts as busy
+
+
+def run_load_per_core(load: dict | None) -> float | None:
+    """Other work's 1-minute load per core during a run: the larger of the load before step 1 and the
+    load at the end less the run's own busy threads; None when the run did not record it."""
+    if not load or not finite_number(load.get("cpu_count")):
+        return None
+    start, end = finite_number(load.get("start")), finite_number(load.get("end"))
+    if start is None and end is None:
+        return None
+    own = finite_number(load.get("own_threads")) or 0.0
+    return max(start or 0.0, max(0.0, (end or 0.0) - own)) / max(1.0, load["cpu_count"])
+
+
+def profile_line(run: RunData) -> str | None:
+    """One line: the profile that predicted the run, its hash, the load it was calibrated under vs the
+    load during the run, and which explanation fits when measured speed is off the prediction."""
+    profile = run.profile
+    if not profile:
+        return None
+    sha = str(profile.get("sha256") or "")[:12] or "no hash"
+    where = f"profile {profile.get('path', '?')} (sha256 {sha}, {profile.get('source', 'source unknown')})"
+    calibrated = finite_number(profile.get("busy_load_per_core"))
+    during = run_load_per_core(run.machine_load)
+    loads = (f"calibrated under load {_per_core(calibrated)}, run under {_per_core(during)} "
+             "(other work, 1-minute load per core)")
+    missed = [r for r in run.plan_rows if r.name.split(".")[-1] in SPEED_FIGURES and r.predicted > 0
+              and not (1 / PLAN_TOLERANCE <= r.ratio <= PLAN_TOLERANCE)]
+    if not missed:
+        verdict = "speed as predicted"
+    elif calibrated is None or during is None:
+        verdict = "speed off the prediction; the load was not recorded, so a busy machine cannot be ruled out"
+    else:
+        run_busy, profile_busy = during > BUSY_LOAD_PER_CORE, calibrated > BUSY_LOAD_PER_CORE
+        verdict = {
+            (True, False): "speed off the prediction: the machine was busy during the run, not when calibrated",
+            (False, True): "speed off the prediction: the profile was measured on a busy machine; "
+                           "calibrate again when it is idle",
+            (True, True): "speed off the prediction: the machine was busy both times; measure both again when idle",
+            (False, False): "speed off the prediction on a quiet machine both times: the model is wrong for this run",
+        }[(run_busy, profile_busy)]
+    return f"{where}: {loads}: {verdict}"
+
+
+def _per_core(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f}"
+
+
 def diagnose(run: RunData) -> Diagnosis:
     """All checks over a loaded run, most severe findings first."""
     breakdown = [rank_breakdown(rank, run.steps_by_rank[rank]) for rank in run.ranks]
@@ -455,7 +504,7 @@ def diagnose(run: RunData) -> Diagnosis:
     )
     findings.sort(key=lambda f: -SEVERITIES.index(f.severity))
     steps = max(len(v) for v in run.steps_by_rank.values())
-    notes = []
+    notes = [line] if (line := profile_line(run)) else []
     missed = [r for r in run.plan_rows if r.name.split(".")[-1] in SPEED_FIGURES and r.predicted > 0
               and not (1 / PLAN_TOLERANCE <= r.ratio <= PLAN_TOLERANCE)]
     if run.on_cpu and not run.profiled and missed:

@@ -145,14 +145,17 @@ def calibrate(
 
     result = run_calibration(out, dtypes, quick, threads, nproc)
     if result is not None and report_to is not None:
-        report_to.write_text(json.dumps({"path": str(result[1])}))
+        report_to.write_text(json.dumps({"path": str(result.path),
+                                         "previous": str(result.previous) if result.previous else None}))
     if result is None or report_to is not None:  # a rank inside the launch `--nproc` starts
         # gloo's threads can abort the interpreter's teardown ("terminate called without an
         # active exception", SIGABRT) after a clean destroy; the profile is written by now
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    profile, path = result
+    from flopwise.plan.profile import busy_warning
+
+    profile, path = result.profile, result.path
     console = _console()
     threads_text = f", {profile.threads} thread(s) per process" if profile.threads else ""
     console.print(f"device: {profile.device}, {profile.processes} process(es){threads_text}, torch {profile.torch_version}")
@@ -188,6 +191,14 @@ def calibrate(
         console.print(f"one FSDP unit, forward + backward beyond its compute: {units}")
     for note in profile.notes:
         console.print(f"note: {note}")
+    if profile.load_before is not None:
+        console.print(f"machine load (1 min) while measuring: {profile.load_before:.2f} before, "
+                      f"{profile.load_after:.2f} after, on {profile.cpu_count} core(s)")
+    warning = busy_warning(profile)
+    if warning:
+        console.print(f"[yellow]{warning}[/]")
+    if result.previous is not None:
+        console.print(f"replaced the profile at {path}; the previous one is kept as {result.previous}")
     console.print(f"wrote {path}")
 
 

@@ -562,7 +562,9 @@ def sharing_processes(device: torch.device) -> int:
 
 def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
                     collectives: bool = True) -> DeviceProfile:
-    """Measure a profile on `device`; in a process group every rank measures at once and gets the mean."""
+    """Measure a profile on `device`; in a process group every rank measures at once and gets the mean.
+    The machine's 1-minute load before and after is recorded with it (`DeviceProfile.busy_load_per_core`)."""
+    load_before = machine_load()
     budget = budget_for(device.type, quick)
     points, notes = measure_gemms(dtypes, device, budget)
     bandwidth = measure_memory_bandwidth(device, budget)
@@ -602,8 +604,27 @@ def measure_profile(dtypes: tuple[str, ...], device: torch.device, quick: bool,
         torch_version=torch.__version__,
         host=socket.gethostname(),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        load_before=load_before,
+        load_after=machine_load(),
+        cpu_count=os.cpu_count(),
         notes=tuple(notes) + (("quick calibration: a small grid, short timings",) if quick else ()),
     )
+
+
+def machine_load() -> float | None:
+    """The 1-minute load average (None where the system has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def profile_path_for(device: torch.device) -> Path:
+    """This machine's cache file for `device` as this process measures it: device, threads and processes
+    sharing it, host and torch build (`plan.profile.profile_key`)."""
+    threads = torch.get_num_threads() if device.type == "cpu" else None
+    return default_profile_path(device_name(device), threads, sharing_processes(device), socket.gethostname(),
+                                torch.__version__)
 
 
 def _mean_over_ranks(dist, points: list[GemmPoint], bandwidth: float, operators: dict[str, float],
@@ -642,15 +663,15 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def profile_for_device(device: torch.device, dtype: str) -> tuple[DeviceProfile, Path]:
-    """The cached profile for this device (and, on a CPU, these threads and processes), with
-    `dtype` and fp32 measured; a quick one is measured on first use and cached.
+def profile_for_device(device: torch.device, dtype: str) -> tuple[DeviceProfile, Path, str]:
+    """(profile, path, "cache" or "measured"): the cached profile for this device (and, on a CPU, these
+    threads and processes, this host and torch build), with `dtype` and fp32 measured; a quick one is
+    measured on first use and cached.
 
     Call it on every rank at the same point: in a process group the ranks agree whether to
     measure, measure at once (as they will train), and rank 0 writes the cache.
     """
-    threads = torch.get_num_threads() if device.type == "cpu" else None
-    path = default_profile_path(device_name(device), threads, sharing_processes(device))
+    path = profile_path_for(device)
     dtypes = tuple(dict.fromkeys(("fp32", dtype)))
     try:
         cached: DeviceProfile | None = load_profile(path)
@@ -665,7 +686,7 @@ def profile_for_device(device: torch.device, dtype: str) -> tuple[DeviceProfile,
         dist.all_gather_object(votes, missing)
         missing = tuple(dict.fromkeys(d for vote in votes for d in vote))
     if not missing:
-        return cached, path
+        return cached, path, "cache"
     fresh = measure_profile(missing if cached is not None else dtypes, device, quick=True,
                             collectives=cached is None and device.type == "cpu")
     if cached is not None:
@@ -673,7 +694,9 @@ def profile_for_device(device: torch.device, dtype: str) -> tuple[DeviceProfile,
                         notes=cached.notes + fresh.notes)
     if dist is None or dist.get_rank() == 0:
         fresh.save(path)
-    return fresh, path
+    if dist is not None:
+        dist.barrier()  # the file is whole before any rank reads or hashes it
+    return fresh, path, "measured"
 
 
 # ---------------------------------------------------------------------------- the command
@@ -691,10 +714,19 @@ def default_processes() -> int:
     return 1 if torch.cuda.is_available() else TRAINER_PROCESSES
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """What `run_calibration` wrote: the profile, where, and where the profile it replaced is kept (if any)."""
+
+    profile: DeviceProfile
+    path: Path
+    previous: Path | None = None
+
+
 def run_calibration(out: Path | None, dtypes_text: str | None, quick: bool, threads: int | None,
-                    nproc: int | None = None) -> tuple[DeviceProfile, Path] | None:
+                    nproc: int | None = None) -> Calibration | None:
     """Measure and write a profile; starts `nproc` processes with torchrun when asked
-    (`default_processes()` when None). Returns (profile, path) on the process that wrote
+    (`default_processes()` when None). Returns the `Calibration` on the process that wrote
     it, None on other ranks."""
     if threads is not None:
         if threads < 1:
@@ -729,9 +761,10 @@ def run_calibration(out: Path | None, dtypes_text: str | None, quick: bool, thre
             dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) != 0:
         return None
-    path = out or default_profile_path(profile.device, profile.threads, profile.processes)
-    profile.save(path)
-    return profile, path
+    path = out or default_profile_path(profile.device, profile.threads, profile.processes, profile.host,
+                                       profile.torch_version)
+    previous = profile.save_keeping_previous(path)
+    return Calibration(profile, path, previous)
 
 
 def check_writable(path: Path) -> None:
@@ -747,7 +780,7 @@ def check_writable(path: Path) -> None:
 
 
 def _launch(out: Path | None, dtypes_text: str | None, quick: bool, threads: int | None,
-            nproc: int) -> tuple[DeviceProfile, Path]:
+            nproc: int) -> Calibration:
     """Run the calibration in `nproc` local processes (torchrun --standalone)."""
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads or env.get("OMP_NUM_THREADS") or 1)
@@ -771,5 +804,6 @@ def _launch(out: Path | None, dtypes_text: str | None, quick: bool, threads: int
                 raise UserError(said[0].removeprefix("error: "))
             tail = " | ".join(lines[-3:])
             raise UserError(f"flopwise calibrate: torchrun exited with {proc.returncode}: {tail[-400:]}")
-        path = Path(json.loads(result.read_text())["path"])
-    return load_profile(path), path
+        where = json.loads(result.read_text())
+    path = Path(where["path"])
+    return Calibration(load_profile(path), path, Path(where["previous"]) if where.get("previous") else None)

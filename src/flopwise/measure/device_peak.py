@@ -31,15 +31,20 @@ MEMORY_TOLERANCE = 0.15
 def device_profile(device, dtype: str, notes: list[str]):
     """(profile, record of which one) for this device; (None, None) and a note if it cannot be had."""
     from flopwise.measure.calibrate import profile_for_device
+    from flopwise.plan.profile import file_sha256
 
     try:
-        profile, path = profile_for_device(device, dtype)
+        profile, path, source = profile_for_device(device, dtype)
+        sha256 = file_sha256(path)
     except Exception as err:  # a forecast that fails must not stop the training run
         notes.append(f"prediction: no device profile ({err.__class__.__name__}: {err}); table efficiency used")
         return None, None
-    record = {"path": str(path), "device": profile.device, "created": profile.created,
-              "threads": profile.threads, "processes": profile.processes, "dtypes": list(profile.dtypes())}
-    notes.append(f"prediction: device profile {path} (measured {profile.created})")
+    record = {"path": str(path), "sha256": sha256, "source": source, "device": profile.device,
+              "host": profile.host, "torch_version": profile.torch_version, "created": profile.created,
+              "threads": profile.threads, "processes": profile.processes, "dtypes": list(profile.dtypes()),
+              "load_before": profile.load_before, "load_after": profile.load_after,
+              "busy_load_per_core": profile.busy_load_per_core(), "cpu_count": profile.cpu_count}
+    notes.append(f"prediction: device profile {path} (sha256 {sha256[:12]}, {source}, measured {profile.created})")
     return profile, record
 
 

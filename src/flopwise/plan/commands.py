@@ -148,6 +148,7 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
     from flopwise.catalog.hardware import get_hardware  # planner modules load when the command runs, not at --help
     from flopwise.config.resolve import resolve_run
     from flopwise.errors import UserError
+    from flopwise.plan.default_strategy import settle_strategy
     from flopwise.plan.from_config import planned_config
     from flopwise.plan.planner import EXAMPLE, plan
 
@@ -160,13 +161,17 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
     if _load_training_config is None:
         raise UserError("--config: no training-config reader is registered (run through the `flopwise` command)")
     cfg = _load_training_config(config, list(overrides))
-    planned = planned_config(cfg, resolve_run(cfg))
     measured, warnings = None, ()
     if profile is not None:  # the device's measured rates, as `flopwise train` uses them
         measured, device, warnings = _read_profile(profile, hardware)
     else:
         device = get_hardware(hardware or EXAMPLE["hardware"])
+    # parallel.strategy unset: the strategy the trainer picks on this device, by the same rule
+    choice = settle_strategy(cfg, device, "cpu" if device.vendor == "cpu" else "cuda")
+    planned = planned_config(cfg, resolve_run(cfg))
     result = plan(planned.on(device), profile=measured)
+    if choice.chosen:
+        print(choice.line(), file=sys.stderr if as_json else sys.stdout)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if as_json:

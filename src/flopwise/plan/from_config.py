@@ -51,7 +51,9 @@ def planned_config(cfg, run: ResolvedRun, vocab_size: int | None = None) -> Plan
     passes the size its tokenizer actually has).
     """
     vocab = vocab_size if vocab_size is not None else cfg.data.vocab_size
-    strategy = cfg.parallel.strategy
+    # unset and not chosen yet (the trainer and `plan --config` choose first: plan/default_strategy.py):
+    # planned as FSDP2, the layout that needs the least memory
+    strategy = cfg.parallel.strategy or "fsdp"
     pipeline = strategy == "pipeline"
     par = cfg.parallel
     mesh = run.mesh
@@ -69,7 +71,7 @@ def planned_config(cfg, run: ResolvedRun, vocab_size: int | None = None) -> Plan
         # FSDP2's full sharding shards parameters, gradients and optimizer states: ZeRO stage 3
         zero_stage=3 if strategy == "fsdp" or (pipeline and dp > 1) else (cfg.parallel.zero_stage if strategy == "deepspeed" else 0),
         framework="deepspeed" if strategy == "deepspeed" else "fsdp",
-        offload=_offload_of(cfg.parallel),
+        offload=_offload_of(cfg.parallel, strategy),
         pipeline_schedule=_planned_schedule(cfg.parallel.pipeline_schedule),
         virtual_stages=par.pipeline_virtual_stages if pipeline else 1,
         interleaved_variant=_interleaved_variant(cfg.parallel.pipeline_schedule),
@@ -112,12 +114,12 @@ def _interleaved_variant(schedule: str) -> str:
     return {"looped-bfs": "looped-bfs", "interleaved-zero-bubble": "zero-bubble"}.get(schedule, "1f1b")
 
 
-def _offload_of(parallel) -> str:
+def _offload_of(parallel, strategy: str) -> str:
     """What the run offloads: DeepSpeed as asked; FSDP2's CPUOffloadPolicy moves parameter shards,
     gradients and optimizer state together, which is the planner's "params"."""
-    if parallel.offload == "none" or parallel.strategy not in ("deepspeed", "fsdp"):
+    if parallel.offload == "none" or strategy not in ("deepspeed", "fsdp"):
         return "none"
-    return parallel.offload if parallel.strategy == "deepspeed" else "params"
+    return parallel.offload if strategy == "deepspeed" else "params"
 
 
 # ------------------------------------------------------------------------- the model's numbers

@@ -26,7 +26,9 @@ the operator timings (1) or the FSDP unit costs by size (1, 2) below):
   the other processes they imply, measured against the same layers unwrapped
   (`fsdp_unit_seconds`, [[bytes, seconds], ...]);
 - where and how: device name and kind, threads per process, processes measured at once,
-  torch version, host, date.
+  torch version, host, date, and the machine's load while it was measured (1-minute load
+  average before and after, and its cores), so a profile measured on a busy machine can be
+  told apart from a model that is wrong.
 
 Interpolation rule (`gemm_flops_per_s`): a shape's rate is the inverse-distance weighted
 mean (weights 1/d², nearest 4 points) of the measured rates, with d measured in
@@ -38,10 +40,13 @@ loop overheads do not shrink with the shape), so the rate falls in proportion to
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
 import re
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -107,6 +112,9 @@ class DeviceProfile:
     torch_version: str = ""
     host: str = ""
     created: str = ""  # ISO 8601 date and time (UTC)
+    load_before: float | None = None  # 1-minute load average when measuring started
+    load_after: float | None = None  # ... and when it ended (this calibration's own processes included)
+    cpu_count: int | None = None  # the machine's cores, which the load is measured against
     schema_version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default=())
 
@@ -226,6 +234,9 @@ class DeviceProfile:
             "torch_version": self.torch_version,
             "host": self.host,
             "created": self.created,
+            "load_before": self.load_before,
+            "load_after": self.load_after,
+            "cpu_count": self.cpu_count,
             "gemm_flops_per_s": gemm,
             "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
             "kernel_overhead_seconds": self.kernel_overhead_seconds,
@@ -239,13 +250,52 @@ class DeviceProfile:
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write the profile as JSON (atomically: tmp file, then rename); returns the path."""
+        """Write the profile (see `save_keeping_previous`); returns the path."""
+        self.save_keeping_previous(path)
+        return Path(path)
+
+    def save_keeping_previous(self, path: str | Path) -> Path | None:
+        """Write the profile as JSON atomically (a temporary file of its own in the same folder, fsync,
+        rename): two calibrations writing at once leave one whole profile, never a torn one. A profile
+        already at `path` is never lost silently: it is kept at `previous_profile_path(path)`, which is
+        returned (None when there was none to replace)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        tmp.replace(path)
-        return path
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(json.dumps(self.to_dict(), indent=2) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o644)
+            try:
+                os.link(tmp, path)  # the first profile for this key: created only if none is there, atomically
+                return None
+            except FileExistsError:
+                previous = previous_profile_path(path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(_copy_beside(path), previous)
+                os.replace(tmp, path)
+                return previous
+            except OSError:  # a file system without hard links: replace, keeping what was there
+                previous = previous_profile_path(path) if path.exists() else None
+                if previous is not None:
+                    os.replace(_copy_beside(path), previous)
+                os.replace(tmp, path)
+                return previous
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def busy_load_per_core(self) -> float | None:
+        """The load other work put on the machine while this profile was measured, per core: the larger of
+        the 1-minute load before and after, less this calibration's own busy threads; None when not recorded."""
+        if self.cpu_count is None or (self.load_before is None and self.load_after is None):
+            return None
+        own = (self.threads or 1) * self.processes if self.device_kind == "cpu" else self.processes
+        before = self.load_before or 0.0
+        after = max(0.0, (self.load_after or 0.0) - own)
+        return max(before, after) / max(1, self.cpu_count)
 
 
 def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
@@ -313,12 +363,21 @@ def profile_from_dict(data: object, where: str = "profile") -> DeviceProfile:
     processes = data.get("processes", 1)
     if not (isinstance(processes, int) and processes >= 1):
         raise UserError(f"{where}: 'processes' must be an integer >= 1, got {processes!r}")
+    loads = {}
+    for name in ("load_before", "load_after"):
+        value = data.get(name)
+        if value is not None and (not _number(value) or value < 0):
+            raise UserError(f"{where}: '{name}' must be a number >= 0 or null, got {value!r}")
+        loads[name] = float(value) if value is not None else None
+    cpu_count = data.get("cpu_count")
+    if cpu_count is not None and not (isinstance(cpu_count, int) and cpu_count >= 1):
+        raise UserError(f"{where}: 'cpu_count' must be an integer >= 1 or null, got {cpu_count!r}")
     return DeviceProfile(
         device=device, device_kind=kind, gemm=tuple(points), memory_bandwidth_bytes_per_s=float(bandwidth),
         collectives=tuple(collectives), kernel_overhead_seconds=overhead, op_seconds_per_element=elementwise, op_forward_share=forward_share,
         attention=tuple(attention), optimizer_seconds_per_param=optimizer, fsdp_unit_seconds=units, threads=threads, processes=processes,
         torch_version=str(data.get("torch_version", "")), host=str(data.get("host", "")),
-        created=str(data.get("created", "")), schema_version=version,
+        created=str(data.get("created", "")), **loads, cpu_count=cpu_count, schema_version=version,
         notes=tuple(str(n) for n in data.get("notes") or ()),
     )
 
@@ -395,9 +454,59 @@ def profile_cache_dir() -> Path:
     return Path(base) / "flopwise" / "profiles"
 
 
-def default_profile_path(device: str, threads: int | None = None, processes: int = 1) -> Path:
-    """The per-device cache file `flopwise calibrate` writes and the trainer reads."""
-    return profile_cache_dir() / f"{device_slug(device, threads, processes)}.json"
+def profile_key(device: str, threads: int | None = None, processes: int = 1, host: str = "",
+                torch_version: str = "") -> str:
+    """What one cached profile is for: the device and how it was measured, the machine (host) and the
+    torch build, e.g. 'cpu-amd-epyc-1t-2p-node7-torch2.5.1-cpu'. Two machines or two torch builds sharing
+    a home directory each get their own file."""
+    key = device_slug(device, threads, processes)
+    if host:
+        key += "-" + (re.sub(r"[^a-z0-9]+", "-", host.lower()).strip("-") or "host")
+    if torch_version:
+        key += "-torch" + (re.sub(r"[^a-z0-9.]+", "-", torch_version.lower()).strip("-") or "unknown")
+    return key
+
+
+def default_profile_path(device: str, threads: int | None = None, processes: int = 1, host: str = "",
+                         torch_version: str = "") -> Path:
+    """The cache file `flopwise calibrate` writes and the trainer reads, named by `profile_key`."""
+    return profile_cache_dir() / f"{profile_key(device, threads, processes, host, torch_version)}.json"
+
+
+def previous_profile_path(path: str | Path) -> Path:
+    """Where a replaced profile is kept (`<name>.prev.json`): a new calibration never silently loses the old one."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.prev{path.suffix or '.json'}")
+
+
+def _copy_beside(path: Path) -> str:
+    """A copy of `path` in a fresh temporary file of the same folder (renamed into place by the caller)."""
+    data = path.read_bytes()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".prev.tmp", dir=path.parent)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(tmp, 0o644)
+    return tmp
+
+
+BUSY_LOAD_PER_CORE = 0.5  # other work's 1-minute load per core above which a measurement is suspect
+
+
+def busy_warning(profile: DeviceProfile) -> str | None:
+    """One line when the machine was busy with other work while `profile` was measured, else None."""
+    busy = profile.busy_load_per_core()
+    if busy is None or busy <= BUSY_LOAD_PER_CORE:
+        return None
+    return (f"warning: the machine was busy while this profile was measured (other work's 1-minute load "
+            f"{busy:.2f} per core, above {BUSY_LOAD_PER_CORE}); its speeds may be low: calibrate again "
+            "when the machine is idle")
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes (hex): which exact profile a run was predicted with."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def hardware_from_profile(profile: DeviceProfile, key: str = "cpu-measured", memory_bytes: float | None = None):

@@ -63,6 +63,8 @@ class RunData:
     skipped_lines: int = 0
     hardware_key: str = ""  # the plan's device ("cpu-measured" for a CPU run); "" when no plan was written
     profiled: bool = False  # the prediction used a measured device profile (`flopwise calibrate`)
+    profile: dict | None = None  # which profile: path, sha256, cache or measured, the load it was measured under
+    machine_load: dict | None = None  # the machine's 1-minute load during the run: start, end, cpu_count, own_threads
 
     @property
     def on_cpu(self) -> bool:
@@ -140,17 +142,20 @@ def load_run(run_dir: str | Path) -> RunData:
                    *read_plan_device(root))
 
 
-def read_plan_device(root: Path) -> tuple[str, bool]:
+def read_plan_device(root: Path) -> tuple[str, bool, dict | None, dict | None]:
     """(the catalog key of the device the plan was made for, "cpu..." on a CPU run, or "" when
-    unknown; whether the prediction used a measured device profile)."""
+    unknown; whether the prediction used a measured device profile; that profile's record; the
+    machine's load during the run)."""
     try:
         comparison = read_comparison(root)
     except UserError:
-        return "", False
+        return "", False, None, None
     if comparison is None:
-        return "", False
+        return "", False, None, None
     key = (comparison.hardware or {}).get("key")
-    return (key if isinstance(key, str) else ""), comparison.profile is not None
+    load = comparison.measured.get("machine_load")
+    return ((key if isinstance(key, str) else ""), comparison.profile is not None, comparison.profile,
+            load if isinstance(load, dict) else None)
 
 
 def read_config(path: Path) -> dict:

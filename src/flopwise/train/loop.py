@@ -11,6 +11,7 @@ checkpointing (save/resume) and other strategies plug in without touching the lo
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from flopwise.measure.calibrate import machine_load
 from flopwise.train import prediction
 from flopwise.train.run_forecast import forecast_line, gpu_config_on_cpu
 from flopwise.train.parallel import comm_volume
@@ -31,6 +33,7 @@ from flopwise.train.data.chat_loader import ChatLoader
 from flopwise.train.data.chat_rows import PreparedChat
 from flopwise.train.data.files import TokenLoader
 from flopwise.train.launch.heartbeat import note_step
+from flopwise.train.launch.strategy_choice import settle_for_this_device
 from flopwise.train.data.prepare import prepare_data
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_max, all_reduce_mean, barrier
 from flopwise.train.checkpoint.policy import StepBoundary
@@ -152,7 +155,10 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     `before_final_forward`: callables run before the last forward of every step (tests use
     one to slow a rank down on purpose); a real run has none.
     """
+    choice = settle_for_this_device(cfg, env.world_size)  # parallel.strategy unset: chosen here, not by a launcher
     run = resolve_run(cfg, processes=env.world_size)  # processes, mesh, batch, precision: computed once
+    if choice is not None and env.is_main:
+        print(choice.line(), flush=True)
     run_dir = Path(cfg.logging.run_dir)
     device_default = pretrained_precision_default(cfg, env.device)  # before anything reads the mode
     if device_default is not None:
@@ -191,7 +197,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     writer = MetricsWriter(run_dir, env.rank, append=state.step > 0)
     hooks = StepHooks(sync_wait=measure_sync_wait(cfg.training, env), before_final_forward=tuple(before_final_forward))
     result = RunResult(steps=0, tokens_per_step=tokens_per_step)
-    if state.step == 0:  # the starting point, so the fall of the validation loss is visible
+    if state.step == 0 and cfg.training.eval_at_start:  # the starting point, when asked: it delays step 1
         result.val_losses.append((0, evaluate(state, val_loader, cfg.training.eval_batches)))
         display.eval(0, result.val_losses[-1][1])
     metered = comm_volume.measuring_step(state.step + 1, cfg.training.max_steps, env.world_size,
@@ -242,6 +248,9 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     bubble = getattr(state.strategy, "measured_bubble", lambda: None)()
     if bubble is not None:  # the pipeline's idle share, averaged over ranks
         summary["bubble_fraction"] = all_reduce_mean([bubble], env)[0]
+    summary["machine_load"] = {"end": machine_load(), "cpu_count": os.cpu_count(),
+                               "own_threads": env.world_size * torch.get_num_threads()
+                               if env.device.type == "cpu" else env.world_size}
     comparison = prediction.compare(forecast, summary)
     if env.is_main:
         write_comparison(run_dir, comparison)

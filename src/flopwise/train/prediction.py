@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from flopwise.measure.calibrate import machine_load
 from flopwise.measure.device_peak import device_name, device_profile, detect_hardware
 from flopwise.plan.from_config import planned_config
 from flopwise.plan.planner import Plan, plan
@@ -41,7 +42,8 @@ class Forecast:
     flops_per_token: float | None  # model FLOPs (forward + backward), as the planner counts them
     world_size: int
     notes: list[str] = field(default_factory=list)
-    profile: dict | None = None  # which device profile the prediction used
+    profile: dict | None = None  # which device profile the prediction used: path, sha256, cache or measured, load
+    load_at_start: float | None = None  # the machine's 1-minute load before step 1
 
     def mfu(self, tokens_per_second: float) -> float | None:
         """Model FLOPs utilisation (Chowdhery et al. 2022, PaLM, App. B): achieved / (devices x peak)."""
@@ -94,6 +96,8 @@ def compare(forecast: Forecast, measured: dict) -> Comparison:
         "val_losses": [{"step": s, "loss": v} for s, v in measured.get("val_losses", [])],
         "steps": measured.get("steps"),
     }
+    if measured.get("machine_load") is not None:  # so `diagnose` can tell a busy machine from a wrong model
+        measured_out["machine_load"] = {"start": forecast.load_at_start, **measured["machine_load"]}
     ratio = {}
     for key in MEMORY_COMPONENTS:
         predicted_key = "counted_total" if key == "total" else key
@@ -183,6 +187,7 @@ def prepare(cfg: RunConfig, run: ResolvedRun, vocab_size: int, env: DistEnv) -> 
         world_size=env.world_size,
         notes=notes,
         profile=profile_record,
+        load_at_start=machine_load(),
     )
     if env.is_main:
         write_plan(cfg.logging.run_dir, planned_run, plan_error)

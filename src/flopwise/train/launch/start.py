@@ -143,7 +143,13 @@ def launch(cfg: RunConfig) -> None:
     from flopwise.train.launch.machine_fit import check_fits_this_machine
     from flopwise.train.parallel.parallelize import check_strategy
     from flopwise.train.launch.run_directory import claim_run_directory
+    from flopwise.train.launch.strategy_choice import settle_for_this_device
 
+    one_rank = started_as_one_rank(cfg)
+    choice = settle_for_this_device(cfg, int(os.environ["WORLD_SIZE"]) if one_rank and "WORLD_SIZE" in os.environ
+                                    else None)
+    if choice is not None and _leads_run(cfg, one_rank):
+        print(choice.line(), flush=True)
     check_strategy(cfg.parallel)
     run = resolve_run(cfg)
     check_fits_this_machine(cfg, run)  # an impossible size is one line now, not an allocator traceback per rank
@@ -151,7 +157,6 @@ def launch(cfg: RunConfig) -> None:
         from flopwise.train.model import refuse_remote_code_without_switch
 
         refuse_remote_code_without_switch(cfg.model)  # before data is prepared: one line, no wait
-    one_rank = started_as_one_rank(cfg)
     try:
         if _leads_run(cfg, one_rank):
             with claim_run_directory(cfg):
