@@ -36,3 +36,13 @@ def test_the_forecast_lines_name_their_sources():
 def test_a_batch_that_does_not_split_over_the_gpus_is_one_clear_error():
     with pytest.raises(UserError, match="training.global_batch_size: 512 is not a multiple"):
         forecast_node(load_config(MULTI_NODE, ["parallel.nproc_per_node=3"]), "h100-sxm")
+
+
+def test_a_one_node_job_with_the_strategy_unset_is_forecast_as_the_job_will_choose_it():
+    def one_node(strategy):
+        overrides = ["parallel.nnodes=1", "precision.mode=bf16", f"parallel.strategy={strategy}"]
+        return forecast_node(load_config(MULTI_NODE, overrides), "h100-sxm")
+
+    unset, ddp, fsdp = one_node("null"), one_node("ddp"), one_node("fsdp")
+    assert ddp.optimizer_gib > fsdp.optimizer_gib  # the two strategies plan differently, so the check can fail
+    assert unset.optimizer_gib == pytest.approx(ddp.optimizer_gib)  # a replica fits on an H100: the job picks DDP

@@ -59,6 +59,11 @@ def forecast_node(cfg: RunConfig, hardware_key: str) -> NodeForecast:
     from flopwise.config.resolve import resolve_run
 
     hardware = get_hardware(hardware_key)
+    if cfg.parallel.strategy is None:  # plan what the job will pick on these GPUs (plan/default_strategy.py)
+        from flopwise.plan.default_strategy import settle_strategy
+
+        cfg = cfg.model_copy(deep=True)
+        settle_strategy(cfg, hardware, "cuda")
     run = resolve_run(cfg)
     runspec = runspec_from_config(cfg, run, hardware)
     # A job on real GPUs is judged by reserved memory (what nvidia-smi and published runs show): the
