@@ -114,7 +114,8 @@ def measure(mode: str, dtype_name: str, rank: int, checkpointing: bool, batch: i
         rebuilt = Counter(model)
         rebuilt.owner = "block1"
         with torch.autograd.graph.saved_tensors_hooks(rebuilt.pack, lambda t: t), autocast:
-            hidden = torch.randn(batch, seq, model.config.hidden_size, dtype=dtype, requires_grad=True)
+            # not a leaf: a block's input is another block's output (leaves that need grad count as weights here)
+            hidden = torch.randn(batch, seq, model.config.hidden_size, requires_grad=True).to(dtype) * 1.0
             position_ids = torch.arange(seq).unsqueeze(0)
             rotary = model.model.rotary_emb(hidden, position_ids)
             type(blocks[1]).forward(blocks[1], hidden, position_embeddings=rotary, position_ids=position_ids)
@@ -164,10 +165,11 @@ def main() -> None:
                 name = f"{mode} {dtype_name}" + (" checkpointed" if checkpointing else "")
                 results["runs"][name] = run = measure(mode, dtype_name, args.rank, checkpointing, batch, seq)
                 plan = planned(mode, dtype_name, args.rank, checkpointing, batch, seq)
-                # every saved tensor at once (with checkpointing: the layer inputs, one block rebuilt and the
-                # head's, as the plan adds them; the meter's peak may be lower where they do not overlap)
-                measured = run["embedding"] + run["first_block"] + run["block"] + run["head"] \
-                    + run.get("rebuilt_block_bytes", 0)
+                # the peak of saved bytes: everything a forward saves; with checkpointing the layer inputs and
+                # the larger of the head's end and one rebuilt block (the loss's backward frees the first
+                # before the last block is recomputed)
+                measured = run["embedding"] + run["first_block"] + run["block"] \
+                    + max(run["head"], run.get("rebuilt_block_bytes", 0))
                 run["planned"] = plan
                 run["measured_total"] = measured
                 run["planned_total"] = plan["blocks_and_embedding"] + plan["head"]

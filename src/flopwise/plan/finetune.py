@@ -306,9 +306,26 @@ gradient reads, and the frozen head keeps no input, its input gradient reading t
 def first_block_saving(spec: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: float) -> float:
     """Bytes the first block of a fine-tune keeps less than the others, without recompute: its input
     comes from a frozen embedding and needs no gradient, so its first norm (a frozen weight too)
-    keeps nothing, not its input (e·T·h). Measured on an HF llama (benchmarks/saved_tensors_hf_block.py);
-    the frozen embedding itself keeps no token ids (`stage_memory`)."""
-    return dtype_bytes * float(seq_len) * micro_batch * spec.hidden
+    keeps nothing, not its input (e·T·h, fp32 for an upcasting RMSNorm). Measured on an HF llama
+    (benchmarks/saved_tensors_hf_block.py); the frozen embedding itself keeps no token ids (`stage_memory`)."""
+    return dtype_bytes * float(seq_len) * micro_batch * spec.hidden + norm_upcast_bytes(spec, seq_len, micro_batch,
+                                                                                         dtype_bytes)
+
+
+UPCAST_NORM_INPUT_BYTES = 4.0
+"""Bytes per element of the input a 16-bit fine-tune's frozen RMSNorm keeps: Hugging Face's
+`LlamaRMSNorm` (and Mistral's, Qwen2's) casts its input to fp32 before squaring it, and the square
+keeps that fp32 copy (measured under bf16 autocast and bf16-true, benchmarks/saved_tensors_hf_block.py)."""
+
+
+def norm_upcast_bytes(spec: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: float) -> float:
+    """What one kept RMSNorm input of a fine-tune costs beyond e·T·h: (4 − e)·T·h under 16-bit
+    activations, 0 in fp32 or for LayerNorm. Full training keeps the same fp32 copy, so it is no
+    part of `activation_delta_bytes`; full training's plan does not count it (yet), a fine-tune's
+    does (`stage_memory`: each block's norms, the final norm)."""
+    if spec.norm != "rmsnorm" or dtype_bytes >= UPCAST_NORM_INPUT_BYTES:
+        return 0.0
+    return (UPCAST_NORM_INPUT_BYTES - dtype_bytes) * float(seq_len) * micro_batch * spec.hidden
 
 
 def adapter_cast_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,

@@ -192,6 +192,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
                                                   work.lora_dropout, lay.tp, finetune.dropout_mask_bytes(hw, e),
                                                   input_copy_bytes=finetune.adapter_input_copy_bytes(work.precision))
         adapter += finetune.adapter_cast_bytes(model, tuned, work.seq_len, lay.micro_batch_size, work.precision)
+        adapter += model.norms_per_layer * finetune.norm_upcast_bytes(model, work.seq_len, lay.micro_batch_size, e)
         per_layer += adapter * (1.0 - mem.recompute_forward_fraction(lay.recompute))
         rebuilt += adapter if rebuilt else 0.0
         buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group)
@@ -223,6 +224,9 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
                 spec, e, terms, per_layer, rebuilt, i, n, conv.loss_bytes_per_logit, tuned is not None)
             if tuned is not None:  # a fine-tune's transients are `other`, beside QLoRA's dequantised weight
                 logits -= loss_transient
+                # the loss's backward frees what the head's end keeps before the last block is
+                # recomputed: the rebuilt block and those are never alive together
+                activations -= min(rebuilt, logits)
         fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest)
         if conv.fp8_cache_bytes_per_param is not None and fp8:
             fp8 *= conv.fp8_cache_bytes_per_param / mem.FP8_CACHED_BYTES_PER_PARAM
@@ -340,8 +344,11 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         kept = SAVED_LOSS_BYTES_PER_LOGIT
         if loss_bytes_per_logit is not None:  # an in-place fused loss keeps only the logits' own bytes
             kept = min(kept, loss_bytes_per_logit)
-        copies = finetune.FROZEN_HEAD_INPUT_COPIES if frozen_base else 2.0
+        head_inputs = 2 * terms.layer_input
+        if frozen_base:  # the frozen final norm's input alone, fp32 for an upcasting RMSNorm
+            head_inputs = finetune.FROZEN_HEAD_INPUT_COPIES * terms.layer_input + finetune.norm_upcast_bytes(
+                model, work.seq_len, lay.micro_batch_size, e)
         transient = (per_element - kept) * elements
-        logits = held * (copies * terms.layer_input + kept * elements) + transient
+        logits = held * (head_inputs + kept * elements) + transient
         return activations, logits, inflight, transient
     return activations, logits, inflight, 0.0
