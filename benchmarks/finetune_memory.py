@@ -1,6 +1,7 @@
 """Benchmark: LoRA and QLoRA memory per rank, planned (`plan/finetune.py`) against measured.
 
-A tiny llama (2 blocks, hidden 64, saved with save_pretrained by `tests/hf_fixtures.py`) is
+A tiny llama (2 blocks, hidden 64, saved with save_pretrained by `tests/hf_fixtures.py`; fp32, one run
+each with checkpointing, bf16 autocast and bf16-true) is
 fine-tuned for 3 steps on gloo CPU processes, where memory is counted exactly (tensor bytes of
 this rank's parameters — an NF4 weight's codes and scales included —, gradients, optimizer state,
 and the peak of tensors saved for backward; largest rank). Both columns come from the run's own
@@ -27,19 +28,36 @@ RUNS = {
     "qlora r8, single": ({"method": "qlora", "rank": 8}, {"strategy": "single", "nproc_per_node": 1}),
     "lora r8 qkvo, single": ({"method": "lora", "rank": 8, "target_modules": "qkvo"},
                              {"strategy": "single", "nproc_per_node": 1}),
+    "lora r8, checkpointed, single": ({"method": "lora", "rank": 8}, {"strategy": "single", "nproc_per_node": 1},
+                                      {"gradient_checkpointing": True}),
+    "qlora r8, bf16, single": ({"method": "qlora", "rank": 8}, {"strategy": "single", "nproc_per_node": 1},
+                               {"precision": "bf16"}),
+    "lora r8, bf16-true, single": ({"method": "lora", "rank": 8}, {"strategy": "single", "nproc_per_node": 1},
+                                   {"precision": "bf16-true"}),
     "lora r8, ddp 2": ({"method": "lora", "rank": 8}, {"strategy": "ddp", "nproc_per_node": 2}),
     "qlora r8, fsdp 2": ({"method": "qlora", "rank": 8}, {"strategy": "fsdp", "nproc_per_node": 2,
                                                           "fsdp_min_params": 0}),
 }
 
 
-def config(root: Path, name: str, finetune: dict, parallel: dict) -> dict:
+NOTES = {
+    "lora r8, checkpointed, single": "the meter cannot see the block rebuilt in backward (torch.utils.checkpoint "
+    "saves it through its own hooks), so measured activations are the forward's peak: the block inputs and the "
+    "head's end; the plan's are the block inputs and the larger of the head's end and one rebuilt block, which "
+    "benchmarks/saved_tensors_hf_block.py measures directly",
+}
+
+
+def config(root: Path, name: str, finetune: dict, parallel: dict, extra: dict | None = None) -> dict:
+    """The run's config: fp32 unless `extra` names a precision; checkpointing when it asks for it."""
+    extra = extra or {}
     return {
         "model": {"kind": "hf", "pretrained": str(root / "pretrained")},
         "data": {"hf_dataset": str(root / "data.jsonl"), "cache_dir": str(root / "cache"), "seq_len": 32,
                  "prefetch": 0},
-        "parallel": parallel, "finetune": finetune, "precision": {"mode": "fp32"},
-        "training": {"max_steps": 3, "micro_batch_size": 4, "eval_every": 100, "eval_batches": 1},
+        "parallel": parallel, "finetune": finetune, "precision": {"mode": extra.get("precision", "fp32")},
+        "training": {"max_steps": 3, "micro_batch_size": 4, "eval_every": 100, "eval_batches": 1,
+                     "gradient_checkpointing": extra.get("gradient_checkpointing", False)},
         "checkpoint": {"at_end": False},
         "logging": {"run_dir": str(root / name.replace(" ", "_").replace(",", "")), "progress": False},
     }
@@ -55,14 +73,15 @@ def main() -> None:
         root = Path(tmp)
         write_pretrained(root / "pretrained")
         write_jsonl(root / "data.jsonl")
-        for name, (finetune, parallel) in RUNS.items():
+        for name, (finetune, parallel, *extra) in RUNS.items():
             if args.only and name not in args.only:
                 continue
-            compared = train_and_compare(root, config(root, name, finetune, parallel))
+            compared = train_and_compare(root, config(root, name, finetune, parallel, *extra))
             if "error" in compared:
                 results[name] = compared
             else:
-                results[name] = {"predicted": compared["predicted"]["memory_bytes"],
+                results[name] = {**({"note": NOTES[name]} if name in NOTES else {}),
+                                 "predicted": compared["predicted"]["memory_bytes"],
                                  "measured": compared["measured"]["memory_bytes"],
                                  "measured_over_predicted": {k: v for k, v in compared["measured_over_predicted"].items()
                                                              if k.startswith("memory")}}

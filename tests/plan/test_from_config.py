@@ -80,6 +80,8 @@ def test_precision_is_typed_once():
     with pytest.raises(UserError, match="precision.mode='int4' is not one of"):
         precision_of("int4")
     assert _spec("precision.mode=bf16-params").workload.precision == "bf16"
+    # pure bf16 keeps no fp32 master copy: planned as bf16-true, not as mixed bf16
+    assert _spec("precision.mode=bf16-true").workload.precision == "bf16-true"
 
 
 def test_batch_layout_refuses_a_global_batch_that_is_not_whole_passes():

@@ -24,6 +24,22 @@ def test_one_forward_counts_every_saved_storage_once():
     assert meter.alive_bytes == 0  # autograd released them all after backward
 
 
+def test_a_frozen_parameter_gathered_into_new_storage_is_not_an_activation():
+    """FSDP2 all-gathers each parameter into a fresh storage before the forward; a frozen one
+    (LoRA's base, requires_grad=False), which a linear saves for its input gradient, is a weight."""
+    model = _model()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    meter = SavedActivationMeter(model)
+    model[2].weight = nn.Parameter(model[2].weight.detach().clone(), requires_grad=False)  # the "unsharded" copy
+    x = torch.randn(16, 64, requires_grad=True)
+    with meter.measuring():
+        out = model(x)
+    # the ReLU's output (its mask for the input gradient); the frozen second weight is not counted
+    assert meter.bytes == 16 * 64 * 4
+    out.sum().backward()
+
+
 def test_forward_backward_in_turn_peaks_at_one_micro_batch_in_flight():
     """As a pipeline's 1F1B does: each micro-batch's saved tensors are freed by its backward."""
     model = _model()

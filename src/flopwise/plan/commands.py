@@ -272,9 +272,9 @@ def print_plan(result) -> None:
         ("weights" + (" (frozen base + adapters)" if tuned else ""), _gib(m.weights)), ("gradients", _gib(m.gradients)),
         ("optimizer states", _gib(m.optimizer_states)), ("fp32 master weights", _gib(m.master_weights)),
         (f"activations ({m.inflight_layers:g} layer-micro-batches)", _gib(m.activations)),
-        ("final norm + head inputs, logits", _gib(m.logits)),
-        ("communication buffers" + (" + dequantised weight" if tuned and tuned.method == "qlora" else ""),
-         _gib(m.comm_buffers)),
+        ("final norm + head inputs, logits" + (" (kept for backward)" if tuned else ""), _gib(m.logits)),
+        ("communication buffers" + (" + dequantised weight" if tuned and tuned.method == "qlora" else "")
+         + (" + loss's transient logits" if tuned else ""), _gib(m.comm_buffers)),
         *([("fp8 weight copies", _gib(m.fp8_buffers))] if m.fp8_buffers else []),
         ("allocated", _gib(m.allocated_bytes)),
         (f"allocator reserve ({spec.cluster.allocator_reserve:.0%} of allocated)", _gib(m.allocator_reserve)),

@@ -200,14 +200,23 @@ def split_of(spec) -> FinetuneSplit | None:
 # --------------------------------------------------------------------------- memory
 
 
+def adapter_state_bytes(precision: str, optimizer: str) -> mem.StateBytes:
+    """Bytes per adapter parameter of each model state: the adapters are fp32 under every precision
+    but pure bf16 (PEFT keeps them in fp32, `autocast_adapter_dtype=True`; `train/techniques/lora.py`
+    gives them `adapter_dtype=torch.float32`), so 4 + 4 + optimizer and no master copy; under
+    `bf16-true` they are bf16 like the rest (2 + 2 + bf16 optimizer states)."""
+    return mem.state_bytes("bf16-true" if precision == "bf16-true" else "fp32", optimizer)
+
+
 def stage_states(split: FinetuneSplit, spec, params: float, layers: int, sb: mem.StateBytes,
                  zero_stage: int, shard: int, offload: str) -> tuple[float, float, float, float, float]:
     """(weights, gradients, optimizer states, fp32 masters, CPU bytes) of one stage's rank.
 
     `params` are the stage's base parameters on this rank (already / tp), `layers` its blocks.
     Frozen base: in its dtype, the blocks' linears in NF4 for QLoRA, sharded by ZeRO-3 (FSDP2 of
-    the base, as FSDP-QLoRA does), offloaded with `params`. Adapters: every model state, by the
-    precision's bytes (`sb`) and the ZeRO stage, as full training keeps them for all weights."""
+    the base, as FSDP-QLoRA does), offloaded with `params`. Adapters: every model state in
+    `adapter_state_bytes` (fp32 under mixed precision, not the base's `sb`), by the ZeRO stage."""
+    sb = adapter_state_bytes(spec.workload.precision, spec.workload.optimizer)
     tp = max(1, spec.layout.tp)
     adapters = split.adapters_per_layer * layers / tp
     quantized = split.quantized_per_layer * layers / tp
@@ -287,6 +296,57 @@ def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, 
     return kept
 
 
+FROZEN_HEAD_INPUT_COPIES = 1.0
+"""Copies of the last hidden state a fine-tune keeps for the head's backward: the frozen final
+RMSNorm keeps its input (and its statistics) but not the normalised tensor, which only its weight's
+gradient reads, and the frozen head keeps no input, its input gradient reading the weight alone
+(measured: benchmarks/saved_tensors_hf_block.py). Full training keeps 2 (`stage_memory`)."""
+
+
+def first_block_saving(spec: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: float) -> float:
+    """Bytes the first block of a fine-tune keeps less than the others, without recompute: its input
+    comes from a frozen embedding and needs no gradient, so its first norm (a frozen weight too)
+    keeps nothing, not its input (e·T·h, fp32 for an upcasting RMSNorm). Measured on an HF llama
+    (benchmarks/saved_tensors_hf_block.py); the frozen embedding itself keeps no token ids (`stage_memory`)."""
+    return dtype_bytes * float(seq_len) * micro_batch * spec.hidden + norm_upcast_bytes(spec, seq_len, micro_batch,
+                                                                                         dtype_bytes)
+
+
+UPCAST_NORM_INPUT_BYTES = 4.0
+"""Bytes per element of the input a 16-bit fine-tune's frozen RMSNorm keeps: Hugging Face's
+`LlamaRMSNorm` (and Mistral's, Qwen2's) casts its input to fp32 before squaring it, and the square
+keeps that fp32 copy (measured under bf16 autocast and bf16-true, benchmarks/saved_tensors_hf_block.py)."""
+
+
+def norm_upcast_bytes(spec: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: float) -> float:
+    """What one kept RMSNorm input of a fine-tune costs beyond e·T·h: (4 − e)·T·h under 16-bit
+    activations, 0 in fp32 or for LayerNorm. Full training keeps the same fp32 copy, so it is no
+    part of `activation_delta_bytes`; full training's plan does not count it (yet), a fine-tune's
+    does (`stage_memory`: each block's norms, the final norm)."""
+    if spec.norm != "rmsnorm" or dtype_bytes >= UPCAST_NORM_INPUT_BYTES:
+        return 0.0
+    return (UPCAST_NORM_INPUT_BYTES - dtype_bytes) * float(seq_len) * micro_batch * spec.hidden
+
+
+def adapter_cast_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
+                       precision: str) -> float:
+    """What fp32 adapters under 16-bit autocast keep per block beyond `activation_delta_bytes`' rank-r
+    path: autocast's 16-bit copy of each adapter weight (A and B), which the input gradients read,
+    2 bytes per adapter parameter per micro-batch (PEFT, `autocast_adapter_dtype=True`; measured on an
+    HF llama under CPU bf16 autocast, benchmarks/saved_tensors_hf_block.py). 0 when the adapters are
+    in the compute dtype (fp32, bf16-true)."""
+    if not adapter_input_copy_bytes(precision):
+        return 0.0
+    return 2.0 * split.adapters_per_layer
+
+
+def adapter_input_copy_bytes(precision: str) -> float:
+    """`activation_delta_bytes`' `input_copy_bytes` for a precision: PEFT casts each adapter's input to
+    the fp32 adapters' dtype and 16-bit autocast casts it back for the matmul, so each adapter keeps its
+    own 2-byte copy under mixed 16-bit precision; 0 when adapters and activations share a dtype."""
+    return 2.0 if precision in ("bf16", "fp16", "fp8") else 0.0
+
+
 def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_stage: int, shard: int) -> float:
     """Communication buffers of a fine-tune plus QLoRA's transient bf16 weight.
 
@@ -303,7 +363,7 @@ def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_st
         ends = max(pc.embedding, pc.output_head) * base
         buffers = 2.0 * max(layer_bytes, ends) / tp
     elif lay.dp > 1:
-        grads = split.trainable_params / tp * mem.state_bytes(work.precision, work.optimizer).grad
+        grads = split.trainable_params / tp * adapter_state_bytes(work.precision, work.optimizer).grad
         buffers = min(2.0 * mem.DDP_BUCKET_BYTES, grads)
     return buffers + split.largest_dequantized_bytes / tp
 

@@ -81,7 +81,8 @@ def planned_config(cfg, run: ResolvedRun, vocab_size: int | None = None) -> Plan
     )
     seq_len = cfg.data.seq_len
     workload = Workload(
-        precision=run.precision.compute_dtype,
+        # pure bf16 (`bf16-true`) keeps no fp32 master copy: planned as such, not as mixed bf16
+        precision="bf16-true" if run.precision.pure else run.precision.compute_dtype,
         optimizer=cfg.training.optimizer,
         seq_len=seq_len,
         total_tokens=float(cfg.training.max_steps * layout.global_batch_size * seq_len),

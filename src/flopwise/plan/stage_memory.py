@@ -189,7 +189,10 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths
     if tuned is not None:
         adapter = finetune.activation_delta_bytes(model, tuned, work.seq_len, lay.micro_batch_size, e,
-                                                  work.lora_dropout, lay.tp, finetune.dropout_mask_bytes(hw, e))
+                                                  work.lora_dropout, lay.tp, finetune.dropout_mask_bytes(hw, e),
+                                                  input_copy_bytes=finetune.adapter_input_copy_bytes(work.precision))
+        adapter += finetune.adapter_cast_bytes(model, tuned, work.seq_len, lay.micro_batch_size, work.precision)
+        adapter += model.norms_per_layer * finetune.norm_upcast_bytes(model, work.seq_len, lay.micro_batch_size, e)
         per_layer += adapter * (1.0 - mem.recompute_forward_fraction(lay.recompute))
         rebuilt += adapter if rebuilt else 0.0
         buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group)
@@ -217,8 +220,13 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         if cnn:
             activations = logits = inflight = 0.0
         else:
-            activations, logits, inflight = _stage_activations(spec, e, terms, per_layer, rebuilt, i, n,
-                                                               conv.loss_bytes_per_logit)
+            activations, logits, inflight, loss_transient = _stage_activations(
+                spec, e, terms, per_layer, rebuilt, i, n, conv.loss_bytes_per_logit, tuned is not None)
+            if tuned is not None:  # a fine-tune's transients are `other`, beside QLoRA's dequantised weight
+                logits -= loss_transient
+                # the loss's backward frees what the head's end keeps before the last block is
+                # recomputed: the rebuilt block and those are never alive together
+                activations -= min(rebuilt, logits)
         fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest)
         if conv.fp8_cache_bytes_per_param is not None and fp8:
             fp8 *= conv.fp8_cache_bytes_per_param / mem.FP8_CACHED_BYTES_PER_PARAM
@@ -230,6 +238,8 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
             weights, gradients, optimizer, master, cpu = finetune.stage_states(
                 tuned, spec, params, n, sb, lay.zero_stage, lay.shard_group, lay.offload)
         gathered = params * (sb.weight + sb.grad) if stage_gathered else buffers
+        if tuned is not None and not cnn:
+            gathered += loss_transient
         allocated = weights + gradients + optimizer + master + activations + logits + gathered + fp8
         reserve = allocated * fraction  # mem.allocator_reserve_bytes
         rows.append((i, n, params, weights, gradients, optimizer, master, activations, logits, gathered, fp8,
@@ -297,8 +307,14 @@ def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bo
 
 
 def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_layer: float, rebuilt: float,
-                       stage: int, layers: int, loss_bytes_per_logit: float | None = None) -> tuple[float, float, float]:
-    """(layer activations + embedding's token ids, head inputs + logits, in-flight layers) of one stage."""
+                       stage: int, layers: int, loss_bytes_per_logit: float | None = None,
+                       frozen_base: bool = False) -> tuple[float, float, float, float]:
+    """(layer activations + embedding's token ids, head inputs + logits, in-flight layers, the part of
+    the logits that is the loss's transient peak rather than kept for backward) of one stage.
+
+    `frozen_base` (LoRA / QLoRA): the frozen embedding keeps no token ids, the first block's first
+    norm nothing (`finetune.first_block_saving`), the head's end one copy of the last hidden state
+    (`finetune.FROZEN_HEAD_INPUT_COPIES`)."""
     model, lay, work = spec.model, spec.layout, spec.workload
     chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages,
                              lay.interleaved_variant)
@@ -309,8 +325,11 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         # dropout, its output's mask (Korthikanti et al. 2022 §4.3); its output is the first block's
         # input, which the block's own activations already count
         tokens = float(work.seq_len) * lay.micro_batch_size
-        per_mb = tokens * (TOKEN_ID_BYTES + (model.hidden / (lay.tp if lay.sequence_parallel else 1)
-                                             if work.dropout else 0.0))
+        ids = 0.0 if frozen_base else TOKEN_ID_BYTES
+        per_mb = tokens * (ids + (model.hidden / (lay.tp if lay.sequence_parallel else 1)
+                                  if work.dropout else 0.0))
+        if frozen_base and lay.recompute == "none" and layers:
+            per_mb -= finetune.first_block_saving(model, work.seq_len, lay.micro_batch_size, e)
         activations += per_mb * chunks
     logits = 0.0
     if stage == lay.pp - 1:
@@ -325,5 +344,11 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         kept = SAVED_LOSS_BYTES_PER_LOGIT
         if loss_bytes_per_logit is not None:  # an in-place fused loss keeps only the logits' own bytes
             kept = min(kept, loss_bytes_per_logit)
-        logits = held * (2 * terms.layer_input + kept * elements) + (per_element - kept) * elements
-    return activations, logits, inflight
+        head_inputs = 2 * terms.layer_input
+        if frozen_base:  # the frozen final norm's input alone, fp32 for an upcasting RMSNorm
+            head_inputs = finetune.FROZEN_HEAD_INPUT_COPIES * terms.layer_input + finetune.norm_upcast_bytes(
+                model, work.seq_len, lay.micro_batch_size, e)
+        transient = (per_element - kept) * elements
+        logits = held * (head_inputs + kept * elements) + transient
+        return activations, logits, inflight, transient
+    return activations, logits, inflight, 0.0

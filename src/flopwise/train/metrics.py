@@ -126,8 +126,7 @@ class SavedActivationMeter:
     def _storage_key(self, tensor) -> tuple[int, int] | None:
         if not isinstance(tensor, torch.Tensor):
             return None
-        base = tensor._base if tensor._base is not None else tensor
-        if base.is_leaf and base.requires_grad:  # an (unsharded FSDP2) parameter
+        if _is_parameter(tensor):  # an (unsharded FSDP2) parameter, trainable or frozen
             return None
         try:
             storage = local_tensor(tensor).untyped_storage()
@@ -151,7 +150,7 @@ class SavedActivationMeter:
     def _pack(self, tensor: torch.Tensor):
         if self._inner is None:
             return self._hold(tensor, tensor)
-        if tensor._base is not None and tensor._base.is_leaf and tensor._base.requires_grad:
+        if tensor._base is not None and _is_parameter(tensor._base):
             return _Saved(self._inner[0](tensor))
         packed = self._inner[0](tensor)
         return self._hold(packed, packed)
@@ -167,6 +166,14 @@ class SavedActivationMeter:
         self.bytes = 0
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield self
+
+
+def _is_parameter(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is (a view of) a parameter: a trainable leaf, or any `nn.Parameter`. FSDP2
+    all-gathers parameters into fresh storages, so a frozen one (a LoRA base weight, which a linear
+    saves for its input gradient) is not among the storages excluded at the start."""
+    base = tensor._base if tensor._base is not None else tensor
+    return isinstance(base, nn.Parameter) or (base.is_leaf and base.requires_grad)
 
 
 def _params_and_buffers(model: nn.Module) -> Iterator[torch.Tensor]:
