@@ -2,9 +2,11 @@
 
 Run under torchrun on 2 gloo processes (the embedded default's layout). Every variant is
 built once in the same two processes (same model seed, same data); timings then alternate
-between the variants in short blocks and the medians are compared, so that a busy machine
-slows all alike. Reports, per variant, the median and fastest step, tokens/s, the ratio to
-the per-block default (`fsdp_unit_mb=0`) and to DDP, the number of block units and the
+between the variants in short blocks (the order reversed every other round), so that a busy
+machine slows all alike. Reports, per variant, the median and fastest step, tokens/s, the
+ratio of medians to the per-block units (`fsdp_unit_mb=0`, the first variant) and to DDP, the
+paired ratio (median over rounds of the per-block variant's block time over this variant's
+in the same round: the figure least moved by load that changes between rounds), the number of block units and the
 largest unit's parameter bytes (two such units are gathered at once: the memory price).
 
 Usage: torchrun --nproc-per-node 2 benchmarks/fsdp_units.py [--out PATH] [--unit-mb 0,2,4,8]
@@ -72,9 +74,16 @@ def main() -> None:
     for state in states.values():  # warm-up: allocator, optimizer state, prefetch threads
         train_step(state, env, 1, hooks)
         train_step(state, env, 1, hooks)
-    for _ in range(args.rounds):
-        for name, state in states.items():
-            timings[name] += [train_step(state, env, 1, hooks).step_seconds for _ in range(args.steps)]
+    paired: dict[str, list[float]] = {name: [] for name in states}  # per round: per-block block / this block
+    names = list(states)
+    for round_index in range(args.rounds):
+        order = names if round_index % 2 == 0 else names[::-1]  # neither variant always runs first
+        block = {}
+        for name in order:
+            block[name] = [train_step(states[name], env, 1, hooks).step_seconds for _ in range(args.steps)]
+            timings[name] += block[name]
+        for name in names:
+            paired[name].append(sum(block[names[0]]) / sum(block[name]))
     for state in states.values():
         state.train_loader.close()
     if not env.is_main:
@@ -95,6 +104,8 @@ def main() -> None:
         "fastest_step_seconds": {name: min(values) for name, values in timings.items()},
         "tokens_per_second": {name: tokens_per_step / m for name, m in medians.items()},
         "speed_over_per_block_units": {name: reference / m for name, m in medians.items()},
+        "paired_speed_over_per_block_units": {name: statistics.median(r) for name, r in paired.items()},
+        "paired_speed_quartiles": {name: statistics.quantiles(r, n=4) for name, r in paired.items()},
         "speed_over_ddp": ({name: medians["ddp"] / m for name, m in medians.items()} if "ddp" in medians else None),
         "steps_timed": {name: len(values) for name, values in timings.items()},
         "note": "medians of alternating blocks in the same two processes; speed ratios > 1 are faster",
@@ -103,7 +114,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(json.dumps({k: result[k] for k in ("units", "median_step_seconds", "speed_over_per_block_units",
-                                             "speed_over_ddp")}, indent=2))
+                                             "paired_speed_over_per_block_units", "speed_over_ddp")}, indent=2))
 
 
 if __name__ == "__main__":
