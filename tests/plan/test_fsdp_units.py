@@ -54,7 +54,8 @@ def test_bytes_per_parameter_are_what_the_trainer_holds():
 
 
 def test_a_config_plans_the_units_the_trainer_builds():
-    assert _spec().layout.fsdp_unit_mb == 0.0
+    assert _spec().layout.fsdp_unit_mb == 4.0  # the trainer's default
+    assert _spec("parallel.fsdp_unit_mb=0").layout.fsdp_unit_mb == 0.0
     spec = _spec("parallel.fsdp_unit_mb=4")
     assert spec.layout.fsdp_unit_mb == 4.0
     pc = count_params(spec.model)
