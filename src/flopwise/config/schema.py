@@ -164,6 +164,9 @@ class ParallelConfig(Section):
     ddp_bucket_mb: float = Field(25.0, gt=0, le=65536)
     fsdp_reshard_after_forward: bool = True
     fsdp_min_params: int = Field(100_000, ge=0, le=2**62)
+    # MiB of parameters per FSDP2 unit: consecutive blocks are grouped up to it; 0 = one unit per block.
+    # 4: blocks under it share units (measured 1.18-1.27x on thin blocks), larger ones keep their own (BENCHMARKS.md)
+    fsdp_unit_mb: float = Field(4.0, ge=0, le=2**30)
     zero_stage: int = Field(3, ge=0, le=3)
     offload: Literal["none", "optimizer", "params"] = "none"
     pipeline_microbatches: int = Field(4, ge=1, le=4096)

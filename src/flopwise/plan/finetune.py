@@ -347,12 +347,14 @@ def adapter_input_copy_bytes(precision: str) -> float:
     return 2.0 if precision in ("bf16", "fp16", "fp8") else 0.0
 
 
-def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_stage: int, shard: int) -> float:
+def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_stage: int, shard: int,
+                             blocks_per_unit: int = 1) -> float:
     """Communication buffers of a fine-tune plus QLoRA's transient bf16 weight.
 
     DDP buckets only the adapters' gradients (at most its two 25 MiB buckets); ZeRO-3 of the base
     gathers two units (current + prefetched) in their stored format (NF4 blocks for QLoRA:
-    FSDP2 gathers `NF4Tensor`'s inner tensors, torchao `fsdp_pre_all_gather`)."""
+    FSDP2 gathers `NF4Tensor`'s inner tensors, torchao `fsdp_pre_all_gather`); a unit is
+    `blocks_per_unit` blocks under `parallel.fsdp_unit_mb`."""
     lay, work = spec.layout, spec.workload
     tp = max(1, lay.tp)
     base = frozen_weight_bytes(work.precision)
@@ -361,7 +363,7 @@ def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_st
         layer_bytes = ((pc.per_layer - split.quantized_per_layer) * base
                        + split.quantized_per_layer * (NF4_BYTES_PER_PARAM if split.method == "qlora" else base))
         ends = max(pc.embedding, pc.output_head) * base
-        buffers = 2.0 * max(layer_bytes, ends) / tp
+        buffers = 2.0 * max(layer_bytes * blocks_per_unit, ends) / tp
     elif lay.dp > 1:
         grads = split.trainable_params / tp * adapter_state_bytes(work.precision, work.optimizer).grad
         buffers = min(2.0 * mem.DDP_BUCKET_BYTES, grads)

@@ -540,9 +540,10 @@ class MemoryEstimate:
         return out
 
 
-def largest_unit_params(params: ParamCount, tp: int) -> float:
-    """Parameters of the biggest FSDP/ZeRO-3 unit (a block, or the embedding/head) on one TP rank."""
-    return max(params.per_layer, params.embedding, params.output_head) / tp
+def largest_unit_params(params: ParamCount, tp: int, blocks_per_unit: int = 1) -> float:
+    """Parameters of the biggest FSDP/ZeRO-3 unit (`blocks_per_unit` blocks, or the embedding/head)
+    on one TP rank (`fsdp_units.planned_blocks_per_unit`)."""
+    return max(params.per_layer * blocks_per_unit, params.embedding, params.output_head) / tp
 
 
 def largest_module_params(spec: ModelSpec, params: ParamCount, tp: int) -> float:
@@ -561,7 +562,7 @@ def comm_buffer_bytes(params: ParamCount, sb: StateBytes, zero_stage: int, dp: i
     """Communication buffers, by framework.
 
     - fsdp: DDP 2 × 25 MiB buckets; ZeRO-3 (FULL_SHARD) two gathered units (current +
-      prefetched) in the weight dtype; ZeRO-1/2 two 25 MiB reduce buckets.
+      prefetched; a unit is a group of blocks under `parallel.fsdp_unit_mb`) in the weight dtype; ZeRO-1/2 two 25 MiB reduce buckets.
     - deepspeed ZeRO-3: the gathered largest layer's 16-bit weights and gradients,
       4 bytes/param (`estimate_zero3_model_states_mem_needs`); ZeRO-1/2 as fsdp.
     - megatron: none beyond the contiguous gradient and parameter buffers, which the

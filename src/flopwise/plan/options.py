@@ -52,6 +52,9 @@ OPTIONS = (
                "matmul)|full|every:K (full on one block in K). [default: none; full for a --finetune that "
                "does not fit without it]"),
     PlanOption("offload", "--offload", str, "none", "none|optimizer|params (params needs --zero 3)."),
+    PlanOption("fsdp_unit_mb", "--fsdp-unit-mb", float, 0.0,
+               "FSDP2 units of consecutive blocks up to this many MiB of parameters (the trainer's "
+               "parallel.fsdp_unit_mb): fewer gathers, two larger units gathered at once. 0 = one per block."),
     PlanOption("schedule", "--schedule", str, "1f1b", "Pipeline schedule: 1f1b|gpipe|interleaved."),
     PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]"),
     PlanOption("sequence_parallel", "--sequence-parallel", bool, False, "Megatron sequence parallelism with TP."),
@@ -99,7 +102,7 @@ RUNSPEC_OPTIONS = (
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
-    "lora_dropout", "stack", "fp8_recipe",
+    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 

@@ -157,6 +157,8 @@ def validate(spec: RunSpec) -> None:
         raise UserError(f"--zero must be 0, 1, 2 or 3, got {lay.zero_stage}")
     if lay.offload == "params" and lay.zero_stage != 3:
         raise UserError("--offload params needs --zero 3 (parameters are offloaded as ZeRO-3 shards)")
+    if not 0 <= lay.fsdp_unit_mb < float("inf"):
+        raise UserError(f"--fsdp-unit-mb must be a finite number >= 0 (0 = one unit per block), got {lay.fsdp_unit_mb}")
     if model.arch != "cnn":
         if work.seq_len < 1:
             raise UserError(f"--seq-len must be >= 1, got {work.seq_len}")
@@ -480,6 +482,7 @@ def build_runspec(
     lora_rank: int = tuning.DEFAULT_LORA_RANK,
     lora_targets: str = "all-linear",
     lora_dropout: float = 0.0,
+    fsdp_unit_mb: float = 0.0,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -596,7 +599,7 @@ def build_runspec(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
         sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
-        tp_comm_overlap=tp_comm_overlap,
+        tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
         framework=framework,
     )
     workload = Workload(

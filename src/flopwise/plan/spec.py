@@ -49,6 +49,8 @@ class Layout:
     flash_attention: bool = True
     tp_comm_overlap: bool = False  # TP collectives chunked behind the GEMMs (Transformer Engine userbuffers)
     framework: str = "fsdp"
+    # FSDP2 units of consecutive blocks up to this many MiB of parameters (plan/fsdp_units.py); 0 = one per block
+    fsdp_unit_mb: float = 0.0
     dp_replicate: int = 1  # HSDP (Zhao et al. 2023, PyTorch FSDP §3.2.1): ZeRO shards within dp / dp_replicate
 
     @property

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from flopwise.plan import finetune
 from flopwise.plan import memory as mem
+from flopwise.plan.fsdp_units import planned_blocks_per_unit
 from flopwise.plan.params import ParamCount
 from flopwise.plan.spec import RunSpec
 from flopwise.plan.stacks import find_stack
@@ -170,13 +171,14 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         warnings.append("CNN activation memory is not modelled; memory covers model states only")
     if framework == "deepspeed" and lay.pp > 1 and lay.zero_stage >= 2:
         warnings.append("deepspeed: pipeline parallelism runs with ZeRO-0/1 only; planned as asked")
-    largest = mem.largest_unit_params(pc, lay.tp)
-    gather_unit = None
+    layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
+    per_unit = planned_blocks_per_unit(lay, work, pc.per_layer, max(layers))  # FSDP2 units of grouped blocks
+    largest = mem.largest_unit_params(pc, lay.tp, per_unit)
+    gather_unit = largest
     if conv.zero3_gathers_modules and model.arch != "cnn":
         gather_unit = mem.largest_module_params(model, pc, lay.tp)
     buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.shard_group, lay.tp, lay.offload, framework,
                                     gather_unit)
-    layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
     terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
                                                lay.flash_attention, conv.gemm_input_bytes, conv.fused_norm,
                                                conv.fused_swiglu, conv.act_input_bytes)
@@ -195,7 +197,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         adapter += model.norms_per_layer * finetune.norm_upcast_bytes(model, work.seq_len, lay.micro_batch_size, e)
         per_layer += adapter * (1.0 - mem.recompute_forward_fraction(lay.recompute))
         rebuilt += adapter if rebuilt else 0.0
-        buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group)
+        buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group, per_unit)
     # model states are linear in a stage's parameters: bytes per parameter, once
     unit = _states_per_param(sb, lay.zero_stage, lay.shard_group, lay.offload)
     if conv.master_unsharded and lay.offload == "none":

@@ -50,6 +50,7 @@ from flopwise.plan import finetune
 from flopwise.plan import ops
 from flopwise.plan import step_comm as sc
 from flopwise.plan.comm import CommEstimate, Links
+from flopwise.plan.fsdp_units import planned_blocks_per_unit, unit_count
 from flopwise.plan.gemm import DeviceRates
 from flopwise.plan.params import count_params
 
@@ -239,13 +240,14 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         # on a CPU the collectives (gloo) run on the same cores as the compute: nothing hides
         backward_window = forward_window = 0.0
     dp_exposed = dp_wire = dp_bytes = 0.0
+    per_unit = planned_blocks_per_unit(lay, spec.workload, pc.per_layer, layers_busiest)  # blocks per FSDP2 unit
     if dp > 1:
         if zero >= 3:
             shard = lay.shard_group
             replicate = max(1, dp // shard)
             root = sc.fsdp_root_params(pc, model.vocab_size, model.hidden, model.tied_embeddings) / tp
             gathers = sc.zero3_collectives(inputs.framework, pp, m, min(1.0, root / psi) if psi else 0.0)
-            units = max(1, layers_busiest)
+            units = unit_count(layers_busiest, per_unit)
             weights += inputs.frozen_gather_bytes  # a fine-tune's frozen base is gathered like any weight
             # alpha-beta: the ring's bandwidth time plus its latency for every message a
             # layer's gather issues (DeepSpeed: one per parameter tensor)
@@ -292,7 +294,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     if dp > 1 and measured is not None:
         zero3 = gathers if zero >= 3 else None
         timed = cm.measured_dp_seconds(measured, dp, zero, grads, weights,
-                                       fsdp_units(model, layers_busiest, busiest, pp, tp, psi), zero3,
+                                       fsdp_units(model, layers_busiest, busiest, pp, tp, psi, per_unit), zero3,
                                        DDP_BUCKET_BYTES, getattr(rates.profile, "fsdp_unit_cost", None))
         if timed is not None:
             dp_exposed = dp_wire = timed
@@ -371,10 +373,12 @@ def pipeline_p2p_exposed(lay, links: Links, message: float) -> float:
     return 2.0 * (lay.grad_accum * v + lay.pp - 1) * t_p2p
 
 
-def fsdp_units(model, layers: int, stage: int, pp: int, tp: int, params: float) -> tuple[float, ...]:
+def fsdp_units(model, layers: int, stage: int, pp: int, tp: int, params: float,
+               per_unit: int = 1) -> tuple[float, ...]:
     """Shares of a rank's weights in each unit that FSDP wraps and gathers on its own: one per
-    transformer layer, the embedding on the first stage and the output head on the last (the
-    trainer's `fully_shard` of each block, embedding and head)."""
+    `per_unit` consecutive transformer layers (`fsdp_units.planned_blocks_per_unit`; the last
+    unit may hold fewer), the embedding on the first stage and the output head on the last
+    (the trainer's `fully_shard` of each group of blocks, embedding and head)."""
     ends = []
     end_params = model.vocab_size * model.hidden / tp
     if stage == 0:
@@ -385,7 +389,9 @@ def fsdp_units(model, layers: int, stage: int, pp: int, tp: int, params: float) 
     total = sum(ends) + layer_params * layers
     if total <= 0:
         return (1.0,)
-    return tuple(p / total for p in ends) + (layer_params / total,) * layers
+    full, rest = divmod(layers, max(1, per_unit))
+    groups = (per_unit,) * full + ((rest,) if rest else ())
+    return tuple(p / total for p in ends) + tuple(n * layer_params / total for n in groups)
 
 
 def _collective_seconds(links: Links, tp: int, collectives) -> float:

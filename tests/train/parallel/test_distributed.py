@@ -135,6 +135,61 @@ def test_fsdp2_with_accumulation_and_checkpointing_matches_one_process(corpus, t
     assert_same_trajectory(single_process_reference, run_dir)
 
 
+def block_mib(model: dict) -> float:
+    """MiB of fp32 parameters in one block of the `model` section's decoder."""
+    from flopwise.config.schema import ModelConfig
+    from flopwise.train.model import build_model
+
+    built = build_model(ModelConfig(**model), 320)
+    return sum(p.numel() * p.element_size() for p in built.blocks[0].parameters()) / 2**20
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_units_of_grouped_blocks_train_as_per_block_units_and_resume_exactly(corpus, tmp_path):
+    """3 blocks as units of 2 + 1 (with activation checkpointing) against one unit per block:
+    the same math in fewer collectives; a resume repeats the steps bit for bit, and the
+    checkpoint loads under the other grouping (DCP keys are parameter names, not units)."""
+    def config(name: str, unit_mb: float) -> dict:
+        cfg = base_config(corpus, tmp_path / name, 4, strategy="fsdp", nproc_per_node=2, fsdp_unit_mb=unit_mb)
+        cfg["model"]["n_layers"] = 3
+        cfg["training"]["gradient_checkpointing"] = unit_mb > 0
+        cfg["checkpoint"] = {"every_steps": 3, "keep_last": 2}
+        return cfg
+
+    def losses(run_dir: Path, rank: int) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in metrics(run_dir, rank)}
+
+    unit_mb = 1.5 * block_mib(config("x", 0)["model"])  # two blocks reach it, one does not
+    per_block, grouped = config("per_block", 0), config("grouped", unit_mb)
+    for cfg in (per_block, grouped):
+        result = run_cli(cfg, tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    per_block_dir, grouped_dir = tmp_path / "per_block", tmp_path / "grouped"
+    for rank in (0, 1):
+        a, b = losses(per_block_dir, rank), losses(grouped_dir, rank)
+        assert sorted(b) == list(range(1, STEPS + 1))
+        for step in a:
+            assert b[step] == pytest.approx(a[step], rel=1e-6), (rank, step)
+    comparison = json.loads((grouped_dir / "predicted_vs_measured.json").read_text())
+    assert comparison["measured_over_predicted"]["comm_dp"] == pytest.approx(1.0, abs=0.25)
+
+    step3 = grouped_dir / "checkpoints" / "step-3"
+    resumed = dict(grouped, logging={"run_dir": str(tmp_path / "resumed"), "progress": False})
+    regrouped = dict(config("regrouped", 0), logging={"run_dir": str(tmp_path / "regrouped"), "progress": False})
+    for cfg in (resumed, regrouped):
+        result = run_cli(cfg, tmp_path, f"checkpoint.resume_from={step3}")
+        assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        first, again = losses(grouped_dir, rank), losses(tmp_path / "resumed", rank)
+        assert sorted(again) == list(range(4, STEPS + 1))
+        assert all(again[step] == first[step] for step in again), rank  # bit for bit
+        other = losses(tmp_path / "regrouped", rank)
+        assert sorted(other) == list(range(4, STEPS + 1))
+        for step in other:
+            assert other[step] == pytest.approx(first[step], rel=1e-6), (rank, step)
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_bad_model_config_in_a_multi_process_run_is_one_line_and_exit_2(corpus, tmp_path):

@@ -14,6 +14,7 @@ import copy
 from torch import nn
 
 from flopwise.errors import UserError
+from flopwise.plan.fsdp_units import MIB, group_blocks
 from flopwise.plan.timing import split_layers
 from flopwise.config.mesh_shape import MeshShape, mesh_shape_of
 from flopwise.config.resolve import ResolvedRun, processes_of
@@ -128,7 +129,7 @@ def apply_ddp(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
 
 def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env: DistEnv, mp_policy,
                mesh=None, shape: MeshShape | None = None) -> nn.Module:
-    """FSDP2 `fully_shard`: each transformer block, then large other children, then the root.
+    """FSDP2 `fully_shard`: the transformer blocks in units, then large other children, then the root.
 
     Shards over the mesh's data-parallel part: "dp_shard", or ("dp_replicate", "dp_shard")
     for HSDP (replicas of a sharded group; gradients reduce-scattered within a group, then
@@ -136,6 +137,11 @@ def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env
     `parallel.offload` (params or optimizer) is FSDP2's `CPUOffloadPolicy`: parameter
     shards, their gradients and so the optimizer step live in host memory (FSDP2 offloads
     the three together; there is no optimizer-only mode).
+
+    Consecutive blocks share a unit until it holds `fsdp_unit_mb` MiB of parameters
+    (`plan.fsdp_units.group_blocks`; 0 = one unit per block): fewer units pay the fixed cost
+    of each all-gather and reduce-scatter fewer times, and two units are gathered at once.
+    Grouping changes no parameter's name, so checkpoints load across unit sizes.
 
     Other direct children holding at least `fsdp_min_params` parameters get their own
     unit (a size-based policy; modules sharing a parameter, such as tied embeddings,
@@ -148,8 +154,11 @@ def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, cfg: ParallelConfig, env
     dp_mesh = dp_mesh_of(mesh, shape) if mesh is not None else init_device_mesh(env.device.type, (env.world_size,))
     offload = CPUOffloadPolicy(pin_memory=env.device.type == "cuda") if cfg.offload != "none" else OffloadPolicy()
     options = {"mesh": dp_mesh, "mp_policy": mp_policy or MixedPrecisionPolicy(), "offload_policy": offload}
-    for block in blocks:
-        fully_shard(block, reshard_after_forward=cfg.fsdp_reshard_after_forward, **options)
+    ordered = list(blocks)
+    for group in group_blocks([_parameter_bytes(block) for block in ordered], cfg.fsdp_unit_mb * MIB):
+        members = [ordered[i] for i in group]
+        fully_shard(members if len(members) > 1 else members[0],
+                    reshard_after_forward=cfg.fsdp_reshard_after_forward, **options)
     shared = _shared_parameter_ids(model)
     block_ids = {id(block) for block in blocks}
     for child in model.children():
@@ -284,6 +293,11 @@ def _has_persistent_buffers(model: nn.Module) -> bool:
         for module in model.modules()
         for name, _ in module.named_buffers(recurse=False)
     )
+
+
+def _parameter_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters as built (meta tensors included): what one FSDP2 unit shards."""
+    return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 def _shared_parameter_ids(model: nn.Module) -> set[int]:
