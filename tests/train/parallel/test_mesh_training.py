@@ -127,14 +127,15 @@ def test_hsdp_2x2_matches_one_process_and_resumes_exactly(corpus, tmp_path, refe
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["parallel.tp=3", "parallel.nproc_per_node=4"], "parallel.pp x parallel.dp_replicate x parallel.tp = 3 must divide"),
+    (["parallel.strategy=fsdp", "parallel.tp=3", "parallel.nproc_per_node=4"], "parallel.pp x parallel.dp_replicate x parallel.tp = 3 must divide"),
     (["parallel.strategy=ddp", "parallel.tp=2"], "parallel.tp=2 composes with FSDP2 only"),
-    (["parallel.dp_shard=4", "parallel.tp=2", "parallel.nproc_per_node=4"], "= 8, but there are 4 processes"),
-    (["parallel.sequence_parallel=true"], "parallel.sequence_parallel=true needs parallel.tp > 1"),
-    (["parallel.pp=2"], "parallel.pp=2 needs parallel.strategy=pipeline"),
+    (["parallel.strategy=fsdp", "parallel.dp_shard=4", "parallel.tp=2", "parallel.nproc_per_node=4"], "= 8, but there are 4 processes"),
+    (["parallel.strategy=fsdp", "parallel.sequence_parallel=true"], "parallel.sequence_parallel=true needs parallel.tp > 1"),
+    (["parallel.strategy=fsdp", "parallel.pp=2"], "parallel.pp=2 needs parallel.strategy=pipeline"),
     (["parallel.strategy=ddp", "parallel.offload=optimizer"], "parallel.offload: optimizer needs parallel.strategy fsdp"),
 ])
 def test_a_mesh_that_does_not_fit_is_one_line_naming_the_keys(overrides, message):
+    """The checks of a named strategy (an unset one is chosen to fit the mesh: test_strategy_choice)."""
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_strategy(load_config(None, overrides).parallel)
 
