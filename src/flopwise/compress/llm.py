@@ -141,14 +141,22 @@ def run_config_of(run_dir: Path, *, accept_run: bool = False):
 
 
 def held_out_tokens(cfg):
-    """The run's validation-split token ids (numpy), read from its data cache (built again if gone)."""
+    """The run's validation-split token ids (numpy), read from its data cache (built again if gone).
+
+    A chat run (`data.mix`): its held-out conversations, chat template included and padding left out,
+    one after another, so the perplexity is over every token of them (not only the answers)."""
     import numpy as np
 
+    from flopwise.train.data.chat_rows import PreparedChat
     from flopwise.train.data.files import open_shard
+    from flopwise.train.data.packing import PAD_SEGMENT
     from flopwise.train.data.prepare import prepare_data
 
     prepared = prepare_data(cfg.data)
-    arrays = [np.asarray(open_shard(p, prepared.token_dtype)) for p in prepared.val_shards]
+    if isinstance(prepared, PreparedChat):
+        arrays = [row.input_ids[row.segment_ids != PAD_SEGMENT] for row in prepared.val_rows]
+    else:
+        arrays = [np.asarray(open_shard(p, prepared.token_dtype)) for p in prepared.val_shards]
     return np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, dtype=np.int64)
 
 
