@@ -158,6 +158,28 @@ def test_which_process_starts_torchrun(monkeypatch):
     assert started_as_one_rank(cfg)
 
 
+def test_single_runs_in_this_process_whatever_nproc_per_node_says(monkeypatch, tmp_path):
+    """`parallel.strategy=single` is one process: the launcher trains in place, never under torchrun
+    (nproc_per_node keeps its default of 2), as the planner and the trainer count it."""
+    from flopwise.train.launch import start
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    started = []
+    monkeypatch.setattr(start, "_run_here_with_restarts", lambda cfg: started.append("in place"))
+    monkeypatch.setattr(start, "_run_torchrun_with_restarts", lambda cfg: started.append("torchrun"))
+    monkeypatch.setattr(start, "_prepare_data_once", lambda cfg: None)  # no corpus to tokenize here
+    cfg = load_config(None, ["parallel.strategy=single", f"logging.run_dir={tmp_path / 'run'}"])
+    assert cfg.parallel.nproc_per_node == 2
+    start.launch(cfg)
+    two = load_config(None, ["parallel.strategy=ddp", f"logging.run_dir={tmp_path / 'two'}"])
+    start.launch(two)
+    assert started == ["in place", "torchrun"]
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "1")  # srun with one task: that task is the run's one rank
+    assert started_as_one_rank(cfg) and not started_as_one_rank(two)
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_nodes_on_one_machine_train_like_one_node(corpus, tmp_path, one_node_reference):
