@@ -286,6 +286,24 @@ def test_the_training_config_enters_the_planner_at_most_twice_in_a_run(corpus, t
     assert len(entries.found) <= 2, "the config enters plan/ at:\n" + "\n".join(sorted(entries.found))
 
 
+def test_a_device_chosen_precision_is_the_one_the_run_resolves_and_plans(corpus, tmp_path, monkeypatch):
+    """A pretrained model's bf16 default on a bf16 GPU changes `precision.mode` before the run is
+    resolved, so the forecast plans the precision the model trains in (here on a CPU, the default
+    is applied by hand)."""
+    from flopwise.train import loop
+
+    def bf16_device(cfg, device):
+        cfg.precision.mode = "bf16"
+        return "precision.mode=bf16: this device computes in bf16"
+
+    monkeypatch.setattr(loop, "pretrained_precision_default", bf16_device)
+    cfg = tiny_cfg(corpus, tmp_path, "training.max_steps=1", "training.eval_every=1")
+    run_training(cfg, single_env(cfg))
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["inputs"]["workload"]["precision"] == "bf16"
+    assert load_config(tmp_path / "run" / "config.yaml").precision.mode == "bf16"
+
+
 @pytest.mark.slow
 def test_weights_and_biases_offline_needs_no_network(corpus, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
