@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flopwise.config.loading import load_config
+from flopwise.config.loading import dump_config, load_config
 from flopwise.train.launch.start import FORWARDED_SIGNALS, started_as_one_rank, torchrun_args
 
 STEPS = 8
@@ -178,6 +178,29 @@ def test_single_runs_in_this_process_whatever_nproc_per_node_says(monkeypatch, t
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "1")  # srun with one task: that task is the run's one rank
     assert started_as_one_rank(cfg) and not started_as_one_rank(two)
+
+
+def test_a_device_precision_default_reaches_the_ranks_torchrun_starts(monkeypatch, tmp_path, capsys):
+    """The ranks read the config this launcher writes, with `precision.mode` named in it (so a rank
+    applies no default of its own): the launcher applies a pretrained model's device default first."""
+    from flopwise.train.launch import start
+    from flopwise.train.techniques import precision
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+
+    def bf16_device(cfg, device):  # what a bf16 GPU answers for a pretrained model with no mode given
+        cfg.precision.mode = "bf16"
+        return "precision.mode=bf16: this GPU computes in bf16"
+
+    monkeypatch.setattr(precision, "pretrained_precision_default", bf16_device)
+    written = []
+    monkeypatch.setattr(start, "_run_torchrun_with_restarts", lambda cfg: written.append(dump_config(cfg)))
+    monkeypatch.setattr(start, "_prepare_data_once", lambda cfg: None)
+    start.launch(load_config(None, ["parallel.strategy=ddp", f"logging.run_dir={tmp_path / 'run'}"]))
+    assert yaml.safe_load(written[0])["precision"]["mode"] == "bf16"
+    assert load_config(tmp_path / "run" / "config.yaml").precision.mode == "bf16"
+    assert "precision.mode=bf16" in capsys.readouterr().out
 
 
 @pytest.mark.slow
