@@ -213,3 +213,41 @@ def test_the_trainer_reaches_the_planner_only_from_its_forecast_modules():
     assert reaching <= TRAIN_TO_PLAN, f"train modules importing plan: {sorted(reaching - TRAIN_TO_PLAN)}"
     assert not any(t.startswith("flopwise.diagnose") for m, ts in graph.items() if m.startswith("flopwise.train")
                    for t in ts)
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def documented_arrows(text: str) -> tuple[dict[str, set[str]], dict[str, str], set[str]]:
+    """docs/architecture.md's direction table: package -> the packages its "may import" cell names,
+    package -> its "why" cell, and the leaves every package may use."""
+    import re
+
+    table = text[text.index("| package | may import |"):]
+    table = table[:table.index("\n\n")]
+    arrows, why = {}, {}
+    for row in table.splitlines()[2:]:
+        _, package, may_import, reason, _ = (cell.strip() for cell in row.split("|"))
+        arrows[package.strip("`")] = set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", may_import)))
+        why[package.strip("`")] = reason
+    leaves_text = text[text.index("Every package may also use the one-module leaves"):]
+    leaves = set(re.findall(r"`([a-z_]+)`", leaves_text[:leaves_text.index(".")]))
+    return arrows, why, leaves
+
+
+def test_docs_architecture_writes_the_allowed_arrows_this_test_checks():
+    arrows, why, leaves = documented_arrows(DOC.read_text())
+    assert leaves == LEAVES
+    packages = [p for p in ALLOWED if p not in ("__main__", "cli", "flopwise") and p not in LEAVES]
+    assert sorted(arrows) == sorted(["cli", *packages])
+    for package in packages:
+        checked = {p for p in ALLOWED[package] if p not in LEAVES and p != "flopwise"}
+        assert arrows[package] - LEAVES == checked, f"{package}: the doc allows {sorted(arrows[package])}"
+    for module in TRAIN_TO_PLAN:  # the trainer's ways into the planner are the ones the doc names
+        assert module.removeprefix("flopwise.train.").replace(".", "/") + ".py" in why["train"], module
+
+
+def test_a_doc_arrow_the_test_does_not_allow_is_told_apart():
+    text = DOC.read_text().replace("| `report` | `runrecord` |", "| `report` | `runrecord`, `diagnose` |")
+    arrows, _, _ = documented_arrows(text)
+    assert arrows["report"] == {"runrecord", "diagnose"} != ALLOWED["report"] - LEAVES

@@ -31,7 +31,7 @@ def _spec(*overrides: str, world_size: int | None = None, hardware=H100, **kwarg
     return runspec_from_config(cfg, resolve_run(cfg, processes=world_size), hardware, **kwargs)
 
 
-def test_the_default_config_is_two_fsdp_processes_of_the_builtin_decoder():
+def test_the_default_config_is_two_processes_of_the_builtin_decoder():
     spec = _spec()
     assert spec.model.key == "builtin-llama" and spec.model.n_layers == 4 and spec.model.hidden == 192
     assert spec.model.vocab_size == 4096 and spec.workload.seq_len == 128

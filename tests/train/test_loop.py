@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -221,6 +223,85 @@ def test_hf_model_path_trains_a_few_steps(corpus, tmp_path):
     assert all(math.isfinite(loss) for loss in result.train_losses)
     rows = _metrics(tmp_path / "run")
     assert len(rows) == 3 and rows[-1]["memory_saved_activations_bytes"] > 0
+
+
+PLAN_DIR = Path(__file__).resolve().parents[2] / "src" / "flopwise" / "plan"
+
+
+class PlanEntries:
+    """Every call from outside `plan/` into a `plan/` function that hands it a config value: the
+    RunConfig, one of its sections, or what `config/` resolved from it (ResolvedRun, MeshShape,
+    Precision). Recorded as "caller -> callee", by file and function, while the block runs."""
+
+    def __init__(self):
+        self.found: set[str] = set()
+
+    @staticmethod
+    def _where(frame) -> str:
+        path = Path(frame.f_code.co_filename)
+        short = path.relative_to(PLAN_DIR.parents[1]).as_posix() if PLAN_DIR.parents[1] in path.parents else path.name
+        return f"{short}:{frame.f_code.co_name}"
+
+    def _profile(self, frame, event, arg):
+        if event != "call" or not frame.f_code.co_filename.startswith(str(PLAN_DIR)):
+            return
+        caller = frame.f_back
+        if caller is None or caller.f_code.co_filename.startswith(str(PLAN_DIR)):
+            return
+        code = frame.f_code
+        names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        if any(type(frame.f_locals.get(name)).__module__.startswith("flopwise.config.") for name in names):
+            self.found.add(f"{self._where(caller)} -> {self._where(frame)}")
+
+    def __enter__(self):
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+
+
+def test_a_planted_entry_into_the_planner_is_recorded(corpus, tmp_path):
+    from flopwise.config.resolve import resolve_run
+    from flopwise.plan.from_config import planned_config
+
+    cfg = tiny_cfg(corpus, tmp_path)
+    with PlanEntries() as entries:
+        planned_config(cfg, resolve_run(cfg))
+        planned_config(cfg, resolve_run(cfg))  # the same call site again: one entry
+    assert entries.found == {"test_loop.py:test_a_planted_entry_into_the_planner_is_recorded"
+                             " -> flopwise/plan/from_config.py:planned_config"}
+
+
+def test_the_training_config_enters_the_planner_at_most_twice_in_a_run(corpus, tmp_path):
+    """Issue 20's measure: followed from run_training through every call it is passed to, the config
+    (or a section of it, or its ResolvedRun) crosses into plan/ at two call sites: the default
+    strategy's rule (parallel.strategy unset) and the forecast's bridge, `planned_config`."""
+    cfg = tiny_cfg(corpus, tmp_path, "parallel.strategy=null", "training.max_steps=2", "training.eval_every=2")
+    env = single_env(cfg)
+    with PlanEntries() as entries:
+        result = run_training(cfg, env)
+    assert result.steps == 2 and cfg.parallel.strategy == "single"
+    assert "flopwise/train/prediction.py:prepare -> flopwise/plan/from_config.py:planned_config" in entries.found
+    assert len(entries.found) <= 2, "the config enters plan/ at:\n" + "\n".join(sorted(entries.found))
+
+
+def test_a_device_chosen_precision_is_the_one_the_run_resolves_and_plans(corpus, tmp_path, monkeypatch):
+    """A pretrained model's bf16 default on a bf16 GPU changes `precision.mode` before the run is
+    resolved, so the forecast plans the precision the model trains in (here on a CPU, the default
+    is applied by hand)."""
+    from flopwise.train import loop
+
+    def bf16_device(cfg, device):
+        cfg.precision.mode = "bf16"
+        return "precision.mode=bf16: this device computes in bf16"
+
+    monkeypatch.setattr(loop, "pretrained_precision_default", bf16_device)
+    cfg = tiny_cfg(corpus, tmp_path, "training.max_steps=1", "training.eval_every=1")
+    run_training(cfg, single_env(cfg))
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["inputs"]["workload"]["precision"] == "bf16"
+    assert load_config(tmp_path / "run" / "config.yaml").precision.mode == "bf16"
 
 
 @pytest.mark.slow

@@ -187,3 +187,40 @@ def test_collective_bytes_are_compared_per_mesh_dimension():
     assert (ratio["comm_tp"], ratio["comm_pp"]) == (1.0, 1.0)  # nothing planned, nothing sent
     text = format_comparison(comparison)
     assert "sent per step: dp" in text and "sent per step: tp" not in text
+
+
+SRC_TRAIN = Path(__file__).resolve().parents[2] / "src" / "flopwise" / "train"
+# Every `.to_dict()` train/ calls, by receiver: records it writes, never a plan (the plan stays typed
+# inside the trainer: `Forecast.plan: Plan`, serialised once by `runrecord.write_plan`).
+TO_DICT_RECEIVERS = {"meter": "the collective-bytes meter of one step", "StepRecord": "a metrics row"}
+
+
+def to_dict_receivers(root: Path = SRC_TRAIN) -> list[tuple[str, str]]:
+    """(file, receiver) of every `X.to_dict()` under `root`; a call's receiver is named by its callee."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "to_dict":
+                receiver = node.func.value
+                if isinstance(receiver, ast.Call):
+                    receiver = receiver.func
+                found.append((path.relative_to(root).as_posix(), ast.unparse(receiver)))
+    return found
+
+
+def test_no_plan_is_turned_into_a_dict_inside_the_trainer():
+    from typing import get_type_hints
+
+    from flopwise.plan.planner import Plan
+
+    assert get_type_hints(Forecast)["plan"] == Plan | None
+    unknown = [(path, receiver) for path, receiver in to_dict_receivers() if receiver not in TO_DICT_RECEIVERS]
+    assert not unknown, f"to_dict() of something else than a record inside train/: {unknown}"
+    assert {receiver for _, receiver in to_dict_receivers()} == set(TO_DICT_RECEIVERS)  # the scan sees them
+
+
+def test_a_planted_plan_to_dict_is_found(tmp_path):
+    (tmp_path / "writer.py").write_text("def write(forecast):\n    return forecast.plan.to_dict()\n")
+    assert to_dict_receivers(tmp_path) == [("writer.py", "forecast.plan")]

@@ -155,14 +155,14 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     `before_final_forward`: callables run before the last forward of every step (tests use
     one to slow a rank down on purpose); a real run has none.
     """
+    device_default = pretrained_precision_default(cfg, env.device)  # before anything reads the mode
+    if device_default is not None:
+        cfg._default_notes.append(device_default)
     choice = settle_for_this_device(cfg, env.world_size)  # parallel.strategy unset: chosen here, not by a launcher
     run = resolve_run(cfg, processes=env.world_size)  # processes, mesh, batch, precision: computed once
     if choice is not None and env.is_main:
         print(choice.line(), flush=True)
     run_dir = Path(cfg.logging.run_dir)
-    device_default = pretrained_precision_default(cfg, env.device)  # before anything reads the mode
-    if device_default is not None:
-        cfg._default_notes.append(device_default)
     if env.is_main:
         make_folder(run_dir)
         RunDir(run_dir).write_config(signed_config_text(dump_config(cfg)))

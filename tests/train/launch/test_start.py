@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flopwise.config.loading import load_config
+from flopwise.config.loading import dump_config, load_config
 from flopwise.train.launch.start import FORWARDED_SIGNALS, started_as_one_rank, torchrun_args
 
 STEPS = 8
@@ -156,6 +156,51 @@ def test_which_process_starts_torchrun(monkeypatch):
     assert not started_as_one_rank(cfg)
     monkeypatch.setenv("SLURM_NTASKS", "8")  # srun, one task per process
     assert started_as_one_rank(cfg)
+
+
+def test_single_runs_in_this_process_whatever_nproc_per_node_says(monkeypatch, tmp_path):
+    """`parallel.strategy=single` is one process: the launcher trains in place, never under torchrun
+    (nproc_per_node keeps its default of 2), as the planner and the trainer count it."""
+    from flopwise.train.launch import start
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    started = []
+    monkeypatch.setattr(start, "_run_here_with_restarts", lambda cfg: started.append("in place"))
+    monkeypatch.setattr(start, "_run_torchrun_with_restarts", lambda cfg: started.append("torchrun"))
+    monkeypatch.setattr(start, "_prepare_data_once", lambda cfg: None)  # no corpus to tokenize here
+    cfg = load_config(None, ["parallel.strategy=single", f"logging.run_dir={tmp_path / 'run'}"])
+    assert cfg.parallel.nproc_per_node == 2
+    start.launch(cfg)
+    two = load_config(None, ["parallel.strategy=ddp", f"logging.run_dir={tmp_path / 'two'}"])
+    start.launch(two)
+    assert started == ["in place", "torchrun"]
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "1")  # srun with one task: that task is the run's one rank
+    assert started_as_one_rank(cfg) and not started_as_one_rank(two)
+
+
+def test_a_device_precision_default_reaches_the_ranks_torchrun_starts(monkeypatch, tmp_path, capsys):
+    """The ranks read the config this launcher writes, with `precision.mode` named in it (so a rank
+    applies no default of its own): the launcher applies a pretrained model's device default first."""
+    from flopwise.train.launch import start
+    from flopwise.train.techniques import precision
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+
+    def bf16_device(cfg, device):  # what a bf16 GPU answers for a pretrained model with no mode given
+        cfg.precision.mode = "bf16"
+        return "precision.mode=bf16: this GPU computes in bf16"
+
+    monkeypatch.setattr(precision, "pretrained_precision_default", bf16_device)
+    written = []
+    monkeypatch.setattr(start, "_run_torchrun_with_restarts", lambda cfg: written.append(dump_config(cfg)))
+    monkeypatch.setattr(start, "_prepare_data_once", lambda cfg: None)
+    start.launch(load_config(None, ["parallel.strategy=ddp", f"logging.run_dir={tmp_path / 'run'}"]))
+    assert yaml.safe_load(written[0])["precision"]["mode"] == "bf16"
+    assert load_config(tmp_path / "run" / "config.yaml").precision.mode == "bf16"
+    assert "precision.mode=bf16" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -146,6 +146,10 @@ def launch(cfg: RunConfig) -> None:
     from flopwise.train.launch.strategy_choice import settle_for_this_device
 
     one_rank = started_as_one_rank(cfg)
+    if not one_rank:  # the ranks torchrun starts read the config this launcher writes, `precision.mode` named in it
+        device_default = _device_precision_default(cfg)
+        if device_default is not None and _leads_run(cfg, one_rank):
+            print(device_default, flush=True)
     choice = settle_for_this_device(cfg, int(os.environ["WORLD_SIZE"]) if one_rank and "WORLD_SIZE" in os.environ
                                     else None)
     if choice is not None and _leads_run(cfg, one_rank):
@@ -166,6 +170,17 @@ def launch(cfg: RunConfig) -> None:
     except Preempted:
         ignore_stop_signals()  # saved and stopping: a Ctrl-C now must not turn exit 75 into 130
         raise
+
+
+def _device_precision_default(cfg: RunConfig) -> str | None:
+    """A pretrained model's precision default for this node's device (bf16 on a bf16 GPU), applied here
+    so every rank, the plan and the run's config.yaml read it; the line saying so, or None."""
+    import torch
+
+    from flopwise.train.techniques import precision
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return precision.pretrained_precision_default(cfg, device)
 
 
 def _leads_run(cfg: RunConfig, one_rank: bool) -> bool:
