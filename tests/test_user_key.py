@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import stat
@@ -87,6 +89,25 @@ def test_a_key_owned_by_another_user_is_refused():
     assert "belongs to user id 65534" in _one_line(lambda: sign(b"data"))
 
 
+def forged_with_an_empty_key(manifest: dict) -> dict:
+    """What anyone can sign when the key is empty: HMAC-SHA256 under b"" needs no secret."""
+    from flopwise.config.signature import _manifest_bytes
+
+    return {**manifest, "signature": hmac.new(b"", _manifest_bytes(manifest), hashlib.sha256).hexdigest()}
+
+
+def test_an_empty_key_lets_anyone_sign_under_the_stock_reader():
+    """A copy of the reader before the checks (`key_path().read_bytes()`): the forgery verifies."""
+    from flopwise.config.signature import _manifest_bytes
+
+    key_path().parent.mkdir(parents=True)
+    key_path().write_bytes(b"")  # what an interrupted first write left
+    forged = forged_with_an_empty_key({"format": 1, "step": 1, "config": {}, "files": {}})
+    stock_key = key_path().read_bytes()
+    expected = hmac.new(stock_key, _manifest_bytes(forged), hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(forged["signature"], expected)
+
+
 def test_an_empty_key_stops_export_with_one_line(tmp_path):
     """The attack as reported: an empty artifact.key (interrupted first write) let anyone sign."""
     key_path().parent.mkdir(parents=True)
@@ -94,8 +115,8 @@ def test_an_empty_key_stops_export_with_one_line(tmp_path):
     os.chmod(key_path(), 0o600)
     step = tmp_path / "run" / "checkpoints" / "step-1"
     step.mkdir(parents=True)
-    (step / "manifest.json").write_text(json.dumps({"format": 1, "step": 1, "config": {}, "files": {},
-                                                   "signature": "0" * 64}))
+    forged = forged_with_an_empty_key({"format": 1, "step": 1, "config": {}, "files": {}})
+    (step / "manifest.json").write_text(json.dumps(forged))
     done = subprocess.run([sys.executable, "-m", "flopwise", "export", str(tmp_path / "run")], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 2 and "Traceback" not in done.stderr

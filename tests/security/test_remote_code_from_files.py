@@ -3,7 +3,7 @@
 The payload: an HF config folder whose `auto_map` names a module that writes a marker file
 when imported. The first test proves it runs under the stock behaviour (a config that says
 `trust_remote_code: true`, validated as it is, built as export and compress built it). The
-others give it to `flopwise export`, `compress` and `generate` in real processes and
+others give it to `flopwise export`, `compress`, `generate` and `train` in real processes and
 check each refuses with one line and the marker never appears.
 """
 
@@ -135,6 +135,28 @@ def test_the_files_never_switch_on_remote_code(evil, tmp_path, command, signed):
     line = one_line_refusal(result)
     assert "needs its own code" in line and "--trust-remote-code" in line, line
     assert ("accepted (--accept-run)" in result.stderr) == (not signed)
+    assert not marker.exists()
+
+
+def test_a_config_file_never_switches_on_remote_code_for_train(evil, tmp_path):
+    """`flopwise train` on a config file that says `trust_remote_code: true` (a downloaded run's config.yaml).
+
+    The planted config.json names a family transformers knows (llama) besides its auto_map, so the
+    planner reads it and the model is built: without the switch transformers builds its own llama
+    class and never imports the planted module (with the file's switch honoured, it would).
+    """
+    folder, marker = evil
+    hf_config = json.loads((folder / "config.json").read_text())
+    hf_config["model_type"] = "llama"
+    (folder / "config.json").write_text(json.dumps(hf_config))
+    data = forged_run_config(tmp_path, folder)
+    data["parallel"].update(strategy="single", nproc_per_node=1)
+    data["training"].update(max_steps=1, eval_every=1, eval_batches=1)
+    data["logging"].update(progress=False)
+    path = tmp_path / "forged.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = flopwise("train", str(path), cwd=tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert not marker.exists()
 
 

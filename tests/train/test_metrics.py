@@ -92,3 +92,40 @@ def test_a_metrics_line_is_written_whole_or_not_at_all_when_the_file_cannot_grow
     assert len(text) + len(text) // len(steps) > limit  # the next line would have crossed it
     message = done.stdout.strip()
     assert "\n" not in message and f"cannot append step {len(steps) + 1}'s metrics (File too large)" in message
+
+
+def test_flopwise_train_whose_metrics_cannot_grow_stops_with_one_line_and_whole_lines(tmp_path):
+    """The same through `flopwise train` (one process, as a user meets it): exit 2, one line, no rank traceback."""
+    import json
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "text"
+    corpus.mkdir()
+    (corpus / "a.py").write_text("".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(800)))
+    train = [sys.executable, "-m", "flopwise", "train", "model.n_layers=1", "model.hidden=32", "model.n_heads=2",
+             "model.max_seq_len=32", "data.vocab_size=300", "data.seq_len=16", "data.tokenizer_train_bytes=50000",
+             f"data.paths=[{corpus}]", f"data.cache_dir={tmp_path / 'cache'}", "training.micro_batch_size=2",
+             "parallel.strategy=single", "parallel.nproc_per_node=1", "logging.progress=false",
+             "checkpoint.every_steps=1000", "training.eval_every=1000"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    warm = subprocess.run([*train, "training.max_steps=1", f"logging.run_dir={tmp_path / 'warm'}"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert warm.returncode == 0, warm.stderr[-2000:]  # the data cache exists: only the run's own files grow
+
+    limit = 20_000  # bytes per file: the metrics file crosses it tens of steps in, before any checkpoint
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # Python ignores SIGXFSZ: writes fail EFBIG
+
+    run_dir = tmp_path / "run"
+    done = subprocess.run([*train, "training.max_steps=400", f"logging.run_dir={run_dir}"], capture_output=True,
+                          text=True, env=env, timeout=300, preexec_fn=small_files)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "metrics.rank0.jsonl: cannot append step" in lines[0], done.stderr[-3000:]
+    text = (run_dir / "metrics.rank0.jsonl").read_text()
+    steps = [json.loads(line)["step"] for line in text.splitlines()]
+    assert text.endswith("\n") and steps == list(range(1, len(steps) + 1)) and f"step {len(steps) + 1}'s" in lines[0]

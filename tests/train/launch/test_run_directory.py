@@ -93,6 +93,45 @@ def test_a_second_trainer_on_a_locked_run_directory_is_refused_with_one_line(cor
         holder.wait()
 
 
+def stock_take_over(path: Path, dead_pid: int):
+    """A copy of the pid-file lock flopwise used before `flock`, one step per `next()` so a race can be replayed:
+    create with O_EXCL; else read the record, and when its pid is dead on this host remove it and try again."""
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = json.loads(path.read_text() or "{}")
+            yield  # another taker runs between the read and the removal
+            if holder.get("host") == socket.gethostname() and holder.get("pid") == dead_pid:
+                path.unlink(missing_ok=True)
+                yield
+                continue
+            return False
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"pid": os.getpid(), "host": socket.gethostname()}, handle)
+        return True
+
+
+def run_to_end(taker) -> bool:
+    try:
+        while True:
+            next(taker)
+    except StopIteration as stop:
+        return stop.value
+
+
+def test_the_stock_pid_file_lock_gives_two_owners_when_takers_interleave(tmp_path):
+    """The race the kernel lock removes: both takers read the stale record; the first removes it and takes the
+    lock; the second, acting on what it read, removes the first one's fresh lock and takes it too."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock_takers.plant_stale_lock(tmp_path, dead.pid)
+    first, second = stock_take_over(tmp_path / LOCK_FILE, dead.pid), stock_take_over(tmp_path / LOCK_FILE, dead.pid)
+    next(first), next(second)  # both read the record of the dead trainer
+    assert run_to_end(first) is True  # removes it, creates its own
+    assert run_to_end(second) is True  # removes the first one's lock, creates its own: two owners
+
+
 TAKERS = 4
 TRIALS = 100
 
