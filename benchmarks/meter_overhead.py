@@ -13,7 +13,9 @@ that a busy machine slows all alike. Variants:
   `measure_every`-th), over a whole run of `--run-steps` steps, as `flopwise train` runs it.
 
 Reported per variant: the median over rounds of the per-round paired ratio (variant block time /
-`no_meters` block time in the same round) minus 1, i.e. the overhead, with quartiles. The
+`no_meters` block time in the same round) minus 1, i.e. the overhead, with quartiles; and the same
+ratio of the main thread's CPU seconds (`time.thread_time`), which other processes on the cores
+move less than wall time. The
 `sampled` variant's blocks walk through one run's step numbers, so every round holds the same
 share of metered steps.
 
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -70,28 +73,36 @@ def main() -> None:
     fixed = {"no_meters": (False, False), "memory_every_step": (True, False),
              "sync_wait_every_step": (False, True), "every_step": (True, True)}
 
+    cpu: dict[str, list[float]] = {name: [] for name in names}  # this thread's CPU seconds per step
+
     def step(name: str) -> float:
         state = states[name]
         metered = schedule.due(state.step + 1) if name == "sampled" else None
         measure, sync_wait = (metered, metered) if metered is not None else fixed[name]
-        return train_step(state, env, run.grad_accum, StepHooks(measure=measure, sync_wait=sync_wait)).step_seconds
+        cpu_start = time.thread_time()
+        seconds = train_step(state, env, run.grad_accum, StepHooks(measure=measure, sync_wait=sync_wait)).step_seconds
+        cpu[name].append(time.thread_time() - cpu_start)
+        return seconds
 
     for name in names:  # warm-up: allocator, optimizer state, DDP buckets, prefetch threads
         step(name)
         step(name)
     timings: dict[str, list[float]] = {name: [] for name in names}
     paired: dict[str, list[float]] = {name: [] for name in names}
+    paired_cpu: dict[str, list[float]] = {name: [] for name in names}
     metered_steps = 0
     for round_index in range(args.rounds):
         order = names if round_index % 2 == 0 else names[::-1]
-        block = {}
+        block, block_cpu = {}, {}
         for name in order:
             if name == "sampled":
                 metered_steps += sum(schedule.due(states[name].step + 1 + i) for i in range(args.steps))
             block[name] = [step(name) for _ in range(args.steps)]
+            block_cpu[name] = sum(cpu[name][-args.steps:])
             timings[name] += block[name]
         for name in names:
             paired[name].append(sum(block[name]) / sum(block[names[0]]))
+            paired_cpu[name].append(block_cpu[name] / block_cpu[names[0]])
     for state in states.values():
         state.train_loader.close()
     if not env.is_main:
@@ -114,16 +125,23 @@ def main() -> None:
         "overhead_paired_median": {name: statistics.median(r) - 1.0 for name, r in paired.items()},
         "overhead_paired_quartiles": {name: [q - 1.0 for q in statistics.quantiles(r, n=4)]
                                       for name, r in paired.items()},
+        "cpu_overhead_paired_median": {name: statistics.median(r) - 1.0 for name, r in paired_cpu.items()},
+        "cpu_overhead_paired_quartiles": {name: [q - 1.0 for q in statistics.quantiles(r, n=4)]
+                                          for name, r in paired_cpu.items()},
+        "median_step_cpu_seconds": {name: statistics.median(values) for name, values in cpu.items()},
         "overhead_of_medians": {name: m / medians[names[0]] - 1.0 for name, m in medians.items()},
         "steps_timed": {name: len(values) for name, values in timings.items()},
         "note": "overhead = median over rounds of (variant block time / no_meters block time in the same round) - 1; "
-                "other workers share the CPU, so the figures are paired, not absolute",
+                "cpu_overhead: the same with the main thread's CPU seconds (time.thread_time), which other "
+                "processes on the cores move less than wall time; other workers share the CPU, so the figures "
+                "are paired, not absolute",
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("median_step_seconds", "overhead_paired_median",
-                                             "overhead_paired_quartiles")}, indent=2))
+                                             "overhead_paired_quartiles", "cpu_overhead_paired_median",
+                                             "cpu_overhead_paired_quartiles")}, indent=2))
 
 
 if __name__ == "__main__":
