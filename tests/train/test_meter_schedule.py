@@ -66,3 +66,17 @@ def test_a_sampled_run_measures_on_its_steps_and_records_the_every_step_figures(
     assert len({r["memory_saved_activations_bytes"] for r in every}) == 1
     assert sampled_pvm["measured"]["memory_bytes"] == every_pvm["measured"]["memory_bytes"]
     assert sampled_pvm["predicted"]["memory_bytes"] == every_pvm["predicted"]["memory_bytes"]
+
+
+def test_a_resumed_run_meters_its_own_first_steps_again(corpus, tmp_path):
+    def train(steps):
+        cfg = tiny_cfg(corpus, tmp_path, f"training.max_steps={steps}", "training.eval_every=100",
+                       "training.measure_every=10")
+        run_training(cfg, single_env(cfg))
+
+    train(6)  # a fresh run: steps 1-6, checkpoint at the end
+    train(14)  # resumed from step 6 (training.max_steps may change on a resume)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 15))
+    assert [r["step"] for r in rows if all(k in r for k in MEMORY)] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14]
+    assert len({r["memory_saved_activations_bytes"] for r in rows if "memory_saved_activations_bytes" in r}) == 1

@@ -1,8 +1,10 @@
 """Which steps the per-step meters run on: the first steps after start or resume, then every N-th.
 
 The saved-tensor meter (a Python hook on every tensor autograd saves), the memory reading
-and the sync-wait probe (one extra collective before the gradient sync) together cost
-4-8 % of a 2-process DDP step on a CPU (benchmarks/meter_overhead.py). What they read does
+and the sync-wait probe (one extra collective before the gradient sync) cost up to ~8 % of
+a step on a CPU, mostly the saved-tensor meter (BENCHMARKS.md: benchmarks/train_overhead.py,
+one process; benchmarks/meter_overhead.py, DDP, where the shared machine's noise is as large).
+What they read does
 not change from step to step in a fixed-shape run: the saved-activation peak, parameter,
 gradient and optimizer bytes are the same on every step once the optimizer has stepped
 once, so a few steps measure them exactly. `training.measure_every` sets N; 1 meters
@@ -18,9 +20,9 @@ from dataclasses import dataclass
 # bucket rebuild in step 2, for `diagnose`'s medians.
 STEPS_AT_START = 5
 
-# Where the default `measure_every` comes from: every-step metering measured 4-8 % of a DDP step
+# Where the default `measure_every` comes from: every-step metering measured up to ~8 % of a step
 # on a CPU, so metering one step in 20 costs at most 0.4 % in steady state.
-EVERY_STEP_COST = "4-8 % of a DDP step on a CPU"
+EVERY_STEP_COST = "up to ~8 % of a step on a CPU"
 
 
 @dataclass(frozen=True)
