@@ -10,6 +10,9 @@ compared, so that a busy machine slows both alike. Three variants are timed:
   memory measurement on every step);
 - `flopwise_no_memory`: `train_step` with `StepHooks(measure=False)`, to show what measurement costs.
 
+A run meters only some steps (`training.measure_every`); `benchmarks/meter_overhead.py` pairs
+every-step meters against the sampled schedule on a 2-process DDP step.
+
 Target: flopwise's overhead <= 3% of the step time (median steps; the fastest steps,
 least disturbed by other processes, are reported too). Writes JSON (default
 benchmarks/results/train_overhead.json).

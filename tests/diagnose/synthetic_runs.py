@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from flopwise.train.meter_schedule import MeterSchedule
+
 TOKENS_PER_STEP = 4096
 
 
@@ -29,6 +31,7 @@ def write_run_dir(
     spike_at: int | None = None,
     slow_steps: list[int] | None = None,
     sync_wait: bool = True,
+    measure_every: int = 1,
     val_every: int = 10,
     plan_step_seconds: float | None = 0.15,
     seed: int = 0,
@@ -41,8 +44,11 @@ def write_run_dir(
     straggler=(rank, 0.35) makes that rank's compute 35% slower while the others wait for
     it at gradient sync; data_share={rank: 0.3} makes data wait that share of its steps;
     stall=(rank, steps, seconds) adds long data waits on those steps; slow_steps makes
-    those steps slow on every rank (as checkpoint writes would).
+    those steps slow on every rank (as checkpoint writes would). measure_every=k meters only the
+    steps the trainer's `MeterSchedule` picks: the others carry no memory and no sync wait, and
+    their wait is inside compute, as a real run's are.
     """
+    meters = MeterSchedule(first_step=0, every=measure_every, max_steps=steps)
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
     base_compute, base_opt, base_data = 0.100, 0.010, 0.004
@@ -90,8 +96,13 @@ def write_run_dir(
                 "memory_optimizer_bytes": 8_000_000,
                 "memory_saved_activations_bytes": 12_000_000 + rank * 1000,
             }
-            if wait is not None:
+            if wait is not None and meters.due(step):
                 record["sync_wait_seconds"] = wait
+            elif wait is not None:  # not probed: DDP's backward waited for the slowest rank inside compute
+                record["compute_seconds"] += wait
+            if not meters.due(step):
+                for key in [k for k in record if k.startswith("memory_")]:
+                    del record[key]
             if val_every and step % val_every == 0:
                 record["val_loss"] = (loss or 0.0) + 0.1 if loss is not None else None
             lines.append(json.dumps(record))

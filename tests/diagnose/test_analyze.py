@@ -104,6 +104,20 @@ def test_straggler_seen_from_sync_waits_alone(tmp_path):
     assert "arrives last" in stragglers[0].message
 
 
+def test_sampled_meters_still_name_the_straggler_and_read_the_peak_memory(tmp_path):
+    """Sync wait and memory on 14 of 40 steps (measure_every=4): the other steps' compute holds
+    the wait, so the breakdown is taken from the probed steps and the straggler keeps its excess."""
+    run_dir = write_run_dir(tmp_path / "run", ranks=2, straggler=(1, 0.35), measure_every=4)
+    rows = [json.loads(line) for line in (run_dir / "metrics.rank0.jsonl").read_text().splitlines()]
+    probed = [r["step"] for r in rows if "sync_wait_seconds" in r]
+    assert probed == [1, 2, 3, 4, 5, *range(8, 41, 4)] == [r["step"] for r in rows if "memory_optimizer_bytes" in r]
+    d = diagnose_run_dir(run_dir)
+    f = finding(d, "straggler")
+    assert f.rank == 1 and f.evidence["excess"] == pytest.approx(0.35, abs=0.05)
+    assert all("sync_wait_seconds" in b.median for b in d.breakdown) and d.notes == []
+    assert d.breakdown[1].peak_memory_bytes["saved_activations"] == 12_001_000
+
+
 def test_data_stall_steps_and_rank_are_named(tmp_path):
     d = diagnose_run_dir(write_run_dir(tmp_path / "run", ranks=2, stall=(1, [20, 21, 22], 0.6)))
     f = finding(d, "data_stall")

@@ -33,6 +33,8 @@ def test_a_step_record_is_the_metrics_line_diagnose_reads():
     line = _step(sync_wait_seconds=0.05, val_loss=3.0, loss_scale=1024.0).to_dict()
     assert (line["sync_wait_seconds"], line["val_loss"], line["loss_scale"]) == (0.05, 3.0, 1024.0)
     assert json.loads(json_line(_step(loss=float("nan")).to_dict()))["loss"] is None
+    # a step the meters skipped (training.measure_every) has no memory figures, not zeros
+    assert not [key for key in _step(memory=None).to_dict() if key.startswith("memory_")]
 
 
 def test_metrics_files_are_one_per_rank(tmp_path):

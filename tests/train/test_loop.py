@@ -178,9 +178,10 @@ def _metrics(run_dir, rank=0):
 
 REQUIRED_METRICS = {
     "step", "rank", "loss", "lr", "grad_norm", "tokens_per_second", "step_seconds", "data_seconds",
-    "compute_seconds", "optimizer_seconds", "memory_parameters_bytes", "memory_gradients_bytes",
-    "memory_optimizer_bytes", "memory_saved_activations_bytes",
+    "compute_seconds", "optimizer_seconds",
 }
+MEMORY_METRICS = {"memory_parameters_bytes", "memory_gradients_bytes", "memory_optimizer_bytes",
+                  "memory_saved_activations_bytes"}
 
 
 def test_a_run_trains_and_writes_its_run_directory(corpus, tmp_path, capsys):
@@ -194,6 +195,7 @@ def test_a_run_trains_and_writes_its_run_directory(corpus, tmp_path, capsys):
     rows = _metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 21))
     assert all(REQUIRED_METRICS <= set(r) for r in rows)
+    assert [r["step"] for r in rows if MEMORY_METRICS <= set(r)] == [1, 2, 3, 4, 5, 20]  # measure_every=20
     assert rows[-1]["memory_parameters_bytes"] > 0
     assert rows[-1]["memory_optimizer_bytes"] == 2 * rows[-1]["memory_parameters_bytes"]  # AdamW m and v
     assert [s for s, _ in result.val_losses] == [0, 10, 20]

@@ -75,3 +75,36 @@ def test_a_slowed_rank_is_named_by_diagnose(corpus, tmp_path):
     assert diagnosis.returncode == 0, diagnosis.stderr
     stragglers = [f for f in json.loads(diagnosis.stdout)["findings"] if f["kind"] == "straggler"]
     assert stragglers and {f["rank"] for f in stragglers} == {1}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_slowed_rank_is_named_from_sampled_probes(corpus, tmp_path):
+    """measure_every=4 over 10 steps: the probe runs on steps 1-5, 8 and 10 of both ranks; on the
+    others rank 0's wait is inside its compute, and diagnose still names rank 1 (the synthetic
+    run of tests/diagnose/test_analyze.py is the one where the unprobed steps would hide it)."""
+    run_dir = tmp_path / "sampled"
+    config = base_config(corpus, run_dir, 4, strategy="ddp", nproc_per_node=2)
+    config["training"].update(max_steps=10, eval_every=10, measure_every=4)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
+    env.update(OMP_NUM_THREADS="1")
+    driver = tmp_path / "slowed_rank.py"
+    driver.write_text(DRIVER)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(driver), str(path), str(SLEEP)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        rows = metrics(run_dir, rank)
+        assert [r["step"] for r in rows if "sync_wait_seconds" in r] == [1, 2, 3, 4, 5, 8, 10]
+        assert [r["step"] for r in rows if "memory_saved_activations_bytes" in r] == [1, 2, 3, 4, 5, 8, 10]
+    unprobed = [r for r in metrics(run_dir, 0) if r["step"] in (6, 7, 9)]
+    assert statistics.median(r["compute_seconds"] for r in unprobed) > 0.8 * SLEEP  # the wait, inside compute
+
+    diagnosis = subprocess.run([sys.executable, "-m", "flopwise", "diagnose", str(run_dir), "--json"],
+                               capture_output=True, text=True, timeout=120)
+    assert diagnosis.returncode == 0, diagnosis.stderr
+    stragglers = [f for f in json.loads(diagnosis.stdout)["findings"] if f["kind"] == "straggler"]
+    assert stragglers and {f["rank"] for f in stragglers} == {1}

@@ -239,6 +239,9 @@ class TrainingConfig(Section):
     eval_batches: int = Field(8, ge=1, le=MAX_COUNT)
     eval_at_start: bool = False  # a validation loss at step 0 (before training): costs start-up time, so only when asked
     measure_sync_wait: bool | None = None  # time the wait for other ranks before gradient sync; None = when > 1 rank
+    # meters (saved-tensor memory, sync wait) on the first steps after start/resume, then every N-th step and the
+    # last (train/meter_schedule.py): every step they cost up to ~8 % of a step on a CPU; 1 = every step
+    measure_every: int = Field(20, ge=1, le=MAX_STEPS)
     pruning: PruningConfig | None = None
 
     @model_validator(mode="after")

@@ -75,11 +75,21 @@ def with_other(record: dict) -> dict:
     return parts
 
 
+def timed_apart(records: list[dict]) -> list[dict]:
+    """The steps whose sync wait was timed, when a run probes only some (`training.measure_every`):
+    on the others the wait is inside `compute_seconds`, so components come from these alone."""
+    probed = [r for r in records if finite_number(r.get("sync_wait_seconds")) is not None]
+    return probed or records
+
+
 def rank_breakdown(rank: int, records: list[dict]) -> RankBreakdown:
-    """Median / p90 of each component over a rank's steady steps."""
-    steady = [with_other(r) for r in steady_records(records)]
-    keys = [k for k in (*COMPONENTS, "other_seconds", "step_seconds") if all(k in s for s in steady)]
-    tps = [v for v in (finite_number(r.get("tokens_per_second")) for r in steady_records(records)) if v is not None]
+    """Median / p90 of each component over a rank's steady steps (those with the sync wait timed
+    apart, when it was sampled); the step time and tokens/s over all steady steps."""
+    steady_all = steady_records(records)
+    steady = [with_other(r) for r in timed_apart(steady_all)]
+    keys = [k for k in (*COMPONENTS, "other_seconds") if all(k in s for s in steady)]
+    steps = [float(r["step_seconds"]) for r in steady_all]
+    tps = [v for v in (finite_number(r.get("tokens_per_second")) for r in steady_all) if v is not None]
     memory: dict[str, int] = {}
     for record in records:
         for key, value in record.items():
@@ -89,8 +99,8 @@ def rank_breakdown(rank: int, records: list[dict]) -> RankBreakdown:
     return RankBreakdown(
         rank=rank,
         steps=len(records),
-        median={k: statistics.median(s[k] for s in steady) for k in keys},
-        p90={k: percentile([s[k] for s in steady], 90) for k in keys},
+        median={**{k: statistics.median(s[k] for s in steady) for k in keys}, "step_seconds": statistics.median(steps)},
+        p90={**{k: percentile([s[k] for s in steady], 90) for k in keys}, "step_seconds": percentile(steps, 90)},
         tokens_per_second=statistics.median(tps) if tps else None,
         peak_memory_bytes=memory,
     )

@@ -77,9 +77,10 @@ class StepRecord:
     batch) + `compute_seconds` (forward + backward, gradient reduction included) +
     `optimizer_seconds` (unscale, clip, step, zero_grad, schedule). `tokens_per_second` is
     the whole job's tokens per step over this rank's step time; `mfu` divides it by all
-    devices' peak. Memory is `memory_<component>_bytes` for this rank. `sync_wait_seconds`
-    (when measured) is the time this rank waited for the others before the gradient
-    sync; it is taken out of `compute_seconds`.
+    devices' peak. Memory is `memory_<component>_bytes` for this rank, on the steps the
+    meters ran (`training.measure_every`). `sync_wait_seconds` (when measured, on the same
+    steps) is the time this rank waited for the others before the gradient sync; it is
+    taken out of `compute_seconds`.
     """
 
     step: int
@@ -93,7 +94,7 @@ class StepRecord:
     compute_seconds: float
     optimizer_seconds: float
     tokens_seen: int
-    memory: MemoryBytes
+    memory: MemoryBytes | None  # None: not measured on this step (the line then has no memory figures)
     mfu: float | None = None
     skipped: bool = False
     loss_scale: float | None = None
@@ -123,7 +124,8 @@ class StepRecord:
             record["val_loss"] = self.val_loss
         if self.sync_wait_seconds is not None:
             record["sync_wait_seconds"] = self.sync_wait_seconds
-        record.update({f"memory_{k}_bytes": v for k, v in asdict(self.memory).items() if v is not None})
+        if self.memory is not None:
+            record.update({f"memory_{k}_bytes": v for k, v in asdict(self.memory).items() if v is not None})
         return record
 
 

@@ -40,6 +40,7 @@ from flopwise.train.checkpoint.policy import StepBoundary
 from flopwise.runrecord.records import MemoryBytes, StepRecord, write_comparison
 from flopwise.runrecord.run_dir import RunDir
 from flopwise.safe_write import copy_file, make_folder
+from flopwise.train.meter_schedule import MeterSchedule
 from flopwise.train.metrics import MetricsWriter, RunDisplay
 from flopwise.train.techniques.precision import make_grad_scaler, pretrained_precision_default
 from flopwise.train.step import Strategy, StepHooks, train_step
@@ -195,7 +196,10 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
         display.print(line)
 
     writer = MetricsWriter(run_dir, env.rank, append=state.step > 0)
-    hooks = StepHooks(sync_wait=measure_sync_wait(cfg.training, env), before_final_forward=tuple(before_final_forward))
+    meters = MeterSchedule(first_step=state.step, every=cfg.training.measure_every, max_steps=cfg.training.max_steps)
+    display.print(meters.header_line())
+    sync_wait = measure_sync_wait(cfg.training, env)
+    hooks = StepHooks(before_final_forward=tuple(before_final_forward))
     result = RunResult(steps=0, tokens_per_step=tokens_per_step)
     if state.step == 0 and cfg.training.eval_at_start:  # the starting point, when asked: it delays step 1
         result.val_losses.append((0, evaluate(state, val_loader, cfg.training.eval_batches)))
@@ -204,6 +208,8 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
                                          cfg.parallel.strategy, cfg.training.compile)
     try:
         while state.step < cfg.training.max_steps:
+            hooks.measure = meters.due(state.step + 1)  # the same steps on every rank: the probe is a collective
+            hooks.sync_wait = sync_wait and hooks.measure
             if state.step + 1 == metered:  # one step's collectives, counted (its time is left out of the speed)
                 with comm_volume.CollectiveBytesMeter(run.mesh) as meter:
                     step = train_step(state, env, grad_accum, hooks)
@@ -230,7 +236,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
             log = state.step % cfg.logging.log_every == 0 or state.step == cfg.training.max_steps
             display.step(record, log)
             result.train_losses.append(step.loss)
-            result.memory = step.memory
+            result.memory = step.memory if step.memory is not None else result.memory  # the last measured
             result.steps = state.step
             note_step(state.step)  # carried by this rank's heartbeat (train/launch/heartbeat.py)
             # saves when due; stops on a signal, a NaN loss or endless fp16 overflows

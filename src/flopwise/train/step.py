@@ -35,7 +35,7 @@ class StepResult:
     compute_seconds: float
     optimizer_seconds: float
     step_seconds: float
-    memory: MemoryBytes
+    memory: MemoryBytes | None  # None: the meters were off for this step (`StepHooks.measure`)
     loss_scale: float | None = None
     sync_wait_seconds: float | None = None
 
@@ -45,7 +45,9 @@ class StepHooks:
     """Meters and injections around a step; the strategy calls `around_forward` and `before_backward`.
 
     `measure`: count saved-activation bytes (first micro-step) and memory. `sync_wait`:
-    time the wait for the other ranks before the gradient-synchronising backward.
+    time the wait for the other ranks before the gradient-synchronising backward. The loop
+    sets both per step from its `MeterSchedule` (they cost a few % of a step, and what they
+    read repeats), so a step's result carries memory and wait only when they were measured.
     `before_final_forward`: callables run before the last forward of each step (a test
     slows one rank with it to make a straggler).
     """
@@ -148,7 +150,7 @@ def train_step(state, env: DistEnv, grad_accum: int, hooks: StepHooks | None = N
         compute_s += t2 - t1 - last_wait
 
     t3 = time.perf_counter()
-    memory = MemoryBytes()
+    memory = None
     if hooks.measure and strategy.memory_before_step:
         memory = strategy.memory(state, hooks.saved_bytes)
     skipped, grad_norm, loss_scale = strategy.clip_and_step(state)

@@ -42,7 +42,7 @@ from flopwise.safe_write import make_folder, refuse_links, write_through_descrip
 # Keys a resumed run may change: lengths, logging, checkpoint policy, process layout (DCP reshards).
 RESUMABLE_PREFIXES = ("logging.", "checkpoint.", "parallel.", "compress")
 RESUMABLE_KEYS = {"training.max_steps", "training.eval_every", "training.eval_batches",
-                  "training.measure_sync_wait", "data.prefetch", "data.cache_dir",
+                  "training.measure_sync_wait", "training.measure_every", "data.prefetch", "data.cache_dir",
                   "model.trust_remote_code"}  # never read from a file: the command line says it each time
 
 
