@@ -1,6 +1,7 @@
 """The operator-level time model: GEMM curves, operators, recompute, pipelines, DP schedules, profiles."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -138,6 +139,19 @@ def test_a_recomputed_share_of_blocks_adds_that_share_of_a_third_of_the_training
     none, share = (ops.layer_times(spec.model, work.seq_len, lay.micro_batch_size, 1, False, True, False, rc, "bf16",
                                    rates) for rc in ("none", "blocks:0.75"))
     assert share.recompute == pytest.approx(0.75 * none.forward)
+
+
+def test_megatron_leaves_its_embedding_bucket_exposed_and_ddp_a_25_mb_bucket():
+    """Megatron-Core's buckets are max(40M, 1M x dp) parameters and never split a parameter, so
+    the last one reduced (and the first gathered) holds at least the embedding; PyTorch DDP's are 25 MB."""
+    from flopwise.plan.timing import last_bucket_share
+
+    params, embedding = 1.745e9, 131072 * 2048
+    assert last_bucket_share("megatron", params, 4.0, 48, embedding) == pytest.approx(embedding / params)
+    assert last_bucket_share("megatron", params, 4.0, 48, 0.0) == pytest.approx(48e6 / params)
+    assert last_bucket_share("megatron", params, 4.0, 8, 0.0) == pytest.approx(40e6 / params)
+    assert last_bucket_share("fsdp", params, 4.0, 48, embedding) == pytest.approx(1 / math.ceil(params * 4 / 2**20 / 25))
+    assert last_bucket_share("megatron", 1e7, 4.0, 48, 0.0) == 1.0
 
 
 def _gpt175b():

@@ -16,7 +16,7 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
   directions hide behind the GEMMs they are chunked with (Transformer Engine userbuffers).
 - data parallel: gradients are reduced in buckets while the last micro-batch's backward
   runs; what is exposed is what does not fit in that backward, and at least the last
-  bucket. ZeRO-1/2 also all-gather the updated weights after the optimizer step (exposed);
+  bucket (`last_bucket_share`: 25 MB for DDP/FSDP, Megatron's bucket or its embedding). ZeRO-1/2 also all-gather the updated weights after the optimizer step (exposed);
   ZeRO-3 gathers weights before forwards and backwards, prefetched behind compute one
   unit ahead (the first unit's gather is exposed), and reduces gradients once per step or
   every micro-batch: how often is `step_comm.zero3_collectives` (FSDP2's root once a
@@ -67,6 +67,11 @@ SMs (NCCL_MIN/MAX_NCHANNELS), a GEMM sized for all SMs then runs an extra partia
 collective shares memory bandwidth. FSDP/ZeRO-3 keeps large all-gathers and reduce-scatters in
 flight through the whole step; the value is the top of the measured range, chosen on the
 throughput rows of published.md."""
+MEGATRON_MIN_BUCKET_PARAMS = 40_000_000
+"""Megatron-Core DDP's default gradient bucket: max(40M, 1M × dp) parameters
+(megatron/core/distributed/distributed_data_parallel.py, `bucket_size`, at the tree of its H100
+table, commit f2e5db40, lines 51-53); buckets close at parameter boundaries
+(param_and_grad_buffer.py), so the bucket holding the embedding is at least the embedding."""
 HOST_ADAM_PARAMS_PER_S = 1e9
 """CPU Adam (DeepSpeed's vectorised kernel) parameters per second per device when the
 optimizer is offloaded (assumption; ZeRO-Offload, Ren et al. 2021, reports ~1 s per
@@ -280,14 +285,15 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
                 reduce = cm.reduce_scatter_seconds(links, dp, tp, grads)
                 gather = cm.reduce_scatter_seconds(links, dp, tp, weights)
                 dp_bytes = cm.ring_all_gather_bytes(dp, grads) + cm.ring_all_gather_bytes(dp, weights)
-            buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
-            dp_exposed = max(reduce - backward_window, reduce / buckets)
+            embedding = pc.embedding / tp if busiest == 0 else 0.0
+            tail = last_bucket_share(inputs.framework, psi, grads, dp, embedding)
+            dp_exposed = max(reduce - backward_window, reduce * tail)
             if gather:
                 # the updated weights' all-gather: behind the next forward for FSDP (SHARD_GRAD_OP
                 # gathers with prefetch) and Megatron (--overlap-param-gather); DeepSpeed runs it
                 # synchronously at the end of the step
                 overlapped = inputs.framework != "deepspeed"
-                dp_exposed += max(gather - forward_window, gather / buckets) if overlapped else gather
+                dp_exposed += max(gather - forward_window, gather * tail) if overlapped else gather
             dp_wire = reduce + gather
 
     measured = ops.measured_cpu(rates, "collective_seconds")
@@ -360,6 +366,21 @@ def tp_layer_seconds(lay, layer, links: Links, message: float) -> tuple[float, i
         bwd_hidden = min(2 * one, layer.wgrad + layer.forward_gemm)
         return one, n_coll, tp_wire, tp_wire - fwd_hidden - bwd_hidden
     return one, n_coll, tp_wire, tp_wire - min(one, layer.wgrad)
+
+
+def last_bucket_share(framework: str, params: float, grad_bytes: float, dp: int, embedding_params: float) -> float:
+    """Share of a rank's gradients in the bucket reduced last, which no backward hides (and, for
+    ZeRO-1/2, in the weights' bucket gathered first, before the forward can start).
+
+    PyTorch DDP / FSDP: 25 MB buckets (`DDP_BUCKET_BYTES`). Megatron: buckets of
+    `MEGATRON_MIN_BUCKET_PARAMS` or 1M × dp parameters, and the embedding's gradient, ready only
+    at the end of the backward, closes the last one whole (its weights open the forward)."""
+    if params <= 0:
+        return 1.0
+    if framework == "megatron":
+        bucket = max(MEGATRON_MIN_BUCKET_PARAMS, 1e6 * dp, embedding_params)
+        return min(1.0, bucket / params)
+    return 1.0 / max(1, math.ceil(params * grad_bytes / DDP_BUCKET_BYTES))
 
 
 def pipeline_p2p_exposed(lay, links: Links, message: float) -> float:
