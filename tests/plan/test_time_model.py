@@ -154,6 +154,21 @@ def test_megatron_leaves_its_embedding_bucket_exposed_and_ddp_a_25_mb_bucket():
     assert last_bucket_share("megatron", 1e7, 4.0, 48, 0.0) == 1.0
 
 
+def test_the_time_model_reduces_gradients_as_the_stack_says():
+    """Megatron-LM 2021 all-reduces after the whole forward-backward (its stack: overlap_grad_reduce
+    False): every second of the reduction is exposed; Megatron-Core overlaps it with the backward."""
+    from flopwise.plan.timing import stack_dp_overlap
+
+    assert stack_dp_overlap("megatron-lm") == (False, False)
+    assert stack_dp_overlap("megatron-core") == (True, True)
+    assert stack_dp_overlap("no-such-stack") == (True, True)
+    layout = dict(model="llama2-7b", hardware="a100-80gb", gpus=32, zero=0, framework="megatron")
+    lm, mcore = (plan(dataclasses.replace(build_runspec(**layout), stack=name)) for name in ("megatron-lm",
+                                                                                           "megatron-core"))
+    assert lm.time.dp_exposed_seconds == pytest.approx(lm.comm.dp_seconds)
+    assert mcore.time.dp_exposed_seconds < 0.5 * mcore.comm.dp_seconds
+
+
 def _gpt175b():
     from flopwise.catalog.models import ModelSpec
 

@@ -287,12 +287,13 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
                 dp_bytes = cm.ring_all_gather_bytes(dp, grads) + cm.ring_all_gather_bytes(dp, weights)
             embedding = pc.embedding / tp if busiest == 0 else 0.0
             tail = last_bucket_share(inputs.framework, psi, grads, dp, embedding)
-            dp_exposed = max(reduce - backward_window, reduce * tail)
+            overlap_reduce, overlap_gather = stack_dp_overlap(spec.stack)
+            dp_exposed = max(reduce - backward_window, reduce * tail) if overlap_reduce else reduce
             if gather:
                 # the updated weights' all-gather: behind the next forward for FSDP (SHARD_GRAD_OP
                 # gathers with prefetch) and Megatron (--overlap-param-gather); DeepSpeed runs it
                 # synchronously at the end of the step
-                overlapped = inputs.framework != "deepspeed"
+                overlapped = inputs.framework != "deepspeed" and overlap_gather
                 dp_exposed += max(gather - forward_window, gather * tail) if overlapped else gather
             dp_wire = reduce + gather
 
@@ -366,6 +367,20 @@ def tp_layer_seconds(lay, layer, links: Links, message: float) -> tuple[float, i
         bwd_hidden = min(2 * one, layer.wgrad + layer.forward_gemm)
         return one, n_coll, tp_wire, tp_wire - fwd_hidden - bwd_hidden
     return one, n_coll, tp_wire, tp_wire - min(one, layer.wgrad)
+
+
+def stack_dp_overlap(stack_name: str) -> tuple[bool, bool]:
+    """(gradient reduction overlapped with the backward, weight all-gather with the next forward)
+    as the stack runs them (`Stack.overlap_grad_reduce`, `overlap_param_gather`): Megatron-LM
+    2021 all-reduces after the whole forward-backward (`allreduce_gradients` in train_step),
+    DeepSpeed's pipeline engine reduces after the step's last micro-batch. A name no stack
+    module describes overlaps both, as PyTorch DDP and FSDP do."""
+    from flopwise.plan.stacks import find_stack
+
+    stack = find_stack(stack_name)
+    if stack is None:
+        return True, True
+    return stack.overlap_grad_reduce, stack.overlap_param_gather
 
 
 def last_bucket_share(framework: str, params: float, grad_bytes: float, dp: int, embedding_params: float) -> float:
