@@ -498,7 +498,8 @@ def other_cases(group: dict) -> tuple[list[Case], list[Row]]:
             framework = "megatron" if stack != "jax" else "fsdp"
             candidates = [runspec(model, r["hardware"], layout(
                 dp=dp, tp=tp, pp=pp, micro_batch_size=mb, grad_accum=max(1, r["batch"] // dp // mb),
-                zero_stage=r.get("zero", 1), recompute=palm_recompute() if stack == "jax" else r.get("recompute", "full"), flash_attention=False,
+                zero_stage=r.get("zero", 1), flash_attention=False,
+                recompute=palm_recompute() if stack == "jax" else r.get("recompute", "full"),
                 framework=framework, pipeline_schedule=schedule, virtual_stages=v), r["precision"], seq, stack,
                 r.get("tokens", 1e9)) for schedule, v in schedules(model.n_layers, pp, 1)]
             spec, note = fastest(candidates)

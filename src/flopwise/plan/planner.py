@@ -146,7 +146,8 @@ def validate(spec: RunSpec) -> None:
     _choice("precision", work.precision, PRECISIONS)
     _choice("optimizer", work.optimizer, OPTIMIZERS)
     if not mem.is_recompute_policy(lay.recompute):
-        raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)} or every:K or blocks:F")
+        raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)}, "
+                        "every:K or blocks:F")
     _choice("framework", lay.framework, FRAMEWORKS)
     tuning.validate_workload(work, lay, model)
     if not 0 <= spec.cluster.allocator_reserve < 1:

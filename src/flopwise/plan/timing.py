@@ -16,7 +16,9 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
   directions hide behind the GEMMs they are chunked with (Transformer Engine userbuffers).
 - data parallel: gradients are reduced in buckets while the last micro-batch's backward
   runs; what is exposed is what does not fit in that backward, and at least the last
-  bucket (`last_bucket_share`: 25 MB for DDP/FSDP, Megatron's bucket or its embedding). ZeRO-1/2 also all-gather the updated weights after the optimizer step (exposed);
+  bucket (`last_bucket_share`: 25 MB for DDP/FSDP, Megatron's bucket or its embedding),
+  all of it where the stack does not overlap (`stack_dp_overlap`). ZeRO-1/2 also all-gather
+  the updated weights after the optimizer step (exposed);
   ZeRO-3 gathers weights before forwards and backwards, prefetched behind compute one
   unit ahead (the first unit's gather is exposed), and reduces gradients once per step or
   every micro-batch: how often is `step_comm.zero3_collectives` (FSDP2's root once a
