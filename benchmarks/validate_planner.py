@@ -724,7 +724,11 @@ def render(cases, loso, in_sample, summary, published_memory, formula_rows, band
               "GPU-hours rows (LLaMA-1, Llama 2, Llama 3.1, BLOOM) are whole-job figures with restarts, ramp-up "
               "and evaluation in them: kept as published, validated, never fitted. PaLM is the one TPU run: its "
               "device has no GEMM micro-benchmark in the sources (the generic curve, 70 % of peak, is an "
-              "assumption), so its plan's band says it extrapolates.", ""]
+              "assumption), so its plan's band says it extrapolates. A source that states its recompute is "
+              "timed with it: Llama 3.1 405B without activation checkpointing (Llama Team 2024 sec. 3.3.2; "
+              "where the planner's memory says that does not fit, the row says so rather than adding recompute "
+              "the run did not use), PaLM with the 75 % of its forward that its HFU 57.8 % over MFU 46.2 % "
+              "states (`blocks:0.753`).", ""]
     lines += ["## Memory: published peaks", "",
               "Peak memory per GPU as the planner counts it for the stack named (memory conventions: "
               "`src/flopwise/plan/memory.py`).", "",
