@@ -475,6 +475,10 @@ def other_cases(group: dict) -> tuple[list[Case], list[Row]]:
             model = gpt(r["name"].split()[1], g["a"], g["h"], g["L"], g["V"], g["seq"])
         elif "hf" in r:
             model = hf_model(r["hf"], seq)
+            if r["name"].startswith("PaLM"):
+                # PaLM sec. 2, "Parallel Layers": y = x + MLP(LayerNorm(x)) + Attention(LayerNorm(x)),
+                # one shared norm, the two input matmuls fused (the row's config is a llama one)
+                model = dataclasses.replace(model, parallel_block=True, norms_per_layer=1)
         elif r.get("model", "").startswith("llama"):
             model = None
         else:

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from flopwise.catalog.hardware import load_hardware
+from flopwise.catalog.models import get_model
 from flopwise.plan import ops
 from flopwise.plan.gemm import curve_for, device_rates, gemm_fraction
 from flopwise.plan.planner import build_runspec, plan
@@ -168,6 +169,27 @@ def test_the_time_model_reduces_gradients_as_the_stack_says():
                                                                                            "megatron-core"))
     assert lm.time.dp_exposed_seconds == pytest.approx(lm.comm.dp_seconds)
     assert mcore.time.dp_exposed_seconds < 0.5 * mcore.comm.dp_seconds
+
+
+def test_a_parallel_block_reduces_its_two_branches_once():
+    """Sequential blocks reduce attention's and the MLP's outputs (forward) and inputs (backward):
+    2 + 2. A parallel block adds the branches and reduces once forward (GPT-NeoX `gpt_j_residual`,
+    PaLM); backward, one input gradient per norm (NeoX-20B's two untied norms, PaLM's one)."""
+    from flopwise.plan.timing import tp_collectives_per_layer
+
+    sequential = _gpt175b()
+    neox = dataclasses.replace(sequential, parallel_block=True)
+    palm = dataclasses.replace(sequential, parallel_block=True, norms_per_layer=1)
+    assert tp_collectives_per_layer(sequential) == (2, 2)
+    assert tp_collectives_per_layer(neox) == (1, 2)
+    assert tp_collectives_per_layer(palm) == (1, 1)
+    layout = dict(hardware="a100-80gb", gpus=8, tp=8, seq_len=2048, global_batch=8)
+    seq_plan, par_plan = (plan(dataclasses.replace(build_runspec(model="llama2-7b", **layout),
+                                                   model=dataclasses.replace(get_model("llama2-7b"), parallel_block=p,
+                                                                             norms_per_layer=1 if p else 2)))
+                          for p in (False, True))
+    assert par_plan.comm.tp_bytes < 0.6 * seq_plan.comm.tp_bytes
+    assert par_plan.time.tp_exposed_seconds < seq_plan.time.tp_exposed_seconds
 
 
 def _gpt175b():

@@ -183,7 +183,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     # tensor parallel, per layer and micro-batch
     message = float(s * b * model.hidden * e)
-    one, n_coll, tp_wire, tp_layer = tp_layer_seconds(lay, layer, links, message)
+    one, n_coll, tp_wire, tp_layer = tp_layer_seconds(lay, layer, links, message, model)
 
     split = split_layers(model.n_layers, pp, v)
     per_layer = layer.total + tp_layer
@@ -355,18 +355,34 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     return time, comm
 
 
-def tp_layer_seconds(lay, layer, links: Links, message: float) -> tuple[float, int, float, float]:
+def tp_collectives_per_layer(model) -> tuple[int, int]:
+    """(forward, backward) tensor-parallel collectives of one layer, in all-reduce equivalents.
+
+    Sequential block: each of attention and MLP reduces its output in the forward and its input
+    gradient in the backward (Shoeybi et al. 2019): 2 and 2. Parallel block (attention and MLP
+    on the same input, summed): the two outputs are added first and reduced once (GPT-NeoX
+    megatron/model/transformer.py, `gpt_j_residual`: "we can do a single allreduce after we add
+    mlp / attn outputs"; PaLM sec. 2, "Parallel Layers", its input matmuls fused); the backward
+    reduces one input gradient per norm feeding the branches (GPT-NeoX-20B keeps two untied norms,
+    each branch its own copy to the model-parallel region; PaLM one shared norm)."""
+    if getattr(model, "parallel_block", False):
+        return 1, max(1, min(2, model.norms_per_layer))
+    return 2, 2
+
+
+def tp_layer_seconds(lay, layer, links: Links, message: float, model=None) -> tuple[float, int, float, float]:
     """(one collective, collectives per layer, their wire seconds, the exposed seconds) of the
     tensor-parallel collectives of one layer and micro-batch (module docstring)."""
     tp = lay.tp
     one = cm.all_reduce_seconds(links, tp, 1, message)  # AR = RS + AG, the same volume with SP
-    n_coll = 4 + 2 * ops.full_recompute_share(lay.recompute)
+    fwd, bwd = tp_collectives_per_layer(model)
+    n_coll = fwd + bwd + fwd * ops.full_recompute_share(lay.recompute)
     tp_wire = n_coll * one
     if tp == 1:
         return one, n_coll, tp_wire, 0.0
     if getattr(lay, "tp_comm_overlap", False):
-        fwd_hidden = min(2 * one, layer.forward_gemm)
-        bwd_hidden = min(2 * one, layer.wgrad + layer.forward_gemm)
+        fwd_hidden = min(fwd * one, layer.forward_gemm)
+        bwd_hidden = min(bwd * one, layer.wgrad + layer.forward_gemm)
         return one, n_coll, tp_wire, tp_wire - fwd_hidden - bwd_hidden
     return one, n_coll, tp_wire, tp_wire - min(one, layer.wgrad)
 
@@ -471,7 +487,7 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
     if links is not None:
         message = float(work.seq_len * lay.micro_batch_size * model.hidden * inputs.activation_bytes) \
             if inputs is not None else 0.0
-        per_layer += tp_layer_seconds(lay, layer, links, message)[3]
+        per_layer += tp_layer_seconds(lay, layer, links, message, model)[3]
         p2p = pipeline_p2p_exposed(lay, links, message)
     # the slowest device is at least the average one, embedding and head included
     average = (model.n_layers * per_layer + ends.embedding + ends.head) / pp
