@@ -80,6 +80,20 @@ MOSAIC = [
 # LLaMA-1 (Touvron et al. 2023): tokens, published A100-80GB GPU-hours, tensor-parallel size.
 # TP = the model-parallel size of the released checkpoints (1/2/4/8 shards); 2,048 GPUs,
 # 4M-token batches of 2,048-token sequences (paper §2.4).
+PALM_HFU_OVER_MFU = 57.8 / 46.2
+"""PaLM 540B's stated hardware and model FLOPs utilisation (Chowdhery et al. 2022, sec. 4 and App. B:
+MFU 46.2 %, HFU 57.8 %, the difference being rematerialisation). Hardware FLOPs are the model's
+plus the recomputed share F of each block's forward, which is a third of its training FLOPs
+(plan/flops.py), so HFU/MFU = 1 + F/3: PaLM recomputed F = 0.75 of its forward work, not all of
+it. Planned as `blocks:F` (the recompute's FLOPs and collectives; which tensors PaLM kept is not
+stated)."""
+
+
+def palm_recompute() -> str:
+    """The recompute policy PaLM's HFU/MFU states (PALM_HFU_OVER_MFU)."""
+    return f"blocks:{3.0 * (PALM_HFU_OVER_MFU - 1.0):.3f}"
+
+
 LLAMA = [("llama-7b", 1.0e12, 82_432, 1), ("llama-13b", 1.0e12, 135_168, 2),
          ("llama-33b", 1.4e12, 530_432, 4), ("llama-65b", 1.4e12, 1_022_362, 8)]
 
@@ -209,11 +223,12 @@ class Case:
     measure: Callable  # Plan -> predicted figure
     note: str = ""
     fitted: bool = True  # whole-job GPU-hours (restarts, evaluation, ramp-up in them) are validated, not fitted
+    as_stated: bool = False  # the source states its recompute policy: timed with it, never with the stack's ladder
 
     def predict(self) -> float:
-        from flopwise.plan.planner import plan
+        from flopwise.plan.planner import plan, plan_layout
 
-        return self.measure(plan(self.spec))
+        return self.measure(plan_layout(self.spec) if self.as_stated else plan(self.spec))
 
 
 def narayanan_tflops(batch: int, seq: int, layers: int, hidden: int, vocab: int, gpus: int, recompute: bool = True):
@@ -225,13 +240,14 @@ def narayanan_tflops(batch: int, seq: int, layers: int, hidden: int, vocab: int,
     return lambda p: flops / p.time.step_seconds / gpus / 1e12
 
 
-def gpt(name: str, heads: int, hidden: int, layers: int, vocab: int = 51200, seq: int = 2048):
-    """Megatron's GPT shapes: 4h GELU MLP with biases, learned positions, tied embeddings."""
+def gpt(name: str, heads: int, hidden: int, layers: int, vocab: int = 51200, seq: int = 2048, tied: bool = True):
+    """Megatron's GPT shapes: 4h GELU MLP with biases, learned positions, tied embeddings (Megatron's
+    default; `tied=False`: --untie-embeddings-and-output-weights)."""
     from flopwise.catalog.models import ModelSpec
 
     return ModelSpec(key=f"megatron-gpt-{name.lower()}", name=f"Megatron GPT {name}", n_layers=layers,
                      hidden=hidden, n_heads=heads, ffn_hidden=4 * hidden, vocab_size=vocab, seq_len=seq,
-                     max_positions=seq, mlp="gelu", norm="layernorm", position="learned", tied_embeddings=True,
+                     max_positions=seq, mlp="gelu", norm="layernorm", position="learned", tied_embeddings=tied,
                      attn_bias=True, mlp_bias=True)
 
 
@@ -265,16 +281,18 @@ def describe(spec) -> str:
             f"micro-batch {lay.micro_batch_size} x {lay.grad_accum}, ZeRO-{lay.zero_stage}, recompute {lay.recompute}")
 
 
-def fastest(specs):
+def fastest(specs, as_stated: bool = False):
     """The spec of the fastest candidate that fits in memory (of all, when none fits: the run
-    did happen; the note names the planner's memory miss)."""
-    from flopwise.plan.planner import plan, plan_memory
+    did happen; the note names the planner's memory miss). `as_stated`: the layouts' recompute
+    is the source's own, so a layout is judged as given (no recompute added to make it fit)."""
+    from flopwise.plan.planner import plan, plan_layout, plan_memory
 
-    fitting = [spec for spec in specs if plan_memory(spec, check=False).fits]
-    spec = max(fitting or specs, key=lambda spec: plan(spec).time.tokens_per_second)
+    timed = plan_layout if as_stated else plan
+    fitting = [spec for spec in specs if plan_memory(spec, check=False, stack_recompute=not as_stated).fits]
+    spec = max(fitting or specs, key=lambda spec: timed(spec).time.tokens_per_second)
     if fitting:
         return spec, ""
-    memory = plan_memory(spec, check=False)
+    memory = plan_memory(spec, check=False, stack_recompute=not as_stated)
     return spec, (f"; planned {memory.total_bytes / 2**30:,.0f} GiB per device, over the "
                   f"{memory.device_bytes / 2**30:,.0f} GiB usable: judged not to fit")
 
@@ -391,11 +409,17 @@ def korthikanti_cases(group: dict) -> list[Case]:
 
 def mcore_cases(group: dict) -> list[Case]:
     """Megatron-Core's H100 weak-scaling table: vocab 131,072, seq 4,096, bf16, distributed
-    optimizer, TP with sequence parallelism and communication overlap; micro-batch fastest."""
+    optimizer, TP with sequence parallelism and communication overlap; micro-batch fastest. The
+    table (Megatron-LM README, images/model_table.png, commit f2e5db40 of 2024-07-15) reports MFU
+    with `num_floating_point_operations` of that tree (megatron/training/training.py): 12·B·s·L·h²·
+    ((1 + g/a + s/h) + f/h + V/(2·L·h)), attention not halved for the causal mask, which is the
+    planner's model-FLOPs count (flops.py) for these shapes."""
     cases = []
     for r in group["rows"]:
         dp = r["gpus"] // (r["tp"] * r["pp"])
-        model = gpt(r["name"], r["a"], r["h"], r["L"], vocab=131072, seq=4096)
+        # the table's sizes count a separate output layer: 1.7B = 12·L·h² + 2·V·h at L 24, h 2048,
+        # V 131,072 (1.745B; tied would be 1.48B), 7.1B = 6.04B + 2 × 0.54B: untied embeddings
+        model = gpt(r["name"], r["a"], r["h"], r["L"], vocab=131072, seq=4096, tied=False)
         candidates = [runspec(model, "h100-sxm", layout(
             dp=dp, tp=r["tp"], pp=r["pp"], micro_batch_size=mbs, grad_accum=r["batch"] // dp // mbs, zero_stage=1,
             sequence_parallel=r["tp"] > 1, recompute=recompute, flash_attention=True, tp_comm_overlap=r["tp"] > 1,
@@ -409,7 +433,10 @@ def mcore_cases(group: dict) -> list[Case]:
 
 
 def llama3_specs(gpus: int, tokens: float = 1e12):
-    """Llama 3.1 405B (Table 4): TP 8 + SP, PP 16, 2,048 sequences of 8,192, bf16, no recompute."""
+    """Llama 3.1 405B (Table 4): TP 8 + SP, PP 16, 2,048 sequences of 8,192, bf16, no recompute:
+    the paper states it (Llama Team 2024 sec. 3.3.2, pipeline parallelism: "we could pre-train
+    Llama 3 on sequences of 8K tokens without activation checkpointing"), so its cases are
+    timed as stated (`Case.as_stated`), never with a recompute the stack's ladder would add."""
     from flopwise.plan.planner import build_runspec
 
     dp = gpus // 128
@@ -423,9 +450,9 @@ def llama3_specs(gpus: int, tokens: float = 1e12):
 def llama31_cases(group: dict) -> list[Case]:
     cases = []
     for r in group["rows"]:
-        spec, note = fastest(llama3_specs(r["gpus"]))
+        spec, note = fastest(llama3_specs(r["gpus"]), as_stated=True)
         cases.append(Case("Llama 3.1 405B Table 4 (Llama Team 2024)", f"{r['gpus']:,} H100: BF16 MFU %", spec,
-                          100 * r["mfu"], "%", lambda p: 100 * p.time.mfu, describe(spec) + note))
+                          100 * r["mfu"], "%", lambda p: 100 * p.time.mfu, describe(spec) + note, as_stated=True))
     return cases
 
 
@@ -448,6 +475,10 @@ def other_cases(group: dict) -> tuple[list[Case], list[Row]]:
             model = gpt(r["name"].split()[1], g["a"], g["h"], g["L"], g["V"], g["seq"])
         elif "hf" in r:
             model = hf_model(r["hf"], seq)
+            if r["name"].startswith("PaLM"):
+                # PaLM sec. 2, "Parallel Layers": y = x + MLP(LayerNorm(x)) + Attention(LayerNorm(x)),
+                # one shared norm, the two input matmuls fused (the row's config is a llama one)
+                model = dataclasses.replace(model, parallel_block=True, norms_per_layer=1)
         elif r.get("model", "").startswith("llama"):
             model = None
         else:
@@ -455,8 +486,9 @@ def other_cases(group: dict) -> tuple[list[Case], list[Row]]:
         stack = {"MT-NLG": "megatron-deepspeed", "BLOOM": "megatron-deepspeed", "GPT-NeoX": "megatron-deepspeed",
                  "PaLM": "jax", "Llama": "torchtitan"}[next(k for k in ("MT-NLG", "BLOOM", "GPT-NeoX", "PaLM", "Llama")
                                                            if r["name"].startswith(k))]
-        if r["name"].startswith("Llama-3.1"):
-            spec, note = fastest(llama3_specs(r["gpus"], r["tokens"]))
+        as_stated = r["name"].startswith("Llama-3.1")  # the run of Table 4 (llama3_specs)
+        if as_stated:
+            spec, note = fastest(llama3_specs(r["gpus"], r["tokens"]), as_stated=True)
         elif r["name"].startswith("Llama-2"):
             candidates = [dataclasses.replace(build_runspec(
                 model=r["model"], hardware="a100-80gb", gpus=2048, tp=tp, pp=1, micro_batch=mbs, global_batch=1024,
@@ -470,7 +502,8 @@ def other_cases(group: dict) -> tuple[list[Case], list[Row]]:
             framework = "megatron" if stack != "jax" else "fsdp"
             candidates = [runspec(model, r["hardware"], layout(
                 dp=dp, tp=tp, pp=pp, micro_batch_size=mb, grad_accum=max(1, r["batch"] // dp // mb),
-                zero_stage=r.get("zero", 1), recompute=r.get("recompute", "full"), flash_attention=False,
+                zero_stage=r.get("zero", 1), flash_attention=False,
+                recompute=palm_recompute() if stack == "jax" else r.get("recompute", "full"),
                 framework=framework, pipeline_schedule=schedule, virtual_stages=v), r["precision"], seq, stack,
                 r.get("tokens", 1e9)) for schedule, v in schedules(model.n_layers, pp, 1)]
             spec, note = fastest(candidates)
@@ -490,7 +523,7 @@ def other_cases(group: dict) -> tuple[list[Case], list[Row]]:
             measure, unit = (lambda p: p.time.device_hours), "GPU-h"
         published = 100 * r["published"] if kind == "mfu" else r["published"]
         cases.append(Case(source, r["name"], spec, published, unit, measure, describe(spec) + note,
-                          fitted=kind != "gpu_hours"))
+                          fitted=kind != "gpu_hours", as_stated=as_stated))
     return cases, memory
 
 
@@ -695,7 +728,11 @@ def render(cases, loso, in_sample, summary, published_memory, formula_rows, band
               "GPU-hours rows (LLaMA-1, Llama 2, Llama 3.1, BLOOM) are whole-job figures with restarts, ramp-up "
               "and evaluation in them: kept as published, validated, never fitted. PaLM is the one TPU run: its "
               "device has no GEMM micro-benchmark in the sources (the generic curve, 70 % of peak, is an "
-              "assumption), so its plan's band says it extrapolates.", ""]
+              "assumption), so its plan's band says it extrapolates. A source that states its recompute is "
+              "timed with it: Llama 3.1 405B without activation checkpointing (Llama Team 2024 sec. 3.3.2; "
+              "where the planner's memory says that does not fit, the row says so rather than adding recompute "
+              "the run did not use), PaLM with the 75 % of its forward that its HFU 57.8 % over MFU 46.2 % "
+              "states (`blocks:0.753`).", ""]
     lines += ["## Memory: published peaks", "",
               "Peak memory per GPU as the planner counts it for the stack named (memory conventions: "
               "`src/flopwise/plan/memory.py`).", "",

@@ -165,6 +165,17 @@ def test_hf_config_count_matches_transformers(case, tmp_path):
     assert get_model(str(tmp_path)) == spec  # a folder holding config.json works too
 
 
+@pytest.mark.parametrize("case, parallel", [("gpt_neox", True), ("falcon-7b-style", True),
+                                            ("falcon-sequential-bias", False), ("llama", False)])
+def test_hf_config_says_whether_the_block_is_parallel(case, parallel, tmp_path):
+    """GPT-NeoX (`use_parallel_residual`, transformers' default True) and Falcon (`parallel_attn`)
+    run attention and MLP on the same input; the planner reduces their sum once under TP."""
+    transformers = pytest.importorskip("transformers")
+    class_name, kwargs = HF_CASES[case]
+    getattr(transformers, class_name)(**kwargs).save_pretrained(tmp_path)
+    assert from_hf_config(tmp_path / "config.json").parallel_block is parallel
+
+
 def _write_config(tmp_path, data) -> str:
     path = tmp_path / "config.json"
     path.write_text(data if isinstance(data, str) else json.dumps(data))

@@ -281,9 +281,17 @@ def test_every_kth_block_averages_full_and_none(k):
     assert mem.recompute_forward_fraction(f"every:{k}") == 1 / k
 
 
+@pytest.mark.parametrize("share", [0.25, 0.753, 1.0])
+def test_a_share_of_blocks_averages_full_and_none(share):
+    expected = _per_layer("full") * share + _per_layer("none") * (1 - share)
+    assert _per_layer(f"blocks:{share}") == pytest.approx(expected)
+    assert mem.recompute_forward_fraction(f"blocks:{share}") == share
+
+
 def test_recompute_policy_names():
-    assert all(mem.is_recompute_policy(p) for p in ("none", "selective", "op", "full", "every:3"))
-    assert not any(mem.is_recompute_policy(p) for p in ("every:0", "every:x", "some"))
+    assert all(mem.is_recompute_policy(p) for p in ("none", "selective", "op", "full", "every:3", "blocks:0.75"))
+    assert not any(mem.is_recompute_policy(p) for p in ("every:0", "every:x", "some", "blocks:0", "blocks:1.5",
+                                                        "blocks:x"))
 
 
 def test_zero3_gather_conventions():

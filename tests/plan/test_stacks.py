@@ -72,6 +72,23 @@ def test_llama31_405b_published_layout_fits_with_the_stacks_recompute():
     assert result.flops.hardware_per_unit > result.flops.model_per_unit  # the recompute is paid in time
 
 
+def test_a_layout_planned_as_given_keeps_its_recompute_and_its_memory_verdict():
+    """`plan_layout` times the layout a source states (Llama 3.1 405B ran without activation
+    checkpointing, Llama Team 2024 sec. 3.3.2): no recompute added, the memory verdict as counted,
+    where `plan` adds the stack's block recompute to make it fit."""
+    from flopwise.plan.planner import plan_layout, plan_memory
+
+    spec = build_runspec(model="llama3.1-405b", hardware="h100-sxm", gpus=8192, tp=8, pp=16, seq_len=8192,
+                         micro_batch=1, global_batch=2048, zero=1, sequence_parallel=True, schedule="interleaved",
+                         stack="megatron-core")
+    given, laddered = plan_layout(spec), plan(spec)
+    assert given.spec.layout.recompute == "none" and not given.fits
+    assert given.flops.hardware_per_unit == given.flops.model_per_unit
+    assert laddered.fits and laddered.spec.layout.recompute != "none"
+    assert given.time.step_seconds < laddered.time.step_seconds
+    assert not plan_memory(spec, stack_recompute=False).fits and plan_memory(spec).fits
+
+
 def test_megatron_pr482_peak_memory_within_10_percent():
     """memory_points: Llama-2-7B, DP 8 x PP 2, micro-batch 2, seq 4096, bf16, ZeRO-1 on A100-80GB
     (Megatron-LM PR #482): 69.1 GB measured peak (Megatron reports MiB-based GB)."""

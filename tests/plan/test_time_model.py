@@ -1,10 +1,12 @@
 """The operator-level time model: GEMM curves, operators, recompute, pipelines, DP schedules, profiles."""
 
 import dataclasses
+import math
 
 import pytest
 
 from flopwise.catalog.hardware import load_hardware
+from flopwise.catalog.models import get_model
 from flopwise.plan import ops
 from flopwise.plan.gemm import curve_for, device_rates, gemm_fraction
 from flopwise.plan.planner import build_runspec, plan
@@ -124,6 +126,70 @@ def test_every_kth_block_recompute_reruns_that_share_of_forwards():
                                     rates) for rc in ("none", "every-4"))
     assert ops.full_recompute_share("every-4") == 0.25 and ops.full_recompute_share("none") == 0
     assert every4.recompute == pytest.approx(none.forward / 4)
+
+
+def test_a_recomputed_share_of_blocks_adds_that_share_of_a_third_of_the_training_flops():
+    """`blocks:F` re-runs F of every block's forward: HFU/MFU = 1 + F/3 (how PaLM's stated HFU 57.8 %
+    and MFU 46.2 % are planned), and the layer's recompute time is F of its forward."""
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, recompute="blocks:0.75")
+    result = plan(spec)
+    assert result.flops.hardware_per_unit / result.flops.model_per_unit == pytest.approx(1 + 0.75 / 3)
+    assert result.time.hfu / result.time.mfu == pytest.approx(1 + 0.75 / 3)
+    hw, lay, work = spec.cluster.hardware, spec.layout, spec.workload
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"))
+    none, share = (ops.layer_times(spec.model, work.seq_len, lay.micro_batch_size, 1, False, True, False, rc, "bf16",
+                                   rates) for rc in ("none", "blocks:0.75"))
+    assert share.recompute == pytest.approx(0.75 * none.forward)
+
+
+def test_megatron_leaves_its_embedding_bucket_exposed_and_ddp_a_25_mb_bucket():
+    """Megatron-Core's buckets are max(40M, 1M x dp) parameters and never split a parameter, so
+    the last one reduced (and the first gathered) holds at least the embedding; PyTorch DDP's are 25 MB."""
+    from flopwise.plan.timing import last_bucket_share
+
+    params, embedding = 1.745e9, 131072 * 2048
+    assert last_bucket_share("megatron", params, 4.0, 48, embedding) == pytest.approx(embedding / params)
+    assert last_bucket_share("megatron", params, 4.0, 48, 0.0) == pytest.approx(48e6 / params)
+    assert last_bucket_share("megatron", params, 4.0, 8, 0.0) == pytest.approx(40e6 / params)
+    ddp_buckets = math.ceil(params * 4 / 2**20 / 25)
+    assert last_bucket_share("fsdp", params, 4.0, 48, embedding) == pytest.approx(1 / ddp_buckets)
+    assert last_bucket_share("megatron", 1e7, 4.0, 48, 0.0) == 1.0
+
+
+def test_the_time_model_reduces_gradients_as_the_stack_says():
+    """Megatron-LM 2021 all-reduces after the whole forward-backward (its stack: overlap_grad_reduce
+    False): every second of the reduction is exposed; Megatron-Core overlaps it with the backward."""
+    from flopwise.plan.timing import stack_dp_overlap
+
+    assert stack_dp_overlap("megatron-lm") == (False, False)
+    assert stack_dp_overlap("megatron-core") == (True, True)
+    assert stack_dp_overlap("no-such-stack") == (True, True)
+    layout = dict(model="llama2-7b", hardware="a100-80gb", gpus=32, zero=0, framework="megatron")
+    lm, mcore = (plan(dataclasses.replace(build_runspec(**layout), stack=name)) for name in ("megatron-lm",
+                                                                                           "megatron-core"))
+    assert lm.time.dp_exposed_seconds == pytest.approx(lm.comm.dp_seconds)
+    assert mcore.time.dp_exposed_seconds < 0.5 * mcore.comm.dp_seconds
+
+
+def test_a_parallel_block_reduces_its_two_branches_once():
+    """Sequential blocks reduce attention's and the MLP's outputs (forward) and inputs (backward):
+    2 + 2. A parallel block adds the branches and reduces once forward (GPT-NeoX `gpt_j_residual`,
+    PaLM); backward, one input gradient per norm (NeoX-20B's two untied norms, PaLM's one)."""
+    from flopwise.plan.timing import tp_collectives_per_layer
+
+    sequential = _gpt175b()
+    neox = dataclasses.replace(sequential, parallel_block=True)
+    palm = dataclasses.replace(sequential, parallel_block=True, norms_per_layer=1)
+    assert tp_collectives_per_layer(sequential) == (2, 2)
+    assert tp_collectives_per_layer(neox) == (1, 2)
+    assert tp_collectives_per_layer(palm) == (1, 1)
+    layout = dict(hardware="a100-80gb", gpus=8, tp=8, seq_len=2048, global_batch=8)
+    seq_plan, par_plan = (plan(dataclasses.replace(build_runspec(model="llama2-7b", **layout),
+                                                   model=dataclasses.replace(get_model("llama2-7b"), parallel_block=p,
+                                                                             norms_per_layer=1 if p else 2)))
+                          for p in (False, True))
+    assert par_plan.comm.tp_bytes < 0.6 * seq_plan.comm.tp_bytes
+    assert par_plan.time.tp_exposed_seconds < seq_plan.time.tp_exposed_seconds
 
 
 def _gpt175b():

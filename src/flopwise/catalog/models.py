@@ -61,6 +61,7 @@ class ModelSpec:
     attn_out_bias: bool | None = None  # None: same as attn_bias (qwen2: qkv bias, no o bias)
     final_norm: bool | None = None  # None: decoders have one, encoders (BERT, post-LN) do not
     norms_per_layer: int = 2  # norms inside each block (falcon-7b's parallel block has 1)
+    parallel_block: bool = False  # attention and MLP read the same input and are summed (GPT-J, NeoX, PaLM)
     shared_expert_ffn_hidden: int = 0  # MoE: an always-active shared expert (qwen2_moe)
     reported_params: float = 0.0  # the size the source publishes (often rounded), for comparison
     params: int = 0  # CNN: total parameters (decoders/encoders derive it)
@@ -398,6 +399,7 @@ def _read_gpt_neox(cfg: _HFConfig) -> dict:
         tied_embeddings=cfg.get_bool("tie_word_embeddings", False),
         attn_bias=cfg.get_bool("attention_bias", True),
         mlp_bias=True,
+        parallel_block=cfg.get_bool("use_parallel_residual", True),  # GPTNeoXConfig's default
     )
 
 
@@ -501,6 +503,7 @@ def _read_falcon(cfg: _HFConfig) -> dict:
         attn_bias=bias,
         mlp_bias=bias,
         norms_per_layer=norms,
+        parallel_block=parallel_attn,
     )
 
 

@@ -238,7 +238,8 @@ def activation_terms(
 
 
 RECOMPUTE_POLICIES = ("none", "selective", "op", "full")
-"""Recompute policies by what they keep; `every:K` (full recompute of every K-th block) too."""
+"""Recompute policies by what they keep; `every:K` (full recompute of every K-th block) and
+`blocks:F` (full recompute of a share F of the blocks) too."""
 
 
 def every_k(recompute: str) -> int | None:
@@ -249,23 +250,41 @@ def every_k(recompute: str) -> int | None:
     return None
 
 
+def recomputed_block_share(recompute: str) -> float | None:
+    """Share of the blocks whose whole forward is re-run by a partial policy: 1/K for `every:K`,
+    F for `blocks:F` (0 < F <= 1; Megatron-Core `--recompute-method block --recompute-num-layers N`
+    is F = N / layers per stage, and a source that states only its HFU and MFU recomputed
+    F = 3·(HFU/MFU − 1) of its forward matmul work, since a block's forward is a third of its
+    training FLOPs: flops.py); None for any other policy."""
+    k = every_k(recompute)
+    if k is not None:
+        return 1.0 / k
+    if recompute.startswith("blocks:"):
+        try:
+            share = float(recompute.split(":", 1)[1])
+        except ValueError:
+            return None
+        return share if 0.0 < share <= 1.0 else None
+    return None
+
+
 def is_recompute_policy(recompute: str) -> bool:
     """Whether `recompute` names a policy the planner models."""
-    return recompute in RECOMPUTE_POLICIES or every_k(recompute) is not None
+    return recompute in RECOMPUTE_POLICIES or recomputed_block_share(recompute) is not None
 
 
 def recompute_forward_fraction(recompute: str) -> float:
     """Share of the layers' forward matmul work run again in backward, by policy.
 
-    full: all of it; every:K: 1/K of the blocks; op (torchtitan's per-op policy, which
+    full: all of it; every:K: 1/K of the blocks; blocks:F: F of them; op (torchtitan's per-op policy, which
     recomputes every second matmul): half; selective (Megatron) and none: no matmul
     (selective re-runs only the attention core, counted separately).
     """
     if recompute == "full":
         return 1.0
-    k = every_k(recompute)
-    if k is not None:
-        return 1.0 / k
+    share = recomputed_block_share(recompute)
+    if share is not None:
+        return share
     return 0.5 if recompute == "op" else 0.0
 
 
@@ -280,15 +299,16 @@ def activation_bytes_per_layer(
     - op:        torchtitan's per-op policy: the block input, every second matmul output
                  (half of them), the attention output and its log-sum-exp
     - full:      only the layer input (2·sbh in 16-bit; /t with SP)
-    - every:K:   full on one block in K, none on the others (the average layer)
+    - every:K:   full on one block in K, none on the others (the average layer); blocks:F
+                 likewise with a share F of the blocks
     """
     layer_input = terms.layer_input / tp if sequence_parallel else terms.layer_input
     if recompute == "full":
         return layer_input
-    k = every_k(recompute)
-    if k is not None:
+    share = recomputed_block_share(recompute)
+    if share is not None:
         kept = activation_bytes_per_layer(terms, tp, sequence_parallel, "none")
-        return layer_input / k + kept * (1.0 - 1.0 / k)
+        return layer_input * share + kept * (1.0 - share)
     if recompute == "op":
         scores = terms.flash_stats if terms.flash_stats else terms.scores
         return layer_input + (0.5 * terms.matmul_outputs + terms.attention_output + scores) / tp

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec
 from flopwise.plan.gemm import DeviceRates
+from flopwise.plan.memory import recomputed_block_share
 
 CROSS_ENTROPY_BYTES = 16.0
 """fp32 bytes per logit moved by the loss besides the 16-bit logits themselves: upcast write,
@@ -248,14 +249,15 @@ def _elementwise_bytes(model, hs: float, act: float, rope: float, e: float) -> f
 
 
 def full_recompute_share(recompute: str) -> float:
-    """Share of layers whose whole forward is re-run: 1 for "full", 1/k for "every-k" (one
-    block in k checkpointed), 0 otherwise."""
+    """Share of layers whose whole forward is re-run: 1 for "full", 1/k for "every:k" (one
+    block in k checkpointed), F for "blocks:F", 0 otherwise."""
     if recompute == "full":
         return 1.0
-    if recompute.startswith("every"):
+    if recompute.startswith("every"):  # every:k, and the trainer's spelling every-k
         digits = "".join(ch for ch in recompute if ch.isdigit())
         return 1.0 / int(digits) if digits and int(digits) > 0 else 1.0
-    return 0.0
+    share = recomputed_block_share(recompute)
+    return share if share is not None else 0.0
 
 
 def end_times(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,

@@ -49,7 +49,8 @@ OPTIONS = (
                "framework offers that fits, printed with the reason; 0 without data parallelism]"),
     PlanOption("recompute", "--recompute", str, None,
                "Activation recompute: none|selective (Megatron: attention core)|op (per-op: every second "
-               "matmul)|full|every:K (full on one block in K). [default: none; full for a --finetune that "
+               "matmul)|full|every:K (full on one block in K)|blocks:F (full on a share F of the blocks). "
+               "[default: none; full for a --finetune that "
                "does not fit without it]"),
     PlanOption("offload", "--offload", str, "none", "none|optimizer|params (params needs --zero 3)."),
     PlanOption("fsdp_unit_mb", "--fsdp-unit-mb", float, 0.0,

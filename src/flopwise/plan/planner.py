@@ -146,7 +146,8 @@ def validate(spec: RunSpec) -> None:
     _choice("precision", work.precision, PRECISIONS)
     _choice("optimizer", work.optimizer, OPTIMIZERS)
     if not mem.is_recompute_policy(lay.recompute):
-        raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)} or every:K")
+        raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)}, "
+                        "every:K or blocks:F")
     _choice("framework", lay.framework, FRAMEWORKS)
     tuning.validate_workload(work, lay, model)
     if not 0 <= spec.cluster.allocator_reserve < 1:
@@ -209,6 +210,13 @@ def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if with_recompute is not None:
         return with_recompute
     return dataclasses.replace(result, advice=_advice(spec, result, profile))
+
+
+def plan_layout(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
+    """The plan of exactly this layout, recompute included: no recompute added when it does not
+    fit and no advice (for a published run whose source states its recompute policy, which must
+    be timed as it ran, its memory verdict standing as the planner counts it)."""
+    return _evaluate(spec, profile)
 
 
 STACK_RECOMPUTE_LADDER = ("every:4", "every:2", "full")
@@ -349,15 +357,16 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     return Plan(spec, pc, flops, memory, comm, time, energy, cost, tuple(warnings), band=band)
 
 
-def plan_memory(spec: RunSpec, check: bool = True) -> mem.MemoryEstimate:
+def plan_memory(spec: RunSpec, check: bool = True, stack_recompute: bool = True) -> mem.MemoryEstimate:
     """The memory part of `plan()` alone (same formulas), for searches that reject layouts
     which do not fit before timing them. `check=False` skips `validate` for callers that
-    only build valid layouts."""
+    only build valid layouts; `stack_recompute=False` judges the layout as given, as
+    `plan_layout` does."""
     if check:
         validate(spec)
     pc = count_params(spec.model)
     memory = estimate_memory(spec, pc, [], every_stage=False)
-    if memory.fits or _stack_recompute_ladder(spec) is None:
+    if memory.fits or not stack_recompute or _stack_recompute_ladder(spec) is None:
         return memory
     for policy in STACK_RECOMPUTE_LADDER:  # as `plan()` does (`_stack_recompute`)
         tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))

@@ -185,7 +185,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     sharded = lay.sequence_parallel or conv.activations_sharded_over_tp  # SP, or GSPMD's model-axis sharding
     per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, sharded, lay.recompute)
     rebuilt = 0.0
-    if not cnn and (lay.recompute == "full" or mem.every_k(lay.recompute) is not None):
+    if not cnn and (lay.recompute == "full" or mem.recomputed_block_share(lay.recompute) is not None):
         # the layer being back-propagated is rebuilt whole for a moment
         rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, sharded, "none")
     tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths

@@ -16,7 +16,9 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
   directions hide behind the GEMMs they are chunked with (Transformer Engine userbuffers).
 - data parallel: gradients are reduced in buckets while the last micro-batch's backward
   runs; what is exposed is what does not fit in that backward, and at least the last
-  bucket. ZeRO-1/2 also all-gather the updated weights after the optimizer step (exposed);
+  bucket (`last_bucket_share`: 25 MB for DDP/FSDP, Megatron's bucket or its embedding),
+  all of it where the stack does not overlap (`stack_dp_overlap`). ZeRO-1/2 also all-gather
+  the updated weights after the optimizer step (exposed);
   ZeRO-3 gathers weights before forwards and backwards, prefetched behind compute one
   unit ahead (the first unit's gather is exposed), and reduces gradients once per step or
   every micro-batch: how often is `step_comm.zero3_collectives` (FSDP2's root once a
@@ -67,6 +69,11 @@ SMs (NCCL_MIN/MAX_NCHANNELS), a GEMM sized for all SMs then runs an extra partia
 collective shares memory bandwidth. FSDP/ZeRO-3 keeps large all-gathers and reduce-scatters in
 flight through the whole step; the value is the top of the measured range, chosen on the
 throughput rows of published.md."""
+MEGATRON_MIN_BUCKET_PARAMS = 40_000_000
+"""Megatron-Core DDP's default gradient bucket: max(40M, 1M × dp) parameters
+(megatron/core/distributed/distributed_data_parallel.py, `bucket_size`, at the tree of its H100
+table, commit f2e5db40, lines 51-53); buckets close at parameter boundaries
+(param_and_grad_buffer.py), so the bucket holding the embedding is at least the embedding."""
 HOST_ADAM_PARAMS_PER_S = 1e9
 """CPU Adam (DeepSpeed's vectorised kernel) parameters per second per device when the
 optimizer is offloaded (assumption; ZeRO-Offload, Ren et al. 2021, reports ~1 s per
@@ -176,7 +183,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     # tensor parallel, per layer and micro-batch
     message = float(s * b * model.hidden * e)
-    one, n_coll, tp_wire, tp_layer = tp_layer_seconds(lay, layer, links, message)
+    one, n_coll, tp_wire, tp_layer = tp_layer_seconds(lay, layer, links, message, model)
 
     split = split_layers(model.n_layers, pp, v)
     per_layer = layer.total + tp_layer
@@ -280,14 +287,16 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
                 reduce = cm.reduce_scatter_seconds(links, dp, tp, grads)
                 gather = cm.reduce_scatter_seconds(links, dp, tp, weights)
                 dp_bytes = cm.ring_all_gather_bytes(dp, grads) + cm.ring_all_gather_bytes(dp, weights)
-            buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
-            dp_exposed = max(reduce - backward_window, reduce / buckets)
+            embedding = pc.embedding / tp if busiest == 0 else 0.0
+            tail = last_bucket_share(inputs.framework, psi, grads, dp, embedding)
+            overlap_reduce, overlap_gather = stack_dp_overlap(spec.stack)
+            dp_exposed = max(reduce - backward_window, reduce * tail) if overlap_reduce else reduce
             if gather:
                 # the updated weights' all-gather: behind the next forward for FSDP (SHARD_GRAD_OP
                 # gathers with prefetch) and Megatron (--overlap-param-gather); DeepSpeed runs it
                 # synchronously at the end of the step
-                overlapped = inputs.framework != "deepspeed"
-                dp_exposed += max(gather - forward_window, gather / buckets) if overlapped else gather
+                overlapped = inputs.framework != "deepspeed" and overlap_gather
+                dp_exposed += max(gather - forward_window, gather * tail) if overlapped else gather
             dp_wire = reduce + gather
 
     measured = ops.measured_cpu(rates, "collective_seconds")
@@ -346,20 +355,65 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     return time, comm
 
 
-def tp_layer_seconds(lay, layer, links: Links, message: float) -> tuple[float, int, float, float]:
+def tp_collectives_per_layer(model) -> tuple[int, int]:
+    """(forward, backward) tensor-parallel collectives of one layer, in all-reduce equivalents.
+
+    Sequential block: each of attention and MLP reduces its output in the forward and its input
+    gradient in the backward (Shoeybi et al. 2019): 2 and 2. Parallel block (attention and MLP
+    on the same input, summed): the two outputs are added first and reduced once (GPT-NeoX
+    megatron/model/transformer.py, `gpt_j_residual`: "we can do a single allreduce after we add
+    mlp / attn outputs"; PaLM sec. 2, "Parallel Layers", its input matmuls fused); the backward
+    reduces one input gradient per norm feeding the branches (GPT-NeoX-20B keeps two untied norms,
+    each branch its own copy to the model-parallel region; PaLM one shared norm)."""
+    if getattr(model, "parallel_block", False):
+        return 1, max(1, min(2, model.norms_per_layer))
+    return 2, 2
+
+
+def tp_layer_seconds(lay, layer, links: Links, message: float, model=None) -> tuple[float, int, float, float]:
     """(one collective, collectives per layer, their wire seconds, the exposed seconds) of the
     tensor-parallel collectives of one layer and micro-batch (module docstring)."""
     tp = lay.tp
     one = cm.all_reduce_seconds(links, tp, 1, message)  # AR = RS + AG, the same volume with SP
-    n_coll = 4 + 2 * ops.full_recompute_share(lay.recompute)
+    fwd, bwd = tp_collectives_per_layer(model)
+    n_coll = fwd + bwd + fwd * ops.full_recompute_share(lay.recompute)
     tp_wire = n_coll * one
     if tp == 1:
         return one, n_coll, tp_wire, 0.0
     if getattr(lay, "tp_comm_overlap", False):
-        fwd_hidden = min(2 * one, layer.forward_gemm)
-        bwd_hidden = min(2 * one, layer.wgrad + layer.forward_gemm)
+        fwd_hidden = min(fwd * one, layer.forward_gemm)
+        bwd_hidden = min(bwd * one, layer.wgrad + layer.forward_gemm)
         return one, n_coll, tp_wire, tp_wire - fwd_hidden - bwd_hidden
     return one, n_coll, tp_wire, tp_wire - min(one, layer.wgrad)
+
+
+def stack_dp_overlap(stack_name: str) -> tuple[bool, bool]:
+    """(gradient reduction overlapped with the backward, weight all-gather with the next forward)
+    as the stack runs them (`Stack.overlap_grad_reduce`, `overlap_param_gather`): Megatron-LM
+    2021 all-reduces after the whole forward-backward (`allreduce_gradients` in train_step),
+    DeepSpeed's pipeline engine reduces after the step's last micro-batch. A name no stack
+    module describes overlaps both, as PyTorch DDP and FSDP do."""
+    from flopwise.plan.stacks import find_stack
+
+    stack = find_stack(stack_name)
+    if stack is None:
+        return True, True
+    return stack.overlap_grad_reduce, stack.overlap_param_gather
+
+
+def last_bucket_share(framework: str, params: float, grad_bytes: float, dp: int, embedding_params: float) -> float:
+    """Share of a rank's gradients in the bucket reduced last, which no backward hides (and, for
+    ZeRO-1/2, in the weights' bucket gathered first, before the forward can start).
+
+    PyTorch DDP / FSDP: 25 MB buckets (`DDP_BUCKET_BYTES`). Megatron: buckets of
+    `MEGATRON_MIN_BUCKET_PARAMS` or 1M × dp parameters, and the embedding's gradient, ready only
+    at the end of the backward, closes the last one whole (its weights open the forward)."""
+    if params <= 0:
+        return 1.0
+    if framework == "megatron":
+        bucket = max(MEGATRON_MIN_BUCKET_PARAMS, 1e6 * dp, embedding_params)
+        return min(1.0, bucket / params)
+    return 1.0 / max(1, math.ceil(params * grad_bytes / DDP_BUCKET_BYTES))
 
 
 def pipeline_p2p_exposed(lay, links: Links, message: float) -> float:
@@ -433,7 +487,7 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
     if links is not None:
         message = float(work.seq_len * lay.micro_batch_size * model.hidden * inputs.activation_bytes) \
             if inputs is not None else 0.0
-        per_layer += tp_layer_seconds(lay, layer, links, message)[3]
+        per_layer += tp_layer_seconds(lay, layer, links, message, model)[3]
         p2p = pipeline_p2p_exposed(lay, links, message)
     # the slowest device is at least the average one, embedding and head included
     average = (model.n_layers * per_layer + ends.embedding + ends.head) / pp

@@ -30,6 +30,9 @@ STACK = Stack(
     fused_norm=True, fused_swiglu=True,
     memory_options=("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "recompute"),
     sources=("NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py",
+             "NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py (bucket_size: max(40M, "
+             "1M x dp) parameters), param_and_grad_buffer.py, megatron/core/optimizer/distrib_optimizer.py "
+             "(param all-gather one bucket at a time in the forward pre-hooks), at f2e5db40 (2024-07-15)",
              "NVIDIA/Megatron-LM megatron/training/arguments.py (--fp8-recipe, --use-distributed-optimizer)",
              "NVIDIA/Megatron-LM megatron/core/fusions/fused_cross_entropy.py",
              "NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py, layernorm_linear.py",

@@ -9,7 +9,10 @@ STACK = Stack(
     fp8_recipe="delayed",  # no fp8 in 2021; TE's default recipe if asked
     fused_optimizer=True,  # apex FusedAdam (megatron/optimizer/__init__.py, 2021)
     fused_cross_entropy=False,  # _VocabParallelCrossEntropy (megatron/mpu/cross_entropy.py)
-    overlap_grad_reduce=False, overlap_param_gather=False,  # 2021: all-reduce after backward
+    # 2021: train_step all-reduces the gradients after the whole forward-backward (megatron/training.py
+    # l. 372-380 at fda81a21: model.allreduce_gradients() for DDP_impl "local"); the time model exposes
+    # it (timing.stack_dp_overlap)
+    overlap_grad_reduce=False, overlap_param_gather=False,
     tp_comm_overlap=False,
     grad_bytes=4.0, reduce_bytes=4.0,  # --accumulate-allreduce-grads-in-fp32 (main_grad fp32)
     distributed_optimizer=False,
