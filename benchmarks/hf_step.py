@@ -77,7 +77,7 @@ def main() -> None:
     from flopwise.config.resolve import resolve_run
     from flopwise.runrecord.records import StepRecord
     from flopwise.train.checkpoint.policy import StepBoundary
-    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.loader import TokenLoader
     from flopwise.train.data.prepare import prepare_data
     from flopwise.train.launch.strategy_choice import settle_for_this_device
     from flopwise.train.loop import build_state, measure_sync_wait

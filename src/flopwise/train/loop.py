@@ -31,7 +31,7 @@ from flopwise.config.loading import dump_config
 from flopwise.config.signature import signed_config_text
 from flopwise.train.data.chat_loader import ChatLoader
 from flopwise.train.data.chat_rows import PreparedChat
-from flopwise.train.data.files import TokenLoader
+from flopwise.train.data.loader import TokenLoader
 from flopwise.train.launch.heartbeat import note_step
 from flopwise.train.launch.strategy_choice import settle_for_this_device
 from flopwise.train.data.prepare import prepare_data
