@@ -108,7 +108,7 @@ def main() -> None:
     torch.manual_seed(cfg.training.seed)
     state = build_state(cfg, env, prepared, run)
     writer = MetricsWriter(work / f"run-{env.rank}", env.rank)
-    boundary = StepBoundary(cfg, env, prepared.vocab_size, run.global_batch, report=lambda line: None)
+    boundary = StepBoundary(cfg, env, prepared.vocab_size, run, report=lambda line: None)
     meters = MeterSchedule(first_step=0, every=cfg.training.measure_every, max_steps=cfg.training.max_steps)
     sync_wait = measure_sync_wait(cfg.training, env)
     hooks = StepHooks()
