@@ -26,7 +26,8 @@ import torch  # noqa: E402
 
 from flopwise.config.schema import DataConfig, RunConfig  # noqa: E402
 from flopwise.train.data.corpus import resolve_inputs  # noqa: E402
-from flopwise.train.data.files import TokenLoader, tokenizer_sample  # noqa: E402
+from flopwise.train.data.files import tokenizer_sample  # noqa: E402
+from flopwise.train.data.loader import TokenLoader  # noqa: E402
 from flopwise.train.data.prepare import prepare_data  # noqa: E402
 from flopwise.train.data.tokenizer import train_bpe  # noqa: E402
 

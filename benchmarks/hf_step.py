@@ -77,7 +77,7 @@ def main() -> None:
     from flopwise.config.resolve import resolve_run
     from flopwise.runrecord.records import StepRecord
     from flopwise.train.checkpoint.policy import StepBoundary
-    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.loader import TokenLoader
     from flopwise.train.data.prepare import prepare_data
     from flopwise.train.launch.strategy_choice import settle_for_this_device
     from flopwise.train.loop import build_state, measure_sync_wait
@@ -108,7 +108,7 @@ def main() -> None:
     torch.manual_seed(cfg.training.seed)
     state = build_state(cfg, env, prepared, run)
     writer = MetricsWriter(work / f"run-{env.rank}", env.rank)
-    boundary = StepBoundary(cfg, env, prepared.vocab_size, run.global_batch, report=lambda line: None)
+    boundary = StepBoundary(cfg, env, prepared.vocab_size, run, report=lambda line: None)
     meters = MeterSchedule(first_step=0, every=cfg.training.measure_every, max_steps=cfg.training.max_steps)
     sync_wait = measure_sync_wait(cfg.training, env)
     hooks = StepHooks()

@@ -20,7 +20,7 @@ def exported_run(tmp_path_factory):
     from safetensors.torch import save_file
 
     from flopwise.config.loading import dump_config, load_config
-    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.loader import TokenLoader
     from flopwise.train.data.prepare import prepare_data
     from flopwise.train.model import build_model
 

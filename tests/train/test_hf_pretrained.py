@@ -96,7 +96,7 @@ def test_two_ranks_start_from_the_pretrained_weights(folders, tmp_path, strategy
     wrapping): each rank's first loss equals transformers' on that rank's batch."""
     from transformers import AutoModelForCausalLM
 
-    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.loader import TokenLoader
     from flopwise.train.data.prepare import prepare_data
 
     run_dir = tmp_path / "run"

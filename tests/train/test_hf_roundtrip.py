@@ -64,7 +64,7 @@ def test_first_step_loss_equals_transformers_loss_on_the_same_batch(trained):
     from transformers import AutoModelForCausalLM
 
     from flopwise.config.loading import load_config
-    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.loader import TokenLoader
     from flopwise.train.data.prepare import prepare_data
 
     cfg = load_config(trained / "run" / "config.yaml", [])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from flopwise.config.loading import load_config
+from flopwise.config.resolve import resolve_run
 from flopwise.train.loop import run_training
 from flopwise.train.parallel.distributed import init_distributed
 from flopwise.train.run_forecast import forecast_line, gpu_config_on_cpu
@@ -42,8 +43,9 @@ def test_no_plan_no_line_and_a_plan_that_does_not_fit_says_so():
 
 def test_a_gpu_config_on_a_cpu_is_warned_about_and_not_on_a_gpu():
     cfg = load_config(None, ["precision.mode=bf16", "parallel.backend=nccl"])
-    warning = gpu_config_on_cpu(cfg, "cpu", 7200.0)
+    warning = gpu_config_on_cpu(cfg, resolve_run(cfg).precision, "cpu", 7200.0)
     assert warning.startswith("warning: no GPU found") and "parallel.backend=nccl" in warning
     assert "precision.mode=bf16" in warning and "a forecast of 2.0 h" in warning
-    assert gpu_config_on_cpu(cfg, "cuda", None) is None
-    assert gpu_config_on_cpu(load_config(None, []), "cpu", 60.0) is None
+    assert gpu_config_on_cpu(cfg, resolve_run(cfg).precision, "cuda", None) is None
+    default = load_config(None, [])
+    assert gpu_config_on_cpu(default, resolve_run(default).precision, "cpu", 60.0) is None

@@ -118,7 +118,7 @@ def lm_task(source: Path, eval_batches: int = 8, batch_size: int = 8, model: nn.
     """
     from flopwise.config.loading import dump_config
     from flopwise.config.signature import read_run_config
-    from flopwise.train.data.files import TokenLoader
+    from flopwise.train.data.loader import TokenLoader
     from flopwise.train.data.prepare import prepare_data
     from flopwise.train.model import build_model
 

@@ -48,7 +48,7 @@ from flopwise.train.parallel.parallelize import (
     apply_tensor_parallel, attach_strategy, build_device_mesh, parallelize_model, unwrap,
 )
 from flopwise.train.techniques.precision import (
-    PURE_BF16_TRADE_OFF, apply_fp32_norm, apply_pure_bf16, frozen_base_dtype, fsdp_mixed_precision_policy, is_pure,
+    PURE_BF16_TRADE_OFF, apply_fp32_norm, apply_pure_bf16, frozen_base_dtype, fsdp_mixed_precision_policy,
 )
 
 
@@ -81,7 +81,7 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv, run: Res
 
         model = build_pretrained_skeleton(cfg.model, vocab_size)
         if adapters:  # the base is loaded whole, frozen (and for QLoRA quantised) before any wrapping
-            _hold_parameters_in(model, frozen_base_dtype(cfg.precision.mode))  # read as bf16, never fp32
+            _hold_parameters_in(model, frozen_base_dtype(run.precision))  # read as bf16, never fp32
             materialize_pretrained(model, pretrained, _base_load_device(cfg, env))
         elif cfg.parallel.strategy != "fsdp":  # FSDP2 shards the meta model first, then loads per rank
             materialize_pretrained(model, pretrained, env.device)
@@ -93,11 +93,11 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv, run: Res
         changed = apply_fp32_norm(model)
         notes.append(f"fp32 norms: {changed} norm layers compute in fp32")
 
-    pure = is_pure(cfg.precision.mode)
+    pure = run.precision.pure
     if adapters:
         from flopwise.train.techniques.lora import apply_lora
 
-        notes += apply_lora(model, cfg.finetune, env.device, frozen_base_dtype(cfg.precision.mode),
+        notes += apply_lora(model, cfg.finetune, env.device, frozen_base_dtype(run.precision),
                             adapter_dtype=torch.bfloat16 if pure else torch.float32,
                             shards=env.world_size if cfg.parallel.strategy == "fsdp" else 1)
     if pure:
@@ -127,7 +127,7 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv, run: Res
             block.compile()
         notes.append("torch.compile: each transformer block")
 
-    mp_policy = fsdp_mixed_precision_policy(cfg.precision.mode) if cfg.parallel.strategy == "fsdp" else None
+    mp_policy = fsdp_mixed_precision_policy(run.precision) if cfg.parallel.strategy == "fsdp" else None
     wrapped = parallelize_model(model, blocks, cfg.parallel, env, mp_policy=mp_policy, mesh=mesh, shape=shape)
     if pretrained is not None and cfg.parallel.strategy == "fsdp" and not adapters:
         materialize_pretrained(wrapped, pretrained, env.device)

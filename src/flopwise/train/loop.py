@@ -31,7 +31,7 @@ from flopwise.config.loading import dump_config
 from flopwise.config.signature import signed_config_text
 from flopwise.train.data.chat_loader import ChatLoader
 from flopwise.train.data.chat_rows import PreparedChat
-from flopwise.train.data.files import TokenLoader
+from flopwise.train.data.loader import TokenLoader
 from flopwise.train.launch.heartbeat import note_step
 from flopwise.train.launch.strategy_choice import settle_for_this_device
 from flopwise.train.data.prepare import prepare_data
@@ -143,7 +143,7 @@ def build_state(cfg: RunConfig, env: DistEnv, prepared, run: ResolvedRun | None 
         built=built,
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, cfg.training),
-        scaler=make_grad_scaler(cfg.precision, env.device.type),
+        scaler=make_grad_scaler(run.precision, cfg.precision, env.device.type),
         train_loader=make_loader(cfg, env, prepared, "train", run),
     )
     state.strategy = build_strategy(state, cfg, env, run)
@@ -176,7 +176,7 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
     if env.is_main and prepared.tokenizer_path is not None:  # `flopwise export` / `generate` read it here
         copy_file(prepared.tokenizer_path, RunDir(run_dir).tokenizer)
 
-    global_batch, grad_accum = run.global_batch, run.grad_accum
+    grad_accum = run.grad_accum
     state = build_state(cfg, env, prepared, run)
     built = state.built
     val_loader = make_loader(cfg, env, prepared, "val", run)
@@ -189,9 +189,9 @@ def run_training(cfg: RunConfig, env: DistEnv, before_final_forward: Sequence[Ca
         wandb_project=cfg.logging.wandb_project if cfg.logging.wandb else None,
         config=cfg.model_dump(mode="json"),
     )
-    for line in _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast):
+    for line in _run_header(cfg, prepared, built, env, run, forecast):
         display.print(line)
-    boundary = StepBoundary(cfg, env, prepared.vocab_size, global_batch, report=display.print)
+    boundary = StepBoundary(cfg, env, prepared.vocab_size, run, report=display.print)
     for line in boundary.resume(state):  # the one place a run continues from a checkpoint
         display.print(line)
 
@@ -313,7 +313,7 @@ def _largest_comm_bytes(local: dict | None, env: DistEnv) -> dict | None:
     return out
 
 
-def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -> list[str]:
+def _run_header(cfg, prepared, built, env, run: ResolvedRun, forecast) -> list[str]:
     # FSDP2 DTensors report global sizes; DeepSpeed ZeRO-3 keeps them in `ds_numel`
     n_params = getattr(built.module, "total_parameters", None) or sum(  # a pipeline stage knows the whole
         getattr(p, "ds_numel", p.numel()) for p in built.module.parameters())
@@ -324,8 +324,8 @@ def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -
         f"data: chat mix of {len(cfg.data.mix)} file(s), {len(prepared.train_rows):,} train / "
         f"{len(prepared.val_rows):,} val packed rows, {prepared.train_tokens:,} / {prepared.val_tokens:,} "
         f"tokens with loss (loss_on {cfg.data.loss_on}), vocab {prepared.vocab_size}",
-        f"model: {cfg.model.kind}, ~{n_params / 1e6:.2f}M parameters; batch {global_batch} x {cfg.data.seq_len} "
-        f"tokens ({grad_accum} micro-step(s) of {cfg.training.micro_batch_size} per rank)",
+        f"model: {cfg.model.kind}, ~{n_params / 1e6:.2f}M parameters; batch {run.global_batch} x "
+        f"{cfg.data.seq_len} tokens ({run.grad_accum} micro-step(s) of {cfg.training.micro_batch_size} per rank)",
     ]
     lines += [f"  {note}" for note in built.notes]
     if cfg.default_notes:
@@ -333,7 +333,8 @@ def _run_header(cfg, prepared, built, env, global_batch, grad_accum, forecast) -
         lines += [f"  {note}" for note in cfg.default_notes]
     lines += forecast.notes
     for line in (forecast_line(forecast.plan, forecast.hardware_name),
-                 gpu_config_on_cpu(cfg, env.device.type, forecast.plan.time.total_seconds if forecast.plan else None)):
+                 gpu_config_on_cpu(cfg, run.precision, env.device.type,
+                                   forecast.plan.time.total_seconds if forecast.plan else None)):
         if line:
             lines.append(line)
     if cfg.training.pruning is not None:

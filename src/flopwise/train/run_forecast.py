@@ -7,6 +7,8 @@ written to `plan.json`); nothing is planned twice.
 
 from __future__ import annotations
 
+from flopwise.config.precision import Precision
+
 GIB = 2**30
 LONG_CPU_RUN_SECONDS = 3600.0  # a CPU run forecast to take longer than this was likely meant for GPUs
 
@@ -39,16 +41,16 @@ def forecast_line(plan, hardware_name: str) -> str | None:
     return "; ".join(parts)
 
 
-def gpu_config_on_cpu(cfg, device_type: str, total_seconds: float | None) -> str | None:
-    """A warning when this run is on a CPU but its config reads as written for GPUs (`total_seconds`:
-    the forecast run time, if any); None otherwise."""
+def gpu_config_on_cpu(cfg, precision: Precision, device_type: str, total_seconds: float | None) -> str | None:
+    """A warning when this run is on a CPU but its config reads as written for GPUs (`precision`: the run's
+    resolved one; `total_seconds`: the forecast run time, if any); None otherwise."""
     if device_type != "cpu":
         return None
     reasons = []
     if cfg.parallel.backend == "nccl":
         reasons.append("parallel.backend=nccl")
-    if cfg.precision.mode != "fp32":
-        reasons.append(f"precision.mode={cfg.precision.mode} (16-bit matmuls are emulated on most CPUs)")
+    if precision.compute_dtype != "fp32":
+        reasons.append(f"precision.mode={precision.mode} (16-bit matmuls are emulated on most CPUs)")
     if cfg.training.compile:
         reasons.append("training.compile=true")
     if total_seconds is not None and total_seconds > LONG_CPU_RUN_SECONDS:

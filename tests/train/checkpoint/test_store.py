@@ -18,6 +18,7 @@ from flopwise.train.checkpoint import store as ckpt
 from flopwise.train.checkpoint.hashing import file_digest, preferred_algorithm
 from flopwise.train.checkpoint.safe_read import MetadataUnpickler, SafeFileSystemReader, safe_dcp_load
 from flopwise.config.loading import load_config
+from flopwise.config.resolve import resolve_run
 from flopwise.train.checkpoint.policy import TrainingDiverged
 from flopwise.train.loop import run_training
 from flopwise.train.parallel.distributed import init_distributed
@@ -162,7 +163,8 @@ def test_a_nan_loss_stops_the_run_with_a_diagnosis_and_saves_nothing_after_it(co
                              f"logging.run_dir={run_dir}", "checkpoint.every_steps=1"])
     env = init_distributed(cfg.parallel)
     state = build_state(cfg, env, prepare_data(cfg.data))
-    boundary = StepBoundary(cfg, env, vocab_size=320, global_batch=4, report=lambda line: None)
+    boundary = StepBoundary(cfg, env, vocab_size=320, run=resolve_run(cfg, processes=env.world_size),
+                            report=lambda line: None)
     try:
         for _ in range(2):
             boundary.after_step(state, train_step(state, env, 1).loss)
@@ -226,7 +228,8 @@ def test_a_time_interval_saves_when_the_minutes_have_passed(corpus, tmp_path):
                              f"logging.run_dir={run_dir}", "checkpoint.every_minutes=60"])
     env = init_distributed(cfg.parallel)
     state = build_state(cfg, env, prepare_data(cfg.data))
-    boundary = StepBoundary(cfg, env, vocab_size=320, global_batch=4, report=lambda line: None)
+    boundary = StepBoundary(cfg, env, vocab_size=320, run=resolve_run(cfg, processes=env.world_size),
+                            report=lambda line: None)
     try:
         state.step = 1
         boundary.after_step(state, 1.0)

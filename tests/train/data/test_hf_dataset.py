@@ -9,7 +9,8 @@ import pytest
 
 from flopwise.errors import UserError
 from flopwise.config.loading import load_config
-from flopwise.train.data.files import TokenLoader, open_shard
+from flopwise.train.data.files import open_shard
+from flopwise.train.data.loader import TokenLoader
 from flopwise.train.data.prepare import prepare_data
 from tests.hf_fixtures import corpus_lines, write_jsonl, write_pretrained
 

@@ -13,6 +13,7 @@ import torch
 
 from flopwise.errors import UserError
 from flopwise.config.loading import load_config
+from flopwise.config.precision import precision_of
 from flopwise.train.parallel.parallelize import check_strategy
 from flopwise.train.parallel.strategy_deepspeed import deepspeed_config
 from tests.train.parallel.test_distributed import (  # noqa: F401  (fixtures)
@@ -29,7 +30,7 @@ from tests.train.parallel.test_distributed import (  # noqa: F401  (fixtures)
 def test_config_carries_zero_offload_precision_accumulation_and_clipping():
     cfg = load_config(None, ["parallel.strategy=deepspeed", "parallel.zero_stage=3", "parallel.offload=params",
                              "precision.mode=fp16", "training.micro_batch_size=4", "training.grad_clip=0.5"])
-    ds = deepspeed_config(cfg, grad_accum=3, device_type="cuda")
+    ds = deepspeed_config(cfg, precision_of("fp16"), grad_accum=3, device_type="cuda")
     assert ds["train_micro_batch_size_per_gpu"] == 4 and ds["gradient_accumulation_steps"] == 3
     assert ds["gradient_clipping"] == 0.5
     assert ds["zero_optimization"]["stage"] == 3
@@ -39,7 +40,7 @@ def test_config_carries_zero_offload_precision_accumulation_and_clipping():
     assert "bf16" not in ds and ds["zero_force_ds_cpu_optimizer"] is False
 
     plain = deepspeed_config(load_config(None, ["parallel.zero_stage=1", "precision.mode=bf16",
-                                                "training.grad_clip=null"]), 1, "cpu")
+                                                "training.grad_clip=null"]), precision_of("bf16"), 1, "cpu")
     assert plain["zero_optimization"] == {"stage": 1} and plain["bf16"] == {"enabled": True}
     assert plain["gradient_clipping"] == 0.0 and "fp16" not in plain
 

@@ -21,6 +21,7 @@ from flopwise.train.techniques.activation_compression import (
     quantize_int8,
 )
 from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing
+from flopwise.config.precision import precision_of
 from flopwise.config.schema import ModelConfig
 from flopwise.train.model import build_model
 from flopwise.train.techniques.precision import autocast_context
@@ -67,7 +68,7 @@ def test_fp32_activations_are_stored_in_about_a_quarter_of_the_bytes():
 
 def test_bf16_activations_are_stored_in_about_half_the_bytes():
     mlp = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
-    with autocast_context("bf16", "cpu"), int8_saved_activations(min_numel=1024) as stats:
+    with autocast_context(precision_of("bf16"), "cpu"), int8_saved_activations(min_numel=1024) as stats:
         mlp(torch.randn(64, 256)).float().sum().backward()
     assert 1.8 < stats.ratio <= 2.0
 
@@ -86,7 +87,7 @@ def test_gradients_stay_close_to_the_uncompressed_ones(kind, mode):
     torch.manual_seed(0)
     model = build_model(tiny(kind), VOCAB)
     ids = torch.randint(0, VOCAB, (4, 32))
-    with autocast_context(mode, "cpu"):
+    with autocast_context(precision_of(mode), "cpu"):
         loss_a, exact, _ = gradients(model, ids, contextlib.nullcontext())
         loss_b, approx, stats = gradients(model, ids, int8_saved_activations(min_numel=1024))
     assert stats.tensors_compressed > 10

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flopwise.config.loading import load_config
+from flopwise.config.resolve import resolve_run
 from flopwise.errors import UserError
 from tests.hf_fixtures import write_jsonl, write_pretrained
 
@@ -153,7 +154,8 @@ def test_a_bf16_run_reads_the_frozen_base_in_bf16_and_trains_fp32_adapters(folde
     named = dict(state.built.module.named_parameters())
     assert {p.dtype for n, p in named.items() if not p.requires_grad} == {torch.bfloat16}
     assert {p.dtype for n, p in named.items() if p.requires_grad} == {torch.float32}
-    assert weight_bytes_per_parameter(cfg) == 2  # the pre-launch memory bound counts 2 bytes, not 4
-    assert weight_bytes_per_parameter(load_config(None, overrides(folders, tmp_path, "lora"))) == 4  # fp32
+    assert weight_bytes_per_parameter(cfg, resolve_run(cfg)) == 2  # the pre-launch memory bound counts 2 bytes, not 4
+    fp32 = load_config(None, overrides(folders, tmp_path, "lora"))
+    assert weight_bytes_per_parameter(fp32, resolve_run(fp32)) == 4
     step = train_step(state, init_distributed(cfg.parallel), 1, None)
     assert math.isfinite(step.loss) and step.loss > 0

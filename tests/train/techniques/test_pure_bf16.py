@@ -22,7 +22,7 @@ def test_bf16_true_is_pure_and_needs_no_fsdp():
     assert (p.compute_dtype, p.param_dtype, p.master_dtype, p.loss_scaling, p.pure) == (
         "bf16", "bf16", "bf16", False, True)
     assert not precision_of("bf16-params").pure
-    assert fsdp_mixed_precision_policy("bf16-true") is None  # the parameters are bf16 already
+    assert fsdp_mixed_precision_policy(precision_of("bf16-true")) is None  # the parameters are bf16 already
     load_config(None, ["precision.mode=bf16-true", "parallel.strategy=ddp"])  # allowed beyond FSDP2
     with pytest.raises(UserError, match="needs parallel.strategy=fsdp"):
         load_config(None, ["precision.mode=bf16-params", "parallel.strategy=ddp"])

@@ -36,7 +36,7 @@ from flopwise.train.checkpoint.store import (
     SaveContext, checkpoints_dir, save_checkpoint,
 )
 from flopwise.train.parallel.distributed import agree_max
-from flopwise.config.precision import precision_of
+from flopwise.config.resolve import ResolvedRun
 
 DIVERGED_EXIT_CODE = 3
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # SIGINT: Ctrl-C, forwarded by torchrun
@@ -134,15 +134,15 @@ class StepBoundary:
     `save_state` / `load_state`, nothing here.
     """
 
-    def __init__(self, cfg, env, vocab_size: int, global_batch: int, report=print):
+    def __init__(self, cfg, env, vocab_size: int, run: ResolvedRun, report=print):
         self.cfg = cfg.checkpoint
         self.env = env
         self.report = report
         self.run_dir = Path(cfg.logging.run_dir)
-        self.ctx = SaveContext(self.run_dir, cfg.model_dump(mode="json"), vocab_size, global_batch,
+        self.ctx = SaveContext(self.run_dir, cfg.model_dump(mode="json"), vocab_size, run.global_batch,
                                cfg.parallel.strategy)
         self.max_steps = cfg.training.max_steps
-        self.guard = NonFiniteGuard(self.cfg.nan_patience, scaler_present=precision_of(cfg.precision.mode).loss_scaling)
+        self.guard = NonFiniteGuard(self.cfg.nan_patience, scaler_present=run.precision.loss_scaling)
         self.skips = SkippedStepGuard(cfg.precision.max_skipped_steps)
         self.signals = StopSignals().install()
         self.last_save_time = time.monotonic()

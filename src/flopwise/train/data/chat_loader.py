@@ -1,6 +1,6 @@
 """Serving packed chat rows to each data-parallel rank, with the weight that makes the loss token-weighted.
 
-The rows play the part of `files.TokenLoader`'s windows: position is counted in global
+The rows play the part of `loader.TokenLoader`'s windows: position is counted in global
 rows consumed, step k gives rank r rows `[k*W*B + r*B, ...)` of a stream that is one
 seeded permutation of all rows per epoch, so ranks are disjoint and a run saved with N
 ranks resumes with M.

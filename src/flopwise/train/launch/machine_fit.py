@@ -77,13 +77,11 @@ def hf_parameters(cfg) -> int | None:
     return count_params(from_hf_config(path, seq_len=cfg.data.seq_len)).total
 
 
-def weight_bytes_per_parameter(cfg) -> int:
+def weight_bytes_per_parameter(cfg, run: ResolvedRun) -> int:
     """Bytes each process holds per parameter while it builds the model: 4 (fp32), or 2 for a LoRA/QLoRA
     base read in a 16-bit compute dtype (`train/build.py` reads a frozen base straight into it)."""
-    from flopwise.config.precision import precision_of
-
     adapters = cfg.finetune is not None and cfg.finetune.adapters
-    return 2 if adapters and precision_of(cfg.precision.mode).compute_dtype != "fp32" else 4
+    return 2 if adapters and run.precision.compute_dtype != "fp32" else 4
 
 
 def check_fits_this_machine(cfg, run: ResolvedRun) -> None:
@@ -94,7 +92,7 @@ def check_fits_this_machine(cfg, run: ResolvedRun) -> None:
     if total is None or parameters is None:
         return
     procs = run.processes_per_node
-    weights = weight_bytes_per_parameter(cfg) * parameters
+    weights = weight_bytes_per_parameter(cfg, run) * parameters
     logits = 4 * cfg.training.micro_batch_size * cfg.data.seq_len * cfg.data.vocab_size
     need = procs * (weights + logits)
     if need > total:

@@ -274,11 +274,11 @@ def attach_strategy(state, cfg: RunConfig, env: DistEnv, run: ResolvedRun) -> St
     they are attached once the `TrainState` exists.
     """
     if cfg.parallel.strategy == "deepspeed":
-        return DeepSpeedStrategy(state, cfg, env, run.grad_accum)
+        return DeepSpeedStrategy(state, cfg, env, run)
     if cfg.parallel.strategy == "pipeline":
-        return PipelineStrategy(state, cfg.parallel, cfg.precision, cfg.training.grad_clip, env,
+        return PipelineStrategy(state, cfg.parallel, run.precision, cfg.training.grad_clip, env,
                                 state.built.pp_group)
-    return TorchStrategy(state, cfg.precision, cfg.training.grad_clip, env)
+    return TorchStrategy(state, run.precision, cfg.training.grad_clip, env)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

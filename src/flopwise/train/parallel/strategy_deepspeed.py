@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from flopwise.errors import UserError
-from flopwise.config.precision import precision_of
+from flopwise.config.precision import Precision
+from flopwise.config.resolve import ResolvedRun
 from flopwise.train.checkpoint import deepspeed_state
 from flopwise.config.schema import RunConfig
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
@@ -35,15 +36,17 @@ from flopwise.train.step import StepHooks, loss_fn
 NEVER_PRINT = 2**31 - 1  # DeepSpeed's own step log; flopwise logs the steps itself
 
 
-def deepspeed_config(cfg: RunConfig, grad_accum: int, device_type: str) -> dict:
+def deepspeed_config(cfg: RunConfig, precision: Precision, grad_accum: int, device_type: str) -> dict:
     """The DeepSpeed config (a dict, as `deepspeed.initialize(config=...)` takes) for this run.
+
+    `precision` is the run's resolved one (`ResolvedRun.precision`); `cfg.precision` gives the loss scaler's settings.
 
     Keys follow DeepSpeed's config reference: `zero_optimization.stage`,
     `offload_optimizer` / `offload_param` with `device: cpu`, `bf16` / `fp16` (dynamic loss
     scale starting at 2^`initial_scale_power`, Micikevicius et al. 2018), `gradient_clipping`
     and `gradient_accumulation_steps`. The optimizer and LR schedule are passed as objects.
     """
-    p, compute = cfg.parallel, precision_of(cfg.precision.mode).compute_dtype
+    p, compute = cfg.parallel, precision.compute_dtype
     zero: dict = {"stage": p.zero_stage}
     if p.offload in ("optimizer", "params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device_type == "cuda"}
@@ -82,8 +85,8 @@ class DeepSpeedStrategy:
     memory_before_step = True  # DeepSpeed's step frees the gradient partitions it reduced
     checkpoint_format = deepspeed_state.FORMAT
 
-    def __init__(self, state, cfg: RunConfig, env: DistEnv, grad_accum: int):
-        precision = precision_of(cfg.precision.mode)
+    def __init__(self, state, cfg: RunConfig, env: DistEnv, run: ResolvedRun):
+        precision = run.precision
         if precision.compute_dtype == "fp16" and env.device.type == "cpu":
             raise UserError("precision.mode: fp16 with parallel.strategy=deepspeed runs on GPUs only "
                             "(DeepSpeed's CPU fp16 needs oneDNN fp16 hardware; allowed on CPU: fp32, bf16)")
@@ -96,7 +99,7 @@ class DeepSpeedStrategy:
         self.env = env
         self.zero_stage = cfg.parallel.zero_stage
         self.loss_scaling = precision.loss_scaling
-        self.config = deepspeed_config(cfg, grad_accum, env.device.type)
+        self.config = deepspeed_config(cfg, precision, run.grad_accum, env.device.type)
         self.built = built = state.built
         with library_prints_to_log():  # DeepSpeed prints its op builds on every rank
             self.engine, self.optimizer, _, _ = deepspeed.initialize(

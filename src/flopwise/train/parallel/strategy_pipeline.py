@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from flopwise.train.checkpoint.dcp_state import dcp_state_dict, load_dcp, save_dcp
-from flopwise.config.schema import ParallelConfig, PrecisionConfig
+from flopwise.config.precision import Precision
+from flopwise.config.schema import ParallelConfig
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, measure_memory
 from flopwise.train.techniques.precision import autocast_context
@@ -58,7 +59,7 @@ class PipelineStrategy:
     memory_before_step = False
     checkpoint_format = "dcp"
 
-    def __init__(self, state, parallel: ParallelConfig, precision: PrecisionConfig, grad_clip: float | None,
+    def __init__(self, state, parallel: ParallelConfig, precision: Precision, grad_clip: float | None,
                  env: DistEnv, pp_group=None):
         from torch.distributed.pipelining import PipelineStage
 
@@ -67,7 +68,7 @@ class PipelineStrategy:
         pp = dist.get_world_size(pp_group) if env.distributed else 1
         self.module = state.built.module  # `parallelize.PipelineChunks`: this rank's stage(s)
         self.scaler = state.scaler
-        self.precision_mode = precision.mode
+        self.precision = precision  # the run's resolved precision
         self.grad_clip = grad_clip
         self.microbatches = parallel.pipeline_microbatches
         chunks, indices = list(self.module.chunks), self.module.stage_indices
@@ -137,7 +138,7 @@ class PipelineStrategy:
         scale = self.scaler.get_scale() if self.scaler is not None else 1.0
         self.loss_multiplier = scale / (self.microbatches * grad_accum)
         with hooks.around_forward(self.module, micro, micro == grad_accum - 1):
-            with autocast_context(self.precision_mode, self.env.device.type):
+            with autocast_context(self.precision, self.env.device.type):
                 self.busy_seconds, start = 0.0, time.perf_counter()
                 loss = self._run(inputs, targets) / scale
                 elapsed = time.perf_counter() - start
@@ -202,7 +203,7 @@ class PipelineStrategy:
         val = iter(loader.val_batches(batches * self.microbatches))
         for _ in range(batches):
             inputs, targets = self.fetch(val)
-            with autocast_context(self.precision_mode, self.env.device.type):
+            with autocast_context(self.precision, self.env.device.type):
                 total += self._run(inputs, targets, evaluate=True)
         module.train()
         return all_reduce_mean([total / batches], self.env)[0]  # the mean over data-parallel replicas

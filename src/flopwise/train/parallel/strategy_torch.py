@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from flopwise.train.checkpoint.dcp_state import dcp_state_dict, load_dcp, save_dcp
-from flopwise.config.schema import PrecisionConfig
+from flopwise.config.precision import Precision
 from flopwise.train.parallel.distributed import DistEnv, all_reduce_mean
 from flopwise.train.metrics import MemoryBytes, measure_memory
 from flopwise.train.techniques.precision import autocast_context
@@ -32,10 +32,10 @@ class TorchStrategy:
     memory_before_step = False
     checkpoint_format = "dcp"
 
-    def __init__(self, state, precision: PrecisionConfig, grad_clip: float | None, env: DistEnv):
+    def __init__(self, state, precision: Precision, grad_clip: float | None, env: DistEnv):
         self.built = state.built
         self.scaler = state.scaler
-        self.precision_mode = precision.mode
+        self.precision = precision  # the run's resolved precision
         self.grad_clip = grad_clip
         self.env = env
 
@@ -57,7 +57,7 @@ class TorchStrategy:
         built, last = self.built, micro == grad_accum - 1
         with gradient_sync(built.model, enabled=last):
             with hooks.around_forward(built.module, micro, last, built.forward_context, built.saved_tensor_hooks), \
-                    autocast_context(self.precision_mode, self.env.device.type):
+                    autocast_context(self.precision, self.env.device.type):
                 loss = micro_batch_loss(built.model, batch, grad_accum)
             hooks.before_backward(self.env, last)
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
@@ -106,13 +106,13 @@ class TorchStrategy:
         for batch in loader.val_batches(batches):
             if hasattr(batch, "loss_weight"):  # packed chat rows: the mean over all labelled tokens
                 packed, batch = True, batch.to(self.env.device)
-                with autocast_context(self.precision_mode, self.env.device.type):
+                with autocast_context(self.precision, self.env.device.type):
                     packed_sum += summed_loss(packed_logits(model, batch), batch.targets).item()
                 packed_tokens += float((batch.targets != IGNORE_INDEX).sum())
                 continue
             inputs, targets = batch
             inputs, targets = inputs.to(self.env.device), targets.to(self.env.device)
-            with autocast_context(self.precision_mode, self.env.device.type):
+            with autocast_context(self.precision, self.env.device.type):
                 total += loss_fn(model(inputs), targets).item()
         model.train()
         if packed:

@@ -1,6 +1,7 @@
 """Numerics: autocast, loss scaling, fp32 norms and the FSDP2 mixed-precision policy.
 
-Modes (`precision.mode`):
+Modes (`precision.mode`; the helpers here take the run's resolved `Precision`,
+`config/precision.py`, never the mode string):
 
 - `fp32`: everything fp32.
 - `bf16` / `fp16`: fp32 parameters, matmuls under `torch.autocast` (Micikevicius et al.
@@ -31,34 +32,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flopwise.config.precision import Precision
 from flopwise.config.schema import PrecisionConfig
-from flopwise.config.precision import precision_of
+
 NORM_NAME_MARKERS = ("layernorm", "rmsnorm")
 
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def compute_dtype(mode: str) -> torch.dtype:
-    """The dtype matmuls run in for `mode`."""
-    return TORCH_DTYPES[precision_of(mode).compute_dtype]
+def compute_dtype(precision: Precision) -> torch.dtype:
+    """The torch dtype matmuls run in."""
+    return TORCH_DTYPES[precision.compute_dtype]
 
 
-def uses_loss_scaling(mode: str) -> bool:
-    """fp16's 5-bit exponent underflows small gradients; bf16 has fp32's range and needs no scaling."""
-    return precision_of(mode).loss_scaling
-
-
-def autocast_context(mode: str, device_type: str):
+def autocast_context(precision: Precision, device_type: str):
     """The context the forward pass (and loss) runs in: nothing for fp32, else torch.autocast."""
-    dtype = compute_dtype(mode)
+    dtype = compute_dtype(precision)
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=dtype)
 
 
-def make_grad_scaler(cfg: PrecisionConfig, device_type: str) -> torch.amp.GradScaler | None:
-    """Dynamic loss scaler for fp16 modes (None otherwise).
+def make_grad_scaler(precision: Precision, settings: PrecisionConfig, device_type: str) -> torch.amp.GradScaler | None:
+    """Dynamic loss scaler for fp16 modes (None otherwise); `settings` gives its starting scale and growth interval.
 
     Doubles the scale after `growth_interval` clean steps and halves it (skipping the
     step) on inf/nan gradients (Micikevicius et al. 2018, sec. 3.2). The plain
@@ -67,14 +64,14 @@ def make_grad_scaler(cfg: PrecisionConfig, device_type: str) -> torch.amp.GradSc
     skips together (FSDP1's `ShardedGradScaler` is not needed). Gradients must be fp32,
     which holds here: parameters (FSDP2: the sharded ones) are always fp32.
     """
-    if not uses_loss_scaling(cfg.mode):
+    if not precision.loss_scaling:  # fp16's 5-bit exponent underflows small gradients; bf16 has fp32's range
         return None
     return torch.amp.GradScaler(
         device_type,
-        init_scale=cfg.initial_scale,
+        init_scale=settings.initial_scale,
         growth_factor=2.0,
         backoff_factor=0.5,
-        growth_interval=cfg.growth_interval,
+        growth_interval=settings.growth_interval,
     )
 
 
@@ -84,11 +81,6 @@ PURE_BF16_TRADE_OFF = (
     "is rounded away. Fine for short fine-tunes (torchtune's and litgpt's default), risky for pre-training "
     "(use bf16 or bf16-params there)"
 )
-
-
-def is_pure(mode: str) -> bool:
-    """Whether `mode` keeps no fp32 master copy (`bf16-true`)."""
-    return precision_of(mode).pure
 
 
 def apply_pure_bf16(model: nn.Module) -> int:
@@ -119,15 +111,14 @@ def pretrained_precision_default(cfg, device: torch.device) -> str | None:
     return None
 
 
-def frozen_base_dtype(mode: str) -> torch.dtype:
+def frozen_base_dtype(precision: Precision) -> torch.dtype:
     """The dtype a frozen (LoRA/QLoRA) base is held in: the compute dtype. It gets no gradient and no
     optimizer state, so no fp32 master copy is needed (as in QLoRA, sec. 3, and torchtune)."""
-    return compute_dtype(mode)
+    return compute_dtype(precision)
 
 
-def fsdp_mixed_precision_policy(mode: str):
+def fsdp_mixed_precision_policy(precision: Precision):
     """FSDP2 policy: 16-bit compute parameters for `*-params`, fp32 gradient reduction; None otherwise."""
-    precision = precision_of(mode)
     if precision.param_dtype == "fp32" or precision.pure:  # pure bf16: the parameters already are
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
