@@ -19,7 +19,9 @@ def algorithm(request) -> str:
     return request.param
 
 
-def test_a_dcp_save_records_the_digest_and_size_of_every_file_it_wrote(tmp_path, algorithm):
+@pytest.mark.parametrize("handoff", [1 << 16, 16 << 20])
+def test_a_dcp_save_records_the_digest_and_size_of_every_file_it_wrote(tmp_path, algorithm, monkeypatch, handoff):
+    monkeypatch.setattr(hashing, "HANDOFF_BYTES", handoff)
     state = {"model": {"w": torch.randn(300, 300), "b": torch.randn(7)}, "optim": {"step": torch.tensor(3.0)}}
     writer = hashing_writer(tmp_path, algorithm, state)
     dcp.save(state, storage_writer=writer, no_dist=True)
@@ -38,7 +40,13 @@ def test_stable_memory_holds_views_inside_its_tensors_only():
     assert not StableMemory().holds(whole)
 
 
-def test_a_large_buffer_outside_stable_memory_is_copied_before_write_returns(tmp_path, algorithm):
+@pytest.fixture
+def small_handoff(monkeypatch):
+    """Hand written bytes to the hashing thread every 64 KiB, so these small files use it as a checkpoint does."""
+    monkeypatch.setattr(hashing, "HANDOFF_BYTES", 1 << 16)
+
+
+def test_a_large_buffer_outside_stable_memory_is_copied_before_write_returns(tmp_path, algorithm, small_handoff):
     """Torch hands DCP's stream buffers it frees after the call: changing one afterwards must not change the digest."""
     stable_tensor = torch.randn(1 << 18)
     fs = HashingFileSystem(algorithm, StableMemory({"t": stable_tensor}))
@@ -55,12 +63,13 @@ def test_a_large_buffer_outside_stable_memory_is_copied_before_write_returns(tmp
     assert size == path.stat().st_size and digest == file_digest(path, algorithm)
 
 
-def test_a_failed_write_ends_the_hashing_thread(tmp_path, algorithm):
+def test_a_failed_write_ends_the_hashing_thread(tmp_path, algorithm, small_handoff):
     stable_tensor = torch.randn(1 << 18)
     fs = HashingFileSystem(algorithm, StableMemory({"t": stable_tensor}))
     before = threading.active_count()
     with pytest.raises(OSError, match="disk full"):
         with fs.create_stream(tmp_path / "file", "wb") as stream:
             stream.write(memoryview(stable_tensor.numpy()))
+            assert threading.active_count() == before + 1  # the hashing thread runs
             raise OSError("disk full")
     assert threading.active_count() == before and not fs.written

@@ -36,7 +36,7 @@ except ImportError:  # the train extra installs it; sha256 is the fallback
 ALGORITHMS = ("blake3", "sha256")
 READ_CHUNK = 8 << 20
 LARGE_WRITE = 64 << 10  # a buffer this large is worth handing to the hashing thread without a copy
-BATCH_BYTES = 1 << 20  # small writes are copied and handed over in batches of this size
+HANDOFF_BYTES = 16 << 20  # written bytes handed to the hashing thread at once
 
 
 def preferred_algorithm() -> str:
@@ -114,8 +114,11 @@ class _HashingStream:
     """A binary file whose bytes are hashed in a second thread while they are written and fsynced.
 
     The hash then costs the save no time of its own where a core is free, and overlaps the
-    file's fsync (a wait for the disk) where none is. Order is kept: small writes are copied
-    into a batch that goes to the hashing thread before the next large buffer.
+    file's fsync (a wait for the disk) where none is. Writes are handed to the thread in
+    groups of `HANDOFF_BYTES` (each hand-over wakes the thread, and a woken thread takes the
+    GIL from the writer: one per buffer cost more than the hash saved on a busy machine),
+    and the rest when DCP asks for the descriptor to fsync it. Order is kept: small writes are
+    copied into a batch that joins the group before the next large buffer.
     """
 
     def __init__(self, raw, algorithm: str, stable: StableMemory):
@@ -124,52 +127,68 @@ class _HashingStream:
         self.hasher = new_hasher(algorithm)
         self.size = 0
         self._batch = bytearray()
+        self._group: list = []
+        self._group_bytes = 0
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
         if view.nbytes >= LARGE_WRITE and self._stable.holds(view):
-            self._hand_over(view)
+            self._close_batch()
+            self._group.append(view)
         else:
             self._batch += view
-            if len(self._batch) >= BATCH_BYTES:
-                self._hand_over(None)
+        self._group_bytes += view.nbytes
+        if self._group_bytes >= HANDOFF_BYTES:
+            self._hand_over()
         self.size += view.nbytes
         return self._raw.write(view)
+
+    def fileno(self) -> int:
+        """The file's descriptor; DCP asks for it to fsync the file, so what is left is hashed meanwhile."""
+        self._hand_over()
+        return self._raw.fileno()
 
     def digest(self) -> str:
         """The hex digest of everything written (waits for the hashing thread)."""
         self.stop()
-        if self._batch:
-            self.hasher.update(self._batch)
-            self._batch = bytearray()
+        self._close_batch()
+        for chunk in self._group:  # a small file never started the thread
+            self.hasher.update(chunk)
+        self._group, self._group_bytes = [], 0
         return self.hasher.hexdigest()
 
     def stop(self) -> None:
         """End the hashing thread (also after a failed write)."""
         if self._thread is not None:
-            self._hand_over(None)
+            self._hand_over()
             self._queue.put(None)
             self._thread.join()
             self._thread = None
 
-    def _hand_over(self, view: memoryview | None) -> None:
+    def _close_batch(self) -> None:
+        if self._batch:
+            self._group.append(self._batch)
+            self._batch = bytearray()
+
+    def _hand_over(self) -> None:
+        self._close_batch()
+        if not self._group:
+            return
         if self._thread is None:
             self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._hash_queued, name="checkpoint-hash", daemon=True)
             self._thread.start()
-        if self._batch:
-            self._queue.put(self._batch)
-            self._batch = bytearray()
-        if view is not None:
-            self._queue.put(view)
+        self._queue.put(self._group)
+        self._group, self._group_bytes = [], 0
 
     def _hash_queued(self) -> None:
-        while (chunk := self._queue.get()) is not None:
-            self.hasher.update(chunk)  # blake3 and hashlib release the GIL on large buffers
+        while (group := self._queue.get()) is not None:
+            for chunk in group:
+                self.hasher.update(chunk)  # blake3 and hashlib release the GIL on large buffers
 
-    def __getattr__(self, name):  # tell, flush, fileno, close, ...: the file's own
+    def __getattr__(self, name):  # tell, flush, close, ...: the file's own
         return getattr(self._raw, name)
 
 
