@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -94,6 +95,12 @@ def make_state() -> TrainState:
                       strategy=_Strategy(model))
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process, every thread (user + system): what a save costs whatever else the machine runs."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "checkpoint.json"))
@@ -107,7 +114,7 @@ def main() -> None:
     state = make_state()
     times: dict[str, list[float]] = {key: [] for key in (
         "flopwise_async_blocking", "flopwise_async_total", "flopwise_async_total_with_retention", "flopwise_blocking", "dcp_save",
-        "dcp_async_save_blocking", "dcp_async_save_total")}
+        "dcp_async_save_blocking", "dcp_async_save_total", "cpu_flopwise_async_with_retention", "cpu_dcp_save")}
     with tempfile.TemporaryDirectory(prefix="flopwise-ckpt-bench-", dir=args.dir) as scratch:
         root = Path(scratch)
         ctx = ckpt.SaveContext(root / "async", config={}, vocab_size=VOCAB, global_batch=1, strategy="single")
@@ -118,11 +125,13 @@ def main() -> None:
             state.step += 1
             start = time.perf_counter()
             begun = time.monotonic()
+            cpu = cpu_seconds()
             saver.start(state)
             times["flopwise_async_blocking"].append(time.perf_counter() - start)
             outcome = saver.wait()
             times["flopwise_async_total_with_retention"].append(time.perf_counter() - start)
             times["flopwise_async_total"].append(outcome.published_at - begun)
+            times["cpu_flopwise_async_with_retention"].append(cpu_seconds() - cpu)
 
         def flopwise_blocking() -> None:
             state.step += 1
@@ -142,8 +151,10 @@ def main() -> None:
                     future.result()
                     times["dcp_async_save_total"].append(time.perf_counter() - start)
                 else:
+                    cpu = cpu_seconds()
                     dcp.save(sd, checkpoint_id=str(folder))
                     times["dcp_save"].append(time.perf_counter() - start)
+                    times["cpu_dcp_save"].append(cpu_seconds() - cpu)
 
         # each ratio's two sides run next to each other, first one then the other by turns
         pairs = [(flopwise_async, lambda: plain(False)), (lambda: plain(True), flopwise_blocking)]
@@ -189,7 +200,9 @@ def main() -> None:
         "blocking_vs_dcp_async_save": blocking_ratio["median"],
         "total_vs_dcp_save": total_ratio["median"],
         "paired_ratios": {"blocking_vs_dcp_async_save": blocking_ratio, "total_vs_dcp_save": total_ratio,
-                          "flopwise_blocking_vs_dcp_save": paired("flopwise_blocking", "dcp_save")},
+                          "flopwise_blocking_vs_dcp_save": paired("flopwise_blocking", "dcp_save"),
+                          "cpu_flopwise_async_with_retention_vs_dcp_save": paired("cpu_flopwise_async_with_retention",
+                                                                                  "cpu_dcp_save")},
         "ratio_of_medians": {
             "blocking_vs_dcp_async_save": median["flopwise_async_blocking"] / median["dcp_async_save_blocking"],
             "total_vs_dcp_save": median["flopwise_async_total"] / median["dcp_save"]},
@@ -216,6 +229,8 @@ def main() -> None:
     print(f"  total / dcp.save                  = {result['total_vs_dcp_save']:.2f} (median of paired rounds, "
           f"{total_ratio['min']:.2f}-{total_ratio['max']:.2f}; {total_ratio['rounds_within_target']} of "
           f"{args.repeats} rounds <= 1.2; target <= 1.2)")
+    cpu = result["paired_ratios"]["cpu_flopwise_async_with_retention_vs_dcp_save"]["median"]
+    print(f"  CPU seconds, flopwise async (with retention) / dcp.save = {cpu:.2f} (median of paired rounds)")
     print(f"wrote {out}")
 
 
