@@ -19,7 +19,9 @@ import pytest
 
 from flopwise.errors import UserError
 from flopwise.runrecord.records import Comparison, write_comparison
-from flopwise.safe_write import copy_file, make_entry_folder, open_for_append, refuse_links, write_file
+from flopwise.safe_write import (
+    copy_file, make_entry_folder, open_for_append, refuse_links, write_file, write_new_file,
+)
 
 ENTRIES = ["config.yaml", "plan.json", "environment.json", "tokenizer.json", "predicted_vs_measured.json",
            "metrics.rank0.jsonl", "library.log", "report.md", "run.lock", "checkpoints"]
@@ -102,6 +104,20 @@ def test_a_whole_file_write_replaces_the_link_not_its_target(tmp_path, victim, d
     assert victim.read_text() == "keep me\n"
     assert not link.is_symlink() and link.read_text() == "{}"
     assert sorted(p.name for p in link.parent.iterdir()) == ["plan.json"]  # no temporary file left
+
+
+def test_a_new_file_refuses_a_planted_link_and_an_existing_file(tmp_path, victim):
+    """A checkpoint's trainer state and manifest are created in its temporary folder, never written through a link."""
+    link = plant(tmp_path / "run", "manifest.json", victim)
+    with pytest.raises(UserError, match="manifest.json"):  # O_EXCL: a link is an existing entry, never followed
+        write_new_file(link, "{}")
+    assert link.is_symlink()
+    assert victim.read_text() == "keep me\n"
+    fresh = write_new_file(tmp_path / "run" / "trainer.rank00000.json", '{"step": 1}')
+    assert fresh.read_text() == '{"step": 1}'
+    with pytest.raises(UserError, match="cannot write"):
+        write_new_file(fresh, "{}")
+    assert fresh.read_text() == '{"step": 1}'
 
 
 def test_a_copy_replaces_the_link_not_its_target(tmp_path, victim):

@@ -132,6 +132,31 @@ def write_file(path: Path, data: bytes | str, durable: bool = False, mode: int =
     return path
 
 
+def write_new_file(path: Path, data: bytes | str) -> Path:
+    """Create `path`, which must not exist yet, with `data`, fsynced, without following a link.
+
+    For files inside a folder that is published later by a rename (a checkpoint's temporary
+    folder): nobody reads them before that, so no temporary name and rename are needed, and
+    one fsync of the folder before it is renamed makes all its entries durable at once.
+    """
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    try:
+        fd = _open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            write_through_descriptor(fd, payload)
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise WriteFailed(err, path, f"{path}: cannot write ({err.strerror or err})") from None
+    return path
+
+
 def copy_file(source: Path, target: Path) -> Path:
     """Copy `source` (read as data) to `target` with `write_file`'s guarantees."""
     try:

@@ -43,7 +43,7 @@ import torch.distributed.checkpoint as dcp
 
 from flopwise.errors import UserError
 from flopwise.runrecord.records import checkpoints_dir
-from flopwise.safe_write import make_entry_folder, write_file
+from flopwise.safe_write import make_entry_folder, write_new_file
 from flopwise.train.checkpoint import store
 from flopwise.train.checkpoint.hashing import bytes_digest, hashing_writer, preferred_algorithm
 
@@ -198,7 +198,7 @@ class AsyncSaver:
 
     def _write_parts(self, staged: dict, trainer: dict, tmp: Path, algorithm: str) -> dict[str, dict]:
         """This rank's DCP files and trainer JSON, each hashed on its way to disk; name -> {bytes, digest}."""
-        writer = hashing_writer(tmp, algorithm)
+        writer = hashing_writer(tmp, algorithm, staged)
         crc32 = torch.serialization.get_crc32_options()
         # torch.save's per-record zip CRC32 would be a second checksum pass over the same bytes; the
         # manifest's checksum covers every byte, and torch.load reads records written without it
@@ -212,7 +212,7 @@ class AsyncSaver:
         _test_slowdown()  # tests: a kill lands between the model files and the trainer state
         payload = json.dumps(trainer).encode("utf-8")
         name = store.trainer_file(self.env.rank)
-        write_file(tmp / name, payload, durable=True)
+        write_new_file(tmp / name, payload)
         files[name] = {"bytes": len(payload), algorithm: bytes_digest(payload, algorithm)}
         return files
 

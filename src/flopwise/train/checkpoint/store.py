@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from flopwise.errors import UserError
 from flopwise.runrecord.records import checkpoints_dir
-from flopwise.safe_write import fsync_folder, make_entry_folder, write_file
+from flopwise.safe_write import fsync_folder, make_entry_folder, write_file, write_new_file
 from flopwise.config.signature import sign_manifest
 from flopwise.train.checkpoint.hashing import algorithm_of, bytes_digest, file_digest, preferred_algorithm
 from flopwise.train.parallel.distributed import DistEnv, barrier
@@ -177,7 +177,7 @@ def save_checkpoint(state, ctx: SaveContext, env: DistEnv, verify: bool = True) 
     if not failure:
         failure = _attempt(lambda: state.strategy.save_state(state, tmp))
         if not failure:
-            failure = _attempt(lambda: _write_json(tmp / trainer_file(env.rank), trainer_state(state, env)))
+            failure = _attempt(lambda: write_new_file(tmp / trainer_file(env.rank), json.dumps(trainer_state(state, env))))
         failure = _agree_failure(failure, env)
     if not failure and env.is_main:
         failure = _attempt(lambda: _publish(tmp, final, step, state, ctx, env, verify))
@@ -213,8 +213,9 @@ def _publish(tmp: Path, final: Path, step: int, state, ctx: SaveContext, env: Di
         "config": ctx.config,
         "files": files,
     }
-    _write_json(tmp / MANIFEST, sign_manifest(manifest))  # export reads it back only with this user's signature
-    fsync_folder(tmp)
+    # export reads it back only with this user's signature
+    write_new_file(tmp / MANIFEST, json.dumps(sign_manifest(manifest)))
+    fsync_folder(tmp)  # every entry of the folder (DCP's files, trainer states, manifest) durable before the rename
     if final.exists():  # an earlier, unverifiable attempt at the same step: replace it
         trash = final.with_name(f".trash-{final.name}")
         shutil.rmtree(trash, ignore_errors=True)
@@ -358,10 +359,6 @@ def _sha256(path: Path) -> str:
         while chunk := handle.read(HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _write_json(path: Path, value: dict) -> None:
-    write_file(path, json.dumps(value), durable=True)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
