@@ -73,3 +73,31 @@ def test_a_failed_write_ends_the_hashing_thread(tmp_path, algorithm, small_hando
             assert threading.active_count() == before + 1  # the hashing thread runs
             raise OSError("disk full")
     assert threading.active_count() == before and not fs.written
+
+
+def test_stable_memory_reads_a_dtensor_through_its_local_shard(tmp_path, monkeypatch):
+    """FSDP2's staged state holds DTensors, whose own storage has no data pointer (a save died on it)."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    dist.init_process_group("gloo")
+    try:
+        weight = distribute_tensor(torch.randn(64, 64), init_device_mesh("cpu", (1,)), [Shard(0)])
+        with pytest.raises(RuntimeError):
+            weight.untyped_storage().data_ptr()  # why the shard is read instead
+        stable = StableMemory({"model": {"w": weight}})
+        assert stable.holds(memoryview(weight.to_local().numpy()).cast("B"))
+        writer = hashing_writer(tmp_path, "sha256", {"model": {"w": weight}})
+        dcp.save({"model": {"w": weight}}, storage_writer=writer)
+        for path, (size, digest) in writer.fs.written.items():
+            assert size == path.stat().st_size and digest == file_digest(path, "sha256")
+    finally:
+        dist.destroy_process_group()

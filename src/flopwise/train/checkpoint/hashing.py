@@ -86,7 +86,7 @@ class StableMemory:
     """
 
     def __init__(self, state_dict: dict | None = None):
-        ranges = sorted({(s.data_ptr(), s.nbytes()) for s in _storages(state_dict) if s.nbytes()})
+        ranges = sorted({(start, size) for start, size in map(_address_range, _storages(state_dict)) if size})
         self._starts = [start for start, _ in ranges]
         self._ends = [start + size for start, size in ranges]
 
@@ -99,9 +99,19 @@ class StableMemory:
         return index >= 0 and start + view.nbytes <= self._ends[index]
 
 
+def _address_range(storage) -> tuple[int, int]:
+    """(start, bytes) of a storage; (0, 0) for one with no memory of its own (a tensor subclass's
+    wrapper): buffers inside it are then copied before they are hashed, which is always correct."""
+    try:
+        return storage.data_ptr(), storage.nbytes()
+    except RuntimeError:
+        return 0, 0
+
+
 def _storages(value):
     if isinstance(value, torch.Tensor):
-        yield value.untyped_storage()
+        local = getattr(value, "to_local", None)  # a DTensor (FSDP2, TP): its shard holds the bytes
+        yield (local() if callable(local) else value).untyped_storage()
     elif isinstance(value, dict):
         for item in value.values():
             yield from _storages(item)
