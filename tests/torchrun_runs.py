@@ -7,9 +7,12 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from flopwise.train.checkpoint import store as ckpt
 from tests.train.checkpoint.test_policy import losses, train_cli
+
+T = TypeVar("T")
 
 
 def run_to_end(path: Path, timeout: float = 600) -> str:
@@ -74,3 +77,19 @@ def assert_killed_run_continues_bit_for_bit(path: Path, run_dir: Path, ref_dir: 
     saved = [step for step, _ in ckpt.published_steps(run_dir)]
     assert saved and max(saved) < steps
     assert_the_same_command_continues(path, max(saved), run_dir, ref_dir)
+
+
+def preempt_with_sigterm(proc, ready: Callable[[], T]) -> tuple[T, str]:
+    """Once `ready()` returns, SIGTERM the launcher: it must save, exit 75 and print exactly one error line.
+    Returns what `ready()` returned and that line."""
+    try:
+        value = ready()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith("error: preempted by SIGTERM at step"), err[-3000:]
+    return value, lines[0]

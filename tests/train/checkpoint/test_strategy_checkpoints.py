@@ -11,12 +11,13 @@ writes a verified, published checkpoint for these strategies.
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 
 from flopwise.train.checkpoint import store as ckpt
-from tests.torchrun_runs import assert_killed_run_continues_bit_for_bit, assert_the_same_command_continues, run_to_end
+from tests.torchrun_runs import (
+    assert_killed_run_continues_bit_for_bit, assert_the_same_command_continues, preempt_with_sigterm, run_to_end,
+)
 from tests.train.checkpoint.test_policy import corpus, train_cli, wait_for_step, write  # noqa: F401
 
 pytest.importorskip("psutil")
@@ -94,16 +95,7 @@ def test_sigterm_saves_exits_75_and_the_next_command_continues_bit_for_bit(corpu
     path = write(config(corpus, run_dir, STRATEGIES[name], every_steps=100, grace_seconds=60),
                  tmp_path / "config.yaml")
     proc = train_cli(path)
-    try:
-        wait_for_step(proc, run_dir / "metrics.rank1.jsonl", 3)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 75, err[-3000:]
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and lines[0].startswith("error: preempted by SIGTERM at step"), err[-3000:]
+    preempt_with_sigterm(proc, lambda: wait_for_step(proc, run_dir / "metrics.rank1.jsonl", 3))
     saved = ckpt.published_steps(run_dir)
     assert saved and ckpt.verify_checkpoint(saved[-1][1]) is None
     assert_the_same_command_continues(path, saved[-1][0], run_dir, ref_dir)
