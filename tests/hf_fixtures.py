@@ -53,3 +53,30 @@ def write_pretrained(folder: Path, vocab: int = 384, model_vocab: int = 512, tie
     model.save_pretrained(str(folder), safe_serialization=True, **kwargs)
     wrapped.save_pretrained(str(folder))
     return folder
+
+
+def pretrained_root(tmp_path_factory, name: str) -> Path:
+    """A fresh temporary folder holding `write_pretrained`'s model in `pretrained/`."""
+    root = tmp_path_factory.mktemp(name)
+    write_pretrained(root / "pretrained")
+    return root
+
+
+def export_logits(run_dir: Path, out: Path, pretrained: Path, ids):
+    """`flopwise export` a LoRA run merged (transformers, `out/merged`) and adapter-only (PEFT,
+    `out/adapter-only`); returns the logits on `ids` of the base model, the merged export and the base
+    with the adapter, for the tests to compare."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.artifacts.test_export_lora import cli, logits
+
+    for extra, name in (([], "merged"), (["--adapter"], "adapter-only")):
+        done = cli("export", str(run_dir), "--out", str(out / name), *extra)
+        assert done.returncode == 0, done.stderr[-2000:]
+    base = AutoModelForCausalLM.from_pretrained(str(pretrained), dtype=torch.float32).eval()
+    base_logits = logits(base, ids)  # before PEFT wraps `base` in place
+    adapted = PeftModel.from_pretrained(base, str(out / "adapter-only" / "adapter")).eval()
+    merged = AutoModelForCausalLM.from_pretrained(str(out / "merged" / "hf")).eval()
+    return base_logits, logits(merged, ids), logits(adapted, ids)

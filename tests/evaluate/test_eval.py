@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -74,16 +75,23 @@ metric_list:
 """
 
 
+def write_choice_task(folder: Path) -> Path:
+    """A 6-question two-choice JSONL and the lm-eval task `flopwise_local_choice` over it, in `folder`;
+    returns the folder to pass as `--include`."""
+    data = folder / "choice.jsonl"
+    data.write_text("".join(json.dumps({"question": f"how many apples {i}", "choices": ["pears", "apples"],
+                                         "answer": i % 2}) + "\n" for i in range(6)))
+    tasks = folder / "tasks"
+    tasks.mkdir()
+    (tasks / "local.yaml").write_text(TASK_YAML.format(data=data))
+    return tasks
+
+
 @pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval (extra `eval`) is not installed")
 def test_local_lm_eval_task_runs_offline(tmp_path, pretrained, monkeypatch, capsys):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    data = tmp_path / "choice.jsonl"
-    data.write_text("".join(json.dumps({"question": f"how many apples {i}", "choices": ["pears", "apples"],
-                                         "answer": i % 2}) + "\n" for i in range(6)))
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "local.yaml").write_text(TASK_YAML.format(data=data))
+    tasks = write_choice_task(tmp_path)
     code, output = _invoke(capsys, "eval", str(pretrained), "--tasks", "flopwise_local_choice", "--include", str(tasks))
     assert code == 0, output
     scores = json.loads((pretrained / "eval.json").read_text())["tasks"]["flopwise_local_choice"]

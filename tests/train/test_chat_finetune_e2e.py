@@ -14,13 +14,11 @@ import math
 import pytest
 import torch
 
-from flopwise.train.checkpoint import store as ckpt
-from tests.artifacts.test_export_lora import cli, logits
-from tests.evaluate.test_eval import TASK_YAML
-from tests.train.checkpoint.test_policy import losses, train_cli, write
-from tests.train.checkpoint.test_strategy_checkpoints import (
-    assert_the_same_command_continues, kill_launcher_and_workers, wait_for_checkpoint_and_step,
-)
+from tests.artifacts.test_export_lora import cli
+from tests.evaluate.test_eval import write_choice_task
+from tests.hf_fixtures import export_logits
+from tests.torchrun_runs import assert_killed_run_continues_bit_for_bit, rank_mean_losses, run_to_end
+from tests.train.checkpoint.test_policy import write
 from tests.train.test_chat_training_distributed import STEPS, config, folders  # noqa: F401 (fixture)
 
 pytest.importorskip("peft")
@@ -42,25 +40,14 @@ def test_qlora_chat_fine_tune_resumes_then_evaluates_exports_compresses_and_gene
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     ref_dir = tmp_path / "ref" / "run"
-    proc = train_cli(write(qlora_config(folders, ref_dir), ref_dir.parent / "config.yaml"))
-    out, err = proc.communicate(timeout=900)
-    assert proc.returncode == 0, err[-3000:]
+    out = run_to_end(write(qlora_config(folders, ref_dir), ref_dir.parent / "config.yaml"), timeout=900)
     assert "stored in NF4" in out and "(loss_on assistant)" in out
-    steps = [(a + b) / 2 for a, b in zip(losses(ref_dir, 0), losses(ref_dir, 1))]  # each rank logs its share
+    steps = rank_mean_losses(ref_dir)  # each rank logs its share
     assert steps[-1] < steps[0], steps
 
     run_dir = tmp_path / "killed" / "run"
     path = write(qlora_config(folders, run_dir, every_steps=2), run_dir.parent / "config.yaml")
-    proc = train_cli(path)
-    try:
-        wait_for_checkpoint_and_step(proc, run_dir, 5)
-        kill_launcher_and_workers(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    saved = [step for step, _ in ckpt.published_steps(run_dir)]
-    assert saved and max(saved) < STEPS
-    assert_the_same_command_continues(path, max(saved), run_dir, ref_dir)
+    assert_killed_run_continues_bit_for_bit(path, run_dir, ref_dir, STEPS, kill_after=5)
 
     # eval on the run (exported on first use): perplexity on local text, and a local lm-eval task
     text = tmp_path / "held_out.txt"
@@ -70,12 +57,7 @@ def test_qlora_chat_fine_tune_resumes_then_evaluates_exports_compresses_and_gene
     perplexity = json.loads((tmp_path / "ppl.json").read_text())
     assert "perplexity" in json.dumps(perplexity)
     if importlib.util.find_spec("lm_eval") is not None:
-        data = tmp_path / "choice.jsonl"
-        data.write_text("".join(json.dumps({"question": f"how many apples {i}", "choices": ["pears", "apples"],
-                                             "answer": i % 2}) + "\n" for i in range(6)))
-        tasks = tmp_path / "tasks"
-        tasks.mkdir()
-        (tasks / "local.yaml").write_text(TASK_YAML.format(data=data))
+        tasks = write_choice_task(tmp_path)
         done = cli("eval", str(run_dir), "--tasks", "flopwise_local_choice", "--include", str(tasks),
                    "--out", str(tmp_path / "tasks.json"))
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -83,20 +65,10 @@ def test_qlora_chat_fine_tune_resumes_then_evaluates_exports_compresses_and_gene
         assert 0.0 <= scores["acc,none"] <= 1.0
 
     # merged (transformers) and adapter-only (PEFT) exports of the resumed run agree, and differ from the base
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    for extra, name in (([], "merged"), (["--adapter"], "adapter-only")):
-        done = cli("export", str(run_dir), "--out", str(tmp_path / name), *extra)
-        assert done.returncode == 0, done.stderr[-2000:]
     ids = torch.arange(1, 33).view(1, 32)
-    base = AutoModelForCausalLM.from_pretrained(str(folders / "pretrained"), dtype=torch.float32).eval()
-    base_logits = logits(base, ids)
-    adapted = PeftModel.from_pretrained(base, str(tmp_path / "adapter-only" / "adapter")).eval()
-    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged" / "hf")).eval()
-    merged_logits = logits(merged, ids)
+    base_logits, merged_logits, adapted_logits = export_logits(run_dir, tmp_path, folders / "pretrained", ids)
     assert torch.isfinite(merged_logits).all()
-    torch.testing.assert_close(merged_logits, logits(adapted, ids), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(merged_logits, adapted_logits, atol=1e-3, rtol=1e-3)
     assert not torch.allclose(merged_logits, base_logits, atol=1e-3)  # the adapters were trained
 
     # int4 weight-only compression of the trained model, then generation from the run and from the compressed folder

@@ -8,24 +8,20 @@ from __future__ import annotations
 
 import pytest
 
-from flopwise.train.checkpoint import store as ckpt
-from tests.hf_fixtures import write_pretrained
-from tests.train.checkpoint.test_policy import losses, train_cli, write
-from tests.train.checkpoint.test_strategy_checkpoints import (
-    assert_the_same_command_continues, kill_launcher_and_workers, wait_for_checkpoint_and_step,
-)
+from tests.hf_fixtures import pretrained_root
+from tests.torchrun_runs import assert_killed_run_continues_bit_for_bit, rank_mean_losses, run_to_end
+from tests.train.checkpoint.test_policy import losses, write
 from tests.train.test_chat_training import conversations, write_chat
 
 pytest.importorskip("peft")
-psutil = pytest.importorskip("psutil")
+pytest.importorskip("psutil")
 
 STEPS = 8
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("chat-dist")
-    write_pretrained(root / "pretrained")
+    root = pretrained_root(tmp_path_factory, "chat-dist")
     write_chat(root / "alpha.jsonl", conversations("alpha", 60, seed=1))
     write_chat(root / "beta.jsonl", conversations("beta", 30, seed=2))
     return root
@@ -51,28 +47,16 @@ def config(folders, run_dir, **checkpoint) -> dict:
 @pytest.mark.distributed
 def test_lora_on_chat_rows_under_ddp_learns_and_resumes_bit_for_bit(folders, tmp_path):
     ref_dir = tmp_path / "ref" / "run"
-    proc = train_cli(write(config(folders, ref_dir), ref_dir.parent / "config.yaml"))
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
+    out = run_to_end(write(config(folders, ref_dir), ref_dir.parent / "config.yaml"))
     assert "LoRA (PEFT): rank 4" in out
     assert "data: chat mix of 2 file(s)" in out and "(loss_on assistant)" in out
-    first, second = losses(ref_dir, 0), losses(ref_dir, 1)
     # each rank logs its share (summed token losses x W / the step's tokens); their mean is the step's loss
-    steps = [(a + b) / 2 for a, b in zip(first, second)]
+    steps = rank_mean_losses(ref_dir)
     assert len(steps) == STEPS and max(steps[-2:]) < min(steps[:2]), steps
 
     run_dir = tmp_path / "killed" / "run"
     path = write(config(folders, run_dir, every_steps=2), run_dir.parent / "config.yaml")
-    proc = train_cli(path)
-    try:
-        wait_for_checkpoint_and_step(proc, run_dir, 5)
-        kill_launcher_and_workers(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    saved = [step for step, _ in ckpt.published_steps(run_dir)]
-    assert saved and max(saved) < STEPS
-    assert_the_same_command_continues(path, max(saved), run_dir, ref_dir)
+    assert_killed_run_continues_bit_for_bit(path, run_dir, ref_dir, STEPS, kill_after=5)
 
 
 @pytest.mark.slow
@@ -84,9 +68,7 @@ def test_two_fsdp_ranks_with_accumulation_equal_one_process_with_the_whole_batch
         cfg["finetune"]["dropout"] = 0.0  # no per-rank randomness
         cfg["training"].update(max_steps=4, micro_batch_size=micro, optimizer="sgd", lr=0.5, min_lr=0.5,
                                warmup_steps=0, grad_clip=None)
-        proc = train_cli(write(cfg, tmp_path / name / "config.yaml"))
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
+        run_to_end(write(cfg, tmp_path / name / "config.yaml"))
         return [losses(tmp_path / name / "run", rank) for rank in range(nproc)]
 
     (whole,) = run("one", 1, "single", 8)

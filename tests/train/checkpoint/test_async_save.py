@@ -22,6 +22,7 @@ import pytest
 
 from flopwise.train.checkpoint import store as ckpt
 from flopwise.train.checkpoint.async_save import SLOW_WRITE_ENV
+from tests.torchrun_runs import assert_the_same_command_continues, preempt_with_sigterm
 from tests.train.checkpoint.test_policy import (  # noqa: F401  (fixtures)
     config, corpus, losses, single_reference, train_cli, two_process_reference, write,
 )
@@ -77,29 +78,15 @@ def test_sigterm_during_the_background_write_publishes_it_exits_75_and_resumes_b
                  tmp_path / "config.yaml")
     monkeypatch.setenv(SLOW_WRITE_ENV, "3")
     proc = train_cli(path)
-    try:
-        in_flight = wait_for_write_in_flight(proc, run_dir)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 75, err[-3000:]
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and lines[0].startswith("error: preempted by SIGTERM at step"), err[-3000:]
-    stopped_at = int(lines[0].split("at step ")[1].split(":")[0])
+    in_flight, line = preempt_with_sigterm(proc, lambda: wait_for_write_in_flight(proc, run_dir))
+    stopped_at = int(line.split("at step ")[1].split(":")[0])
     published = [step for step, _ in ckpt.published_steps(run_dir)]
     assert in_flight in published and stopped_at in published  # the save in flight finished, then the signal's
     assert not list((run_dir / "checkpoints").glob(f"{ckpt.TMP_PREFIX}*"))
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{stopped_at}"
 
     monkeypatch.delenv(SLOW_WRITE_ENV)
-    rerun = train_cli(path)
-    out, err = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, err[-3000:]
-    assert f"resumed from checkpoint step-{stopped_at}" in " ".join(out.split())
-    for rank in (0, 1):
-        assert losses(run_dir, rank) == losses(two_process_reference, rank)  # bit for bit
+    assert_the_same_command_continues(path, stopped_at, run_dir, two_process_reference)
 
 
 class _Loader:

@@ -11,15 +11,16 @@ writes a verified, published checkpoint for these strategies.
 from __future__ import annotations
 
 import json
-import signal
-import time
 
 import pytest
 
 from flopwise.train.checkpoint import store as ckpt
-from tests.train.checkpoint.test_policy import corpus, losses, train_cli, wait_for_step, write  # noqa: F401
+from tests.torchrun_runs import (
+    assert_killed_run_continues_bit_for_bit, assert_the_same_command_continues, preempt_with_sigterm, run_to_end,
+)
+from tests.train.checkpoint.test_policy import corpus, train_cli, wait_for_step, write  # noqa: F401
 
-psutil = pytest.importorskip("psutil")
+pytest.importorskip("psutil")
 
 STEPS = 8
 KILL_AFTER = 5  # steps on rank 1's metrics; checkpoints every 2 steps, so step-4 is published by then
@@ -43,39 +44,6 @@ def config(corpus, run_dir, parallel: dict, **checkpoint) -> dict:  # noqa: F811
     }
 
 
-def wait_for_checkpoint_and_step(proc, run_dir, step: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    metrics = run_dir / "metrics.rank1.jsonl"
-    while True:
-        lines = metrics.read_text().splitlines() if metrics.exists() else []
-        if len(lines) >= step and ckpt.published_steps(run_dir):
-            return
-        assert proc.poll() is None, f"the run ended early: {proc.communicate()[1][-2000:]}"
-        assert time.monotonic() < deadline, "the run did not reach the step"
-        time.sleep(0.05)
-
-
-def kill_launcher_and_workers(proc) -> None:
-    """SIGKILL the launcher; its workers die with it (parent-death guard); wait until they are gone."""
-    workers = psutil.Process(proc.pid).children(recursive=True)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)
-    _, alive = psutil.wait_procs(workers, timeout=20)
-    for worker in alive:  # the guard failed: do not leave them running, and fail below
-        worker.kill()
-    assert not alive, f"workers outlived the launcher: {[w.pid for w in alive]}"
-
-
-def assert_the_same_command_continues(path, step: int, run_dir, ref_dir) -> None:
-    """Rerun the identical command: it resumes from `step` and every rank's losses equal the reference's."""
-    rerun = train_cli(path)
-    out, err = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, err[-3000:]
-    assert f"resumed from checkpoint step-{step}" in " ".join(out.split())
-    for rank in (0, 1):
-        assert losses(run_dir, rank) == losses(ref_dir, rank)  # bit for bit
-
-
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):  # noqa: F811
     """The uninterrupted 2-process run of a strategy (computed once per strategy, on first use)."""
@@ -84,9 +52,7 @@ def reference(corpus, tmp_path_factory):  # noqa: F811
     def run(name: str):
         if name not in done:
             ref_dir = tmp_path_factory.mktemp(f"ref-{name}") / "run"
-            proc = train_cli(write(config(corpus, ref_dir, STRATEGIES[name]), ref_dir.parent / "config.yaml"))
-            out, err = proc.communicate(timeout=600)
-            assert proc.returncode == 0, err[-3000:]
+            run_to_end(write(config(corpus, ref_dir, STRATEGIES[name]), ref_dir.parent / "config.yaml"))
             done[name] = ref_dir
         return done[name]
 
@@ -113,21 +79,10 @@ def test_at_end_publishes_a_verified_checkpoint(reference, name):
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_kill_9_then_rerun_continues_bit_for_bit(corpus, tmp_path, reference, name):  # noqa: F811
-    parallel = STRATEGIES[name]
     ref_dir = reference(name)
     run_dir = tmp_path / "run"
-    path = write(config(corpus, run_dir, parallel, every_steps=2), tmp_path / "killed" / "config.yaml")
-    proc = train_cli(path)
-    try:
-        wait_for_checkpoint_and_step(proc, run_dir, KILL_AFTER)
-        kill_launcher_and_workers(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    saved = [step for step, _ in ckpt.published_steps(run_dir)]
-    assert saved and max(saved) < STEPS
-
-    assert_the_same_command_continues(path, max(saved), run_dir, ref_dir)
+    path = write(config(corpus, run_dir, STRATEGIES[name], every_steps=2), tmp_path / "killed" / "config.yaml")
+    assert_killed_run_continues_bit_for_bit(path, run_dir, ref_dir, STEPS, KILL_AFTER)
 
 
 @pytest.mark.slow
@@ -140,16 +95,7 @@ def test_sigterm_saves_exits_75_and_the_next_command_continues_bit_for_bit(corpu
     path = write(config(corpus, run_dir, STRATEGIES[name], every_steps=100, grace_seconds=60),
                  tmp_path / "config.yaml")
     proc = train_cli(path)
-    try:
-        wait_for_step(proc, run_dir / "metrics.rank1.jsonl", 3)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 75, err[-3000:]
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and lines[0].startswith("error: preempted by SIGTERM at step"), err[-3000:]
+    preempt_with_sigterm(proc, lambda: wait_for_step(proc, run_dir / "metrics.rank1.jsonl", 3))
     saved = ckpt.published_steps(run_dir)
     assert saved and ckpt.verify_checkpoint(saved[-1][1]) is None
     assert_the_same_command_continues(path, saved[-1][0], run_dir, ref_dir)
