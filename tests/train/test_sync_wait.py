@@ -49,11 +49,10 @@ def test_measured_by_default_only_with_several_ranks():
     assert not measure_sync_wait(load_config(None, ["training.measure_sync_wait=false"]).training, two)
 
 
-@pytest.mark.distributed
-def test_a_slowed_rank_is_named_by_diagnose(corpus, tmp_path):
-    run_dir = tmp_path / "straggler"
+def run_with_rank_1_slowed(config: dict, tmp_path) -> None:
+    """Train `config` on 2 torchrun processes whose rank 1 sleeps SLEEP s before each step's last forward."""
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(base_config(corpus, run_dir, 4, strategy="ddp", nproc_per_node=2)))
+    path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
     env.update(OMP_NUM_THREADS="1")
     driver = tmp_path / "slowed_rank.py"
@@ -62,6 +61,12 @@ def test_a_slowed_rank_is_named_by_diagnose(corpus, tmp_path):
                              str(driver), str(path), str(SLEEP)], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.distributed
+def test_a_slowed_rank_is_named_by_diagnose(corpus, tmp_path):
+    run_dir = tmp_path / "straggler"
+    run_with_rank_1_slowed(base_config(corpus, run_dir, 4, strategy="ddp", nproc_per_node=2), tmp_path)
 
     # Steps 1-2 are warm-up: DDP rebuilds its buckets in the second forward, a collective of its own.
     fast, slow = metrics(run_dir, 0)[2:], metrics(run_dir, 1)[2:]
@@ -86,16 +91,7 @@ def test_a_slowed_rank_is_named_from_sampled_probes(corpus, tmp_path):
     run_dir = tmp_path / "sampled"
     config = base_config(corpus, run_dir, 4, strategy="ddp", nproc_per_node=2)
     config["training"].update(max_steps=10, eval_every=10, measure_every=4)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
-    env.update(OMP_NUM_THREADS="1")
-    driver = tmp_path / "slowed_rank.py"
-    driver.write_text(DRIVER)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             str(driver), str(path), str(SLEEP)], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_with_rank_1_slowed(config, tmp_path)
     for rank in (0, 1):
         rows = metrics(run_dir, rank)
         assert [r["step"] for r in rows if "sync_wait_seconds" in r] == [1, 2, 3, 4, 5, 8, 10]
