@@ -732,7 +732,14 @@ def render(cases, loso, in_sample, summary, published_memory, formula_rows, band
               "timed with it: Llama 3.1 405B without activation checkpointing (Llama Team 2024 sec. 3.3.2; "
               "where the planner's memory says that does not fit, the row says so rather than adding recompute "
               "the run did not use), PaLM with the 75 % of its forward that its HFU 57.8 % over MFU 46.2 % "
-              "states (`blocks:0.753`).", ""]
+              "states (`blocks:0.753`). Why Llama 3.1 405B stays over: at tp 8 + SP and seq 8,192 one layer "
+              "of one micro-batch keeps 0.50 GiB per GPU with fused norms and SwiGLU (Megatron-Core's kernels, "
+              "or torchtitan under torch.compile, measured on the partitioned graph; 0.66 GiB eager), and "
+              "1F1B-family schedules hold 120-143 layer-micro-batches on the busiest stage (m = p = 16 runs "
+              "every forward first); 60-71 GiB of activations beside 18 GiB of bf16 weights and fp32 gradients "
+              "exceed an 80 GB card (gradients accumulated in fp32, as this row is planned). The stack Meta ran is not "
+              "public; under Megatron-Core's conventions the same layouts fit only with its bf16 gradient "
+              "buffer (plain 1F1B) and, interleaved, an fp8-stored SwiGLU input.", ""]
     lines += ["## Memory: published peaks", "",
               "Peak memory per GPU as the planner counts it for the stack named (memory conventions: "
               "`src/flopwise/plan/memory.py`).", "",

@@ -57,6 +57,18 @@ def test_fsdp_and_every_k_checkpointing_are_planned_as_what_they_are():
     assert "every 2 blocks" not in notes and "ZeRO-3" not in notes
 
 
+def test_training_compile_is_planned_with_the_compiled_saves():
+    """`training.compile` reaches the layout, and the llama blocks' activations shrink to what
+    inductor's partitioner saves (tests/plan/test_memory.py measures it); GPT-2 blocks do not change."""
+    from flopwise.plan.planner import plan
+
+    eager, compiled = (plan(_spec(f"training.compile={c}")) for c in ("false", "true"))
+    assert compiled.spec.layout.compiled and not eager.spec.layout.compiled
+    assert compiled.memory.activations < 0.9 * eager.memory.activations
+    gpt2 = [plan(_spec("model.kind=gpt2", f"training.compile={c}")).memory.activations for c in ("false", "true")]
+    assert gpt2[0] == gpt2[1]
+
+
 def test_strategies_map_to_layouts():
     single = _spec("parallel.strategy=single", "parallel.nproc_per_node=1")
     assert single.layout.devices == 1 and single.layout.zero_stage == 0

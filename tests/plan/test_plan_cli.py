@@ -106,6 +106,13 @@ def check_contract(data: dict) -> None:
     assert isinstance(data["stack"], str) and all(isinstance(o, str) for o in data["fits_with"])
 
 
+def test_compile_flag_plans_compiled_blocks():
+    plain, compiled = (json.loads(run("--json", *extra).stdout) for extra in ((), ("--compile",)))
+    assert compiled["layout"]["compiled"] is True and plain["layout"]["compiled"] is False
+    assert compiled["memory"]["activations"] < 0.85 * plain["memory"]["activations"]
+    assert "torch.compile" in run("--compile").stdout
+
+
 def test_json_contract_every_key_and_type():
     out = run("--json")
     assert out.returncode == 0, out.stderr

@@ -60,6 +60,21 @@ def test_llama2_7b_fp8_on_8_h100_fits_under_megatron_core_and_says_how():
     assert mcore.to_dict()["fits_with"] == ["bf16-grad-reduce"]
 
 
+def test_torchtitan_layout_fits_with_torch_compile_and_says_so():
+    """torchtitan turns on torch.compile in its large configs: a layout whose eager activations overflow
+    (Llama 2 7B, 8 H100, FSDP, seq 4096, micro-batch 3) fits when the blocks are compiled, the plan
+    names the option, and its time is not charged a recompute; `--compile` plans the same bytes."""
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, seq_len=4096, micro_batch=3, global_batch=48,
+                  zero=3, recompute="none")
+    titan = _plan(stack="torchtitan", **layout)
+    assert titan.fits and titan.memory.fits_with == ("torch-compile",)
+    assert titan.spec.layout.recompute == "none"
+    compiled = _plan(stack="torchtitan", compiled=True, **layout)
+    assert compiled.fits and compiled.memory.fits_with == ()
+    assert compiled.memory.activations == pytest.approx(titan.memory.activations)
+    assert _plan(stack="flopwise", **layout).memory.activations > 1.2 * compiled.memory.activations
+
+
 def test_llama31_405b_published_layout_fits_with_the_stacks_recompute():
     """Llama 3.1 405B at its published layout (tp 8, pp 16, 8,192 H100, seq 8192, batch 2,048,
     interleaved) is not discarded: Megatron-Core's memory options plus block recompute fit,

@@ -330,14 +330,17 @@ def layer_activation_bytes(
     rmsnorm_saves_normalized: bool = True,
     kv_repeated: bool = False,
     attn_output_copy: bool = False,
+    compiled: bool = False,
 ) -> float:
     """One transformer layer's saved-for-backward bytes for one micro-batch on one TP rank.
 
     The figure to compare with a measured block (e.g. bytes of unique storages seen by
-    `torch.autograd.graph.saved_tensors_hooks`, parameters excluded).
+    `torch.autograd.graph.saved_tensors_hooks`, parameters excluded). `compiled`: the block under
+    `torch.compile`, whose partitioner saves what fused norm and SwiGLU kernels save.
     """
     terms = activation_terms(spec, seq_len, micro_batch, activation_dtype_bytes(precision), dropout,
-                             flash_attention, rmsnorm_saves_normalized, kv_repeated, attn_output_copy)
+                             flash_attention, rmsnorm_saves_normalized and not compiled, kv_repeated,
+                             attn_output_copy, fused_swiglu=compiled)
     return activation_bytes_per_layer(terms, tp, sequence_parallel, recompute)
 
 

@@ -60,6 +60,9 @@ OPTIONS = (
     PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]"),
     PlanOption("sequence_parallel", "--sequence-parallel", bool, False, "Megatron sequence parallelism with TP."),
     PlanOption("no_flash_attention", "--no-flash-attention", bool, False, "Keep the s x s attention scores (no flash attention)."),
+    PlanOption("compiled", "--compile", bool, False,
+               "The blocks run under torch.compile (flopwise training.compile): a norm keeps only its input "
+               "and SwiGLU no SiLU output, as inductor's partitioner saves them."),
     PlanOption("tp_comm_overlap", "--tp-comm-overlap", bool, False,
                "Overlap TP collectives with the GEMMs (Transformer Engine userbuffers)."),
     PlanOption("dropout", "--dropout", bool, False, "Count dropout masks in activation memory."),
@@ -103,7 +106,7 @@ RUNSPEC_OPTIONS = (
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
-    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb",
+    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb", "compiled",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 

@@ -98,7 +98,7 @@ class Plan:
             "cost_usd": {"on_demand": self.cost.on_demand_usd, "spot": self.cost.spot_usd},
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "micro_batch": lay.micro_batch_size,
                        "grad_accum": lay.grad_accum, "zero": lay.zero_stage, "framework": lay.framework,
-                       "recompute": lay.recompute},
+                       "recompute": lay.recompute, "compiled": lay.compiled},
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
@@ -473,6 +473,7 @@ def build_runspec(
     virtual_stages: int | None = None,
     sequence_parallel: bool = False,
     flash_attention: bool = True,
+    compiled: bool = False,
     dropout: bool = False,
     tp_comm_overlap: bool = False,
     efficiency: float | None = None,
@@ -608,7 +609,7 @@ def build_runspec(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
         sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
-        tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
+        compiled=compiled, tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
         framework=framework,
     )
     workload = Workload(

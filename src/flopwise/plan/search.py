@@ -283,7 +283,8 @@ def search_layouts(
                 return RunSpec(spec.model, Layout(
                     dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
                     sequence_parallel=tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
-                    virtual_stages=v, flash_attention=flash, **stack_layout), spec.workload, spec.cluster,
+                    virtual_stages=v, flash_attention=flash, compiled=spec.layout.compiled,
+                    **stack_layout), spec.workload, spec.cluster,
                     stack=spec.stack)
 
             if host_limit is not None:

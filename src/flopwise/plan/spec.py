@@ -47,6 +47,9 @@ class Layout:
     virtual_stages: int = 1
     interleaved_variant: str = "1f1b"  # INTERLEAVED_VARIANTS; only read when pipeline_schedule is interleaved
     flash_attention: bool = True
+    # torch.compile (inductor): the partitioner saves a norm's input, not its output, and SwiGLU's two
+    # projections, not the SiLU output (tests/plan/test_memory.py measures it): the fused conventions
+    compiled: bool = False
     tp_comm_overlap: bool = False  # TP collectives chunked behind the GEMMs (Transformer Engine userbuffers)
     framework: str = "fsdp"
     # FSDP2 units of consecutive blocks up to this many MiB of parameters (plan/fsdp_units.py); 0 = one per block

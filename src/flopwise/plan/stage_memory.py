@@ -180,8 +180,9 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.shard_group, lay.tp, lay.offload, framework,
                                     gather_unit)
     terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
-                                               lay.flash_attention, conv.gemm_input_bytes, conv.fused_norm,
-                                               conv.fused_swiglu, conv.act_input_bytes)
+                                               lay.flash_attention, conv.gemm_input_bytes,
+                                               conv.fused_norm or lay.compiled, conv.fused_swiglu or lay.compiled,
+                                               conv.act_input_bytes)
     sharded = lay.sequence_parallel or conv.activations_sharded_over_tp  # SP, or GSPMD's model-axis sharding
     per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, sharded, lay.recompute)
     rebuilt = 0.0

@@ -11,6 +11,12 @@ published run used is judged "fits with <option>" rather than discarded:
   cached fp8 copy and transpose (2).
 - `fp8-activation-store`: Megatron-Core `--activation-func-fp8-input-store`, the fused
   SwiGLU's input saved in fp8 (`fusions/fused_bias_swiglu.py`).
+- `torch-compile`: the blocks under `torch.compile` (torchtitan `compile.enable`, on in its
+  405B config; flopwise `training.compile`). Inductor's min-cut partitioner saves an RMSNorm's
+  input and rstd, not its normalised output, and SwiGLU's two projections and product, not the
+  SiLU output: the fused-kernel conventions (`fused_norm`, `fused_swiglu`), as
+  tests/plan/test_memory.py measures on the partitioned graph. It also fuses the pointwise
+  kernels, which the time model does not credit (a conservative time).
 `recompute` changes the step's work as well: `planner.plan` tries it as a layout change,
 timed with its recompute, after these.
 """
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 
 from flopwise.plan.stacks.base import Stack
 
-MEMORY_ONLY_OPTIONS = ("bf16-grad-reduce", "fp8-params", "fp8-activation-store")
+MEMORY_ONLY_OPTIONS = ("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "torch-compile")
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,8 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zer
         gemm_input_bytes=stack.fp8_gemm_input_bytes if fp8 else None,
         loss_bytes_per_logit=stack.loss_bytes_per_logit if sixteen else None,
         options=options,
-        fused_norm=stack.fused_norm,
-        fused_swiglu=stack.fused_swiglu,
+        fused_norm=stack.fused_norm or "torch-compile" in options,
+        fused_swiglu=stack.fused_swiglu or "torch-compile" in options,
         act_input_bytes=1.0 if (stack.fused_swiglu and "fp8-activation-store" in options) else None,
         zero3_gathers_modules=stack.zero3_gathers_modules,
         activations_sharded_over_tp=stack.activations_sharded_over_tp,
@@ -82,5 +88,6 @@ def option_ladder(stack: Stack, precision: str) -> tuple[tuple[str, ...], ...]:
     usable = [o for o in stack.memory_options if o in MEMORY_ONLY_OPTIONS
               and (o != "fp8-params" or precision == "fp8")
               and (o != "fp8-activation-store" or stack.fused_swiglu)
+              and (o != "torch-compile" or not (stack.fused_norm and stack.fused_swiglu))
               and (o != "bf16-grad-reduce" or (stack.framework == "megatron" and stack.grad_bytes > 2))]
     return tuple(tuple(usable[: i + 1]) for i in range(len(usable)))

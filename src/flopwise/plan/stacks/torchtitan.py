@@ -14,9 +14,13 @@ STACK = Stack(
     distributed_optimizer=True,
     fp8_gemm_input_bytes=2.0,  # torchao float8_linear.py saves the bf16 input
     loss_bytes_per_logit=8.0,  # fp32 copy + fp32 log-softmax kept by F.cross_entropy's autograd
-    allocator_reserve=0.10,
-    memory_options=("recompute",),
+    # run_train.sh launches with PYTORCH_ALLOC_CONF=expandable_segments:True (as Megatron-Core's stack)
+    allocator_reserve=0.02,
+    # compile.enable (on in llama3_405b of models/llama3/config_registry.py): see conventions.py
+    memory_options=("torch-compile", "recompute"),
     sources=("pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py",
              "pytorch/torchtitan torchtitan/components/loss.py, components/quantization/float8.py",
-             "pytorch/ao torchao/float8/float8_linear.py"),
+             "pytorch/ao torchao/float8/float8_linear.py",
+             "pytorch/torchtitan run_train.sh (expandable_segments), torchtitan/models/llama3/config_registry.py "
+             "(llama3_405b: CompileConfig(enable=True)) at b5bcd76c (2026-08-21)"),
 )
