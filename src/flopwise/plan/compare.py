@@ -350,7 +350,7 @@ def _notes(verdicts) -> list[str]:
     notes = [f"{v.hardware}: {v.note}" for v in verdicts if v.chosen is None and v.note]
     low = sorted({v.hardware for v in verdicts if v.chosen is not None and v.chosen.efficiency_confidence == "low"})
     if low:
-        notes.append("low-confidence time (no GEMM micro-benchmark for the device family; a generic curve "
-                     "is assumed): " + ", ".join(low))
+        notes.append("low-confidence time (no GEMM micro-benchmark of the device itself; a generic curve, or "
+                     "for TPUs the v5e one, is assumed): " + ", ".join(low))
     return notes
 

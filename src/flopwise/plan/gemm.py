@@ -155,6 +155,16 @@ _GENERIC = DeviceCurve(
     "pass --profile with a measured profile)",
     sustained=0.81, sustained_source="no published training row: the A100 ratio (assumption)",
 )
+_TPU = DeviceCurve(
+    "tpu", 0.923, (8192, 8192, 8192), ((128, 128, 1.0),), 8, 128.0, 0.80, 6e-6, (0.45, 0.35), 0.80, 1200.0,
+    "TPU (128x128 MXU systolic arrays): XLA's bf16 jnp.matmul on a TPU v5e at 8192^3 ran at 92.3 % of the "
+    "197 TFLOP/s peak (84.3 % at 4096^3), timed with Python dispatch included (JAX documentation, Pallas "
+    "TPU 'Matrix Multiplication' guide, docs/pallas/tpu/matmul.ipynb, XLA matmul cell); no TPU v4 "
+    "micro-benchmark is published in the sources, so v4 and v5p take the same MXU family's figure "
+    "(low confidence)",
+    sustained=0.81, sustained_source="no TPU training row besides the one validated: the A100 ratio "
+                                     "(assumption, as for the generic curve)",
+)
 _CPU = DeviceCurve(
     "cpu", 1.0, (1024, 1024, 1024), ((64, 64, 1.0), (32, 64, 0.9)), 1, 32.0, 0.70, 8e-6, (0.5, 0.4), 1.0, 10.0,
     "CPU: the catalog peak of a measured CPU is its best square matmul (n = 512/1024), so the curve's "
@@ -174,6 +184,8 @@ def curve_for(hw: HardwareSpec) -> DeviceCurve:
         return _HOPPER
     if key.startswith("mi300"):
         return _CDNA3
+    if key.startswith("tpu"):
+        return _TPU
     return _GENERIC
 
 
@@ -293,7 +305,7 @@ def device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmPro
     if hit is not None and hit[0] is profile:
         return hit[1]
     rates = _device_rates(hw, precision, peak, profile, efficiency, attention_kernel, fp8_recipe, kernel_fp8)
-    if stack_speed != 1.0 and rates.curve.family not in ("cpu", "generic"):
+    if stack_speed != 1.0 and rates.curve.family not in ("cpu", "generic", "tpu"):
         rates = dataclasses.replace(rates, curve=dataclasses.replace(
             rates.curve, sustained=rates.curve.sustained * stack_speed))
     if len(_RATES) > 4096:

@@ -336,9 +336,11 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
             eff_source = (f"operator model: GEMM rates and memory bandwidth from the measured device profile "
                           f"({getattr(profile, 'device', 'profile')})" if profile is not None else
                           f"operator model: {rates.curve.family} GEMM curve ({rates.curve.source})")
-            eff_conf = "measured" if profile is not None else ("low" if rates.curve.family == "generic" else "medium")
+            eff_conf = "measured" if profile is not None else ("low" if rates.curve.family in ("generic", "tpu") else "medium")
             if eff_conf == "low":
-                warnings.append(f"{hw.key}: no GEMM micro-benchmark for this device family; times are low-confidence "
+                what = ("no GEMM micro-benchmark for this device family" if rates.curve.family == "generic" else
+                        "GEMM ceiling from another chip of the family, sustained factor assumed")
+                warnings.append(f"{hw.key}: {what}; times are low-confidence "
                                 "(measure a profile with `flopwise calibrate`)")
         inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
                             _framework(spec))
