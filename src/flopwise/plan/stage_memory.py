@@ -211,6 +211,16 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     # states; the gathered copy is a buffer of the pass, in place of the two gathered units.
     stage_gathered = framework == "fsdp" and lay.zero_stage >= 3 and lay.pp > 1 and lay.offload != "params" \
         and tuned is None
+    # With gradient sync off, FSDP2 keeps each gradient unsharded and, under a MixedPrecisionPolicy
+    # whose reduce dtype (fp32, flopwise's and torchtitan's) differs from the 16-bit parameters,
+    # upcasts it to fp32 to accumulate (`FSDPParam.to_accumulated_grad_if_needed`) until the synced
+    # micro-batch reduce-scatters it: the pipeline schedule's micro-batches above, and flopwise's
+    # own accumulation micro-steps (`train/parallel/strategy_torch.gradient_sync`; measured in
+    # tests/train/parallel/test_accumulated_gradients.py).
+    accumulated_grad = sb.grad if work.precision in ("bf16-true", "fp32", "tf32") else 4.0
+    unsharded_accumulation = (framework == "fsdp" and spec.stack == "flopwise" and lay.pp == 1
+                              and lay.grad_accum > 1 and lay.zero_stage >= 2 and lay.offload == "none"
+                              and tuned is None)
     # DTensor's embedding backward returns a replicated gradient for a row-wise sharded table
     # (torch's sharding rule for `embedding_dense_backward`): without FSDP's reduce-scatter the
     # first stage holds the whole table's gradient, not its 1/t shard
@@ -234,13 +244,15 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         if conv.fp8_cache_bytes_per_param is not None and fp8:
             fp8 *= conv.fp8_cache_bytes_per_param / mem.FP8_CACHED_BYTES_PER_PARAM
         weights, gradients = params * unit.weights, params * unit.gradients
+        if unsharded_accumulation:
+            gradients = params * accumulated_grad
         if whole_embedding_grad and i == 0:
             gradients += pc.embedding * (1 - 1 / lay.tp) * unit.gradients
         optimizer, master, cpu = params * unit.optimizer_states, params * unit.master_weights, params * unit.cpu_bytes
         if tuned is not None:
             weights, gradients, optimizer, master, cpu = finetune.stage_states(
                 tuned, spec, params, n, sb, lay.zero_stage, lay.shard_group, lay.offload)
-        gathered = params * (sb.weight + sb.grad) if stage_gathered else buffers
+        gathered = params * (sb.weight + accumulated_grad) if stage_gathered else buffers
         if tuned is not None and not cnn:
             gathered += loss_transient
         allocated = weights + gradients + optimizer + master + activations + logits + gathered + fp8
