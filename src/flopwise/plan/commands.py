@@ -228,7 +228,7 @@ def print_plan(result) -> None:
     console = Console()
     console.print(
         f"[bold]{spec.model.name or spec.model.key}[/bold] on {lay.devices} x {hw.name or hw.key} "
-        f"(dp {lay.dp}, tp {lay.tp}, pp {lay.pp}); {work.precision}, {work.optimizer}, ZeRO-{lay.zero_stage}, "
+        f"(dp {lay.dp}, tp {lay.tp}, pp {lay.pp}{f', cp {lay.cp}' if lay.cp > 1 else ''}); {work.precision}, {work.optimizer}, ZeRO-{lay.zero_stage}, "
         f"recompute {lay.recompute}, offload {lay.offload}{', torch.compile' if lay.compiled else ''}; micro-batch {lay.micro_batch_size} x accum "
         f"{lay.grad_accum} = {lay.global_batch_size} per step"
         + ("" if spec.model.arch == "cnn" else f", seq {work.seq_len}")

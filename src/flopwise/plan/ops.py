@@ -101,11 +101,15 @@ def _gemm_fwd_bwd(rates: DeviceRates, m: int, n: int, k: int, e: float, count: f
 
 def layer_times(
     model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool, flash: bool,
-    dropout: bool, recompute: str, precision: str, rates: DeviceRates,
+    dropout: bool, recompute: str, precision: str, rates: DeviceRates, kv_len: int | None = None,
 ) -> LayerTimes:
-    """Compute seconds of one layer per micro-batch on one rank (cached by every argument)."""
+    """Compute seconds of one layer per micro-batch on one rank (cached by every argument).
+
+    `seq_len` is the rank's tokens of a sequence; `kv_len` the keys each query attends over when
+    that differs (context parallelism: a cp-th of the queries against the whole sequence)."""
     return _cached(_LAYER_CACHE, _layer_times, model,
-                   seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates)
+                   seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates,
+                   kv_len)
 
 
 def _cached(cache: dict, compute, model: ModelSpec, *args):
@@ -125,8 +129,10 @@ def _cached(cache: dict, compute, model: ModelSpec, *args):
     return value
 
 
-def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rates: DeviceRates) -> LayerTimes:
+def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rates: DeviceRates,
+                 kv_len: int | None = None) -> LayerTimes:
     e = 4.0 if precision in ("fp32", "tf32") else 2.0
+    kv = kv_len or s  # keys per query row
     ge = 1.0 if precision == "fp8" else e  # bytes of a GEMM operand
     h, a = model.hidden, model.n_heads
     g = model.n_kv_heads or a
@@ -159,22 +165,22 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     attention_rate = measured_cpu(rates, "attention_flops_per_s")
     rate = attention_rate(s, d, "fp32" if precision == "tf32" else precision) if attention_rate else None
     if flash and rate:
-        work = 4.0 * b * heads * s * s * d * causal
+        work = 4.0 * b * heads * s * kv * d * causal
         attn_f, attn_b = work / rate, 2.5 * work / rate
     elif flash and rates.efficiency is not None:
         # a flat efficiency applies to the FLOPs as the planner counts them (full s×s, backward 2×)
-        work = 4.0 * b * heads * s * s * d
+        work = 4.0 * b * heads * s * kv * d
         attn_f = rates.attention_seconds(work, s, backward=False)
         attn_b = rates.attention_seconds(2.0 * work, s, backward=True)
     elif flash:
-        work = 4.0 * b * heads * s * s * d * causal
+        work = 4.0 * b * heads * s * kv * d * causal
         attn_f = rates.attention_seconds(work, s, backward=False)
         attn_b = rates.attention_seconds(2.5 * work, s, backward=True)
     else:
         count = float(b * heads)
-        qk = _gemm_fwd_bwd(rates, s, s, d, e, count)
-        av = _gemm_fwd_bwd(rates, s, d, s, e, count)
-        scores = b * heads * s * s
+        qk = _gemm_fwd_bwd(rates, s, kv, d, e, count)
+        av = _gemm_fwd_bwd(rates, s, d, kv, e, count)
+        scores = b * heads * s * kv
         drop = (2 * e + 1) if dropout else 0.0
         attn_f = qk[0] + av[0] + rates.memory_seconds(scores * (3 * e + drop), 2 + (1 if dropout else 0))
         attn_b = qk[1] + qk[2] + av[1] + av[2] + rates.memory_seconds(scores * (3 * e + drop), 2 + (1 if dropout else 0))

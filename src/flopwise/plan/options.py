@@ -29,6 +29,8 @@ OPTIONS = (
     PlanOption("dp", "--dp", int, None, "Data-parallel size. [default: gpus/(tp*pp)]"),
     PlanOption("tp", "--tp", int, None, "Tensor-parallel size. [default: 1]"),
     PlanOption("pp", "--pp", int, None, "Pipeline-parallel stages. [default: 1]"),
+    PlanOption("cp", "--cp", int, None, "Context-parallel size: each sequence split over cp ranks, K/V passed "
+               "round a ring (Megatron-Core --context-parallel-size). [default: 1]"),
     PlanOption("micro_batch", "--micro-batch", int, None, "Sequences per device per micro-step. [default: 1]"),
     PlanOption("global_batch", "--global-batch", int, None, "Sequences per optimizer step. [default: batch-tokens / seq-len]"),
     PlanOption("batch_tokens", "--batch-tokens", str, None, "Tokens per optimizer step, e.g. 4M. [default: 4Mi]"),
@@ -106,7 +108,7 @@ RUNSPEC_OPTIONS = (
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
-    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb", "compiled",
+    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb", "compiled", "cp",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 

@@ -98,7 +98,7 @@ class Plan:
             "cost_usd": {"on_demand": self.cost.on_demand_usd, "spot": self.cost.spot_usd},
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "micro_batch": lay.micro_batch_size,
                        "grad_accum": lay.grad_accum, "zero": lay.zero_stage, "framework": lay.framework,
-                       "recompute": lay.recompute, "compiled": lay.compiled},
+                       "recompute": lay.recompute, "compiled": lay.compiled, "cp": lay.cp},
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
@@ -139,7 +139,7 @@ def runspec_to_dict(spec: RunSpec) -> dict:
 def validate(spec: RunSpec) -> None:
     """Raise UserError for a RunSpec no real run could have."""
     lay, work, model = spec.layout, spec.workload, spec.model
-    for name, value in (("dp", lay.dp), ("tp", lay.tp), ("pp", lay.pp), ("micro-batch", lay.micro_batch_size),
+    for name, value in (("dp", lay.dp), ("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("micro-batch", lay.micro_batch_size),
                         ("grad-accum", lay.grad_accum), ("virtual-stages", lay.virtual_stages)):
         if value < 1:
             raise UserError(f"--{name} must be >= 1, got {value}")
@@ -163,6 +163,11 @@ def validate(spec: RunSpec) -> None:
     if model.arch != "cnn":
         if work.seq_len < 1:
             raise UserError(f"--seq-len must be >= 1, got {work.seq_len}")
+        if lay.cp > 1 and work.seq_len % (2 * lay.cp):
+            raise UserError(f"--cp {lay.cp}: the sequence ({work.seq_len} tokens) must divide into 2 × cp chunks "
+                            "(each rank takes one from each end, to balance causal attention)")
+        if lay.cp > 1 and not lay.flash_attention:
+            raise UserError(f"--cp {lay.cp} needs flash attention (ring attention passes K/V blocks through it)")
         if model.n_heads % lay.tp:
             raise UserError(f"--tp {lay.tp} does not divide {model.key}'s {model.n_heads} attention heads")
         if lay.pp > model.n_layers:
@@ -356,6 +361,9 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
         warnings.append(f"{hw.key} has no known power (TDP); energy not estimated")
     cost = estimate_cost(time.device_hours, hw, cluster.price_per_device_hour)
     band = band_for(spec.stack, lay.zero_stage, work.precision, lay.devices, curve_for(hw).family)
+    if lay.cp > 1:  # no published run in the validation splits its sequences
+        band = dataclasses.replace(band, extrapolates=True,
+                                   reasons=(*band.reasons, "context parallelism never validated"))
     return Plan(spec, pc, flops, memory, comm, time, energy, cost, tuple(warnings), band=band)
 
 
@@ -476,6 +484,7 @@ def build_runspec(
     sequence_parallel: bool = False,
     flash_attention: bool = True,
     compiled: bool = False,
+    cp: int | None = None,
     dropout: bool = False,
     tp_comm_overlap: bool = False,
     efficiency: float | None = None,
@@ -527,18 +536,22 @@ def build_runspec(
     hw = hardware if hasattr(hardware, "peak_flops") else get_hardware(hardware or EXAMPLE["hardware"])
     tp = tp or 1
     pp = pp or 1
-    for name, value in (("gpus", gpus), ("dp", dp), ("tp", tp), ("pp", pp), ("micro-batch", micro_batch),
+    cp = cp or 1
+    for name, value in (("gpus", gpus), ("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("micro-batch", micro_batch),
                         ("global-batch", global_batch), ("seq-len", seq_len)):
         if value is not None and value < 1:
             raise UserError(f"--{name} must be >= 1, got {value}")
     if dp is None:
         gpus = gpus or EXAMPLE["gpus"]
-        if gpus % (tp * pp):
-            raise UserError(f"--gpus {gpus} is not divisible by tp × pp = {tp} × {pp}")
-        dp = gpus // (tp * pp)
+        if gpus % (tp * pp * cp):
+            names, sizes = ("tp × pp × cp", f"{tp} × {pp} × {cp}") if cp > 1 else ("tp × pp", f"{tp} × {pp}")
+            raise UserError(f"--gpus {gpus} is not divisible by {names} = {sizes}")
+        dp = gpus // (tp * pp * cp)
     elif gpus is None:
-        gpus = dp * tp * pp
-    if dp * tp * pp != gpus:
+        gpus = dp * tp * pp * cp
+    if dp * tp * pp * cp != gpus:
+        if cp > 1:
+            raise UserError(f"dp × tp × pp × cp = {dp} × {tp} × {pp} × {cp} = {dp * tp * pp * cp}, but --gpus is {gpus}")
         raise UserError(f"dp × tp × pp = {dp} × {tp} × {pp} = {dp * tp * pp}, but --gpus is {gpus}")
 
     cnn = model_spec.arch == "cnn"
@@ -611,7 +624,7 @@ def build_runspec(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
         sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
-        compiled=compiled, tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
+        compiled=compiled, cp=cp, tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
         framework=framework,
     )
     workload = Workload(

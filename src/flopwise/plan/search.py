@@ -260,7 +260,10 @@ def search_layouts(
         raise UserError(f"--top must be >= 1, got {top}")
     devices = devices or spec.layout.devices
     global_batch = spec.layout.global_batch_size
-    shapes, rejected = parallel_shapes(spec, devices, tp_within_node)
+    cp = spec.layout.cp  # context parallelism stays as asked; dp × tp × pp share the rest
+    if devices % cp:
+        raise UserError(f"--gpus {devices} is not divisible by --cp {cp}")
+    shapes, rejected = parallel_shapes(spec, devices // cp, tp_within_node)
     rejected.update(dp_batch=0, memory=0, host_memory=0)
     host_limit = None if host_memory_per_device_gib is None else host_memory_per_device_gib * GIB
     evaluated = inferred = 0
@@ -271,7 +274,7 @@ def search_layouts(
     stack_layout = {} if spec.stack == "flopwise" else {"framework": spec.layout.framework,
                                                          "tp_comm_overlap": spec.layout.tp_comm_overlap}
     for tp, pp in shapes:
-        dp = devices // (tp * pp)
+        dp = devices // (cp * tp * pp)
         if global_batch % dp:
             rejected["dp_batch"] += 1
             continue
@@ -283,7 +286,7 @@ def search_layouts(
                 return RunSpec(spec.model, Layout(
                     dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
                     sequence_parallel=tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
-                    virtual_stages=v, flash_attention=flash, compiled=spec.layout.compiled,
+                    virtual_stages=v, flash_attention=flash, compiled=spec.layout.compiled, cp=cp,
                     **stack_layout), spec.workload, spec.cluster,
                     stack=spec.stack)
 

@@ -55,16 +55,25 @@ class Layout:
     # FSDP2 units of consecutive blocks up to this many MiB of parameters (plan/fsdp_units.py); 0 = one per block
     fsdp_unit_mb: float = 0.0
     dp_replicate: int = 1  # HSDP (Zhao et al. 2023, PyTorch FSDP §3.2.1): ZeRO shards within dp / dp_replicate
+    # context parallelism: each sequence split over cp ranks, K/V passed round a ring (Megatron-Core
+    # `--context-parallel-size`, torchtitan `context_parallel_degree`); the cp ranks of a replica hold
+    # the same weights, so gradients reduce and ZeRO shards over dp x cp
+    cp: int = 1
 
     @property
     def shard_group(self) -> int:
-        """Devices one ZeRO/FSDP shard set spans: dp, or dp / dp_replicate under HSDP."""
-        return max(1, self.dp // self.dp_replicate)
+        """Devices one ZeRO/FSDP shard set spans: dp × cp, or that / dp_replicate under HSDP."""
+        return max(1, self.dp * self.cp // self.dp_replicate)
+
+    @property
+    def gradient_group(self) -> int:
+        """Devices that hold the same weights and reduce their gradients together: dp × cp."""
+        return self.dp * self.cp
 
     @property
     def devices(self) -> int:
-        """Devices in all: dp × tp × pp."""
-        return self.dp * self.tp * self.pp
+        """Devices in all: dp × tp × pp × cp."""
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def global_batch_size(self) -> int:
@@ -127,3 +136,9 @@ class RunSpec:
     workload: Workload
     cluster: Cluster
     stack: str = "flopwise"  # plan/stacks: whose kernels and memory conventions are planned
+
+
+def local_seq_len(spec: RunSpec) -> int:
+    """Tokens of one sequence that one rank computes and keeps: a cp-th under context parallelism
+    (rounded up; Megatron-Core and torchtitan need the sequence to divide by 2·cp)."""
+    return -(-spec.workload.seq_len // spec.layout.cp)

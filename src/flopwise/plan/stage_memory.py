@@ -19,7 +19,7 @@ from flopwise.plan import finetune
 from flopwise.plan import memory as mem
 from flopwise.plan.fsdp_units import planned_blocks_per_unit
 from flopwise.plan.params import ParamCount
-from flopwise.plan.spec import RunSpec
+from flopwise.plan.spec import RunSpec, local_seq_len
 from flopwise.plan.stacks import find_stack
 from flopwise.plan.stacks.conventions import FRAMEWORK_DEFAULTS, MemoryConventions, conventions, option_ladder
 from flopwise.plan.timing import split_layers
@@ -158,6 +158,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     """`estimate_memory` under one set of memory conventions."""
     lay, work, cluster = spec.layout, spec.workload, spec.cluster
     model, hw = spec.model, cluster.hardware
+    seq = local_seq_len(spec)  # context parallelism keeps a cp-th of each sequence on a rank
     framework = lay.framework
     sb = _state_bytes(work.precision, work.optimizer, framework, lay.zero_stage)
     if conv.grad_bytes is not None or conv.weight_bytes is not None or conv.grad_partition_bytes is not None:
@@ -179,7 +180,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         gather_unit = mem.largest_module_params(model, pc, lay.tp)
     buffers = mem.comm_buffer_bytes(pc, sb, lay.zero_stage, lay.shard_group, lay.tp, lay.offload, framework,
                                     gather_unit)
-    terms = None if cnn else _activation_terms(model, work.seq_len, lay.micro_batch_size, e, work.dropout,
+    terms = None if cnn else _activation_terms(model, seq, lay.micro_batch_size, e, work.dropout,
                                                lay.flash_attention, conv.gemm_input_bytes,
                                                conv.fused_norm or lay.compiled, conv.fused_swiglu or lay.compiled,
                                                conv.act_input_bytes)
@@ -191,11 +192,11 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, sharded, "none")
     tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths
     if tuned is not None:
-        adapter = finetune.activation_delta_bytes(model, tuned, work.seq_len, lay.micro_batch_size, e,
+        adapter = finetune.activation_delta_bytes(model, tuned, seq, lay.micro_batch_size, e,
                                                   work.lora_dropout, lay.tp, finetune.dropout_mask_bytes(hw, e),
                                                   input_copy_bytes=finetune.adapter_input_copy_bytes(work.precision))
-        adapter += finetune.adapter_cast_bytes(model, tuned, work.seq_len, lay.micro_batch_size, work.precision)
-        adapter += model.norms_per_layer * finetune.norm_upcast_bytes(model, work.seq_len, lay.micro_batch_size, e)
+        adapter += finetune.adapter_cast_bytes(model, tuned, seq, lay.micro_batch_size, work.precision)
+        adapter += model.norms_per_layer * finetune.norm_upcast_bytes(model, seq, lay.micro_batch_size, e)
         per_layer += adapter * (1.0 - mem.recompute_forward_fraction(lay.recompute))
         rebuilt += adapter if rebuilt else 0.0
         buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group, per_unit)
@@ -331,6 +332,7 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
     norm nothing (`finetune.first_block_saving`), the head's end one copy of the last hidden state
     (`finetune.FROZEN_HEAD_INPUT_COPIES`)."""
     model, lay, work = spec.model, spec.layout, spec.workload
+    seq = local_seq_len(spec)
     chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages,
                              lay.interleaved_variant)
     inflight = layers * chunks
@@ -339,12 +341,12 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         # the embedding keeps its token ids (int64: `embedding_dense_backward` reads them) and, with
         # dropout, its output's mask (Korthikanti et al. 2022 §4.3); its output is the first block's
         # input, which the block's own activations already count
-        tokens = float(work.seq_len) * lay.micro_batch_size
+        tokens = float(seq) * lay.micro_batch_size
         ids = 0.0 if frozen_base else TOKEN_ID_BYTES
         per_mb = tokens * (ids + (model.hidden / (lay.tp if lay.sequence_parallel else 1)
                                   if work.dropout else 0.0))
         if frozen_base and lay.recompute == "none" and layers:
-            per_mb -= finetune.first_block_saving(model, work.seq_len, lay.micro_batch_size, e)
+            per_mb -= finetune.first_block_saving(model, seq, lay.micro_batch_size, e)
         activations += per_mb * chunks
     logits = 0.0
     if stage == lay.pp - 1:
@@ -354,7 +356,7 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         per_element = mem.loss_logits_bytes_per_element(lay.framework, e)
         if loss_bytes_per_logit is not None:  # a named stack's loss (plan/stacks)
             per_element = e + loss_bytes_per_logit
-        elements = work.seq_len * lay.micro_batch_size * model.vocab_size / lay.tp
+        elements = seq * lay.micro_batch_size * model.vocab_size / lay.tp
         held = held_loss_micro_batches(lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.interleaved_variant)
         kept = SAVED_LOSS_BYTES_PER_LOGIT
         if loss_bytes_per_logit is not None:  # an in-place fused loss keeps only the logits' own bytes
@@ -362,7 +364,7 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         head_inputs = 2 * terms.layer_input
         if frozen_base:  # the frozen final norm's input alone, fp32 for an upcasting RMSNorm
             head_inputs = finetune.FROZEN_HEAD_INPUT_COPIES * terms.layer_input + finetune.norm_upcast_bytes(
-                model, work.seq_len, lay.micro_batch_size, e)
+                model, seq, lay.micro_batch_size, e)
         transient = (per_element - kept) * elements
         logits = held * (head_inputs + kept * elements) + transient
         return activations, logits, inflight, transient

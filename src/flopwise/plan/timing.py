@@ -55,6 +55,7 @@ from flopwise.plan.comm import CommEstimate, Links
 from flopwise.plan.fsdp_units import planned_blocks_per_unit, unit_count
 from flopwise.plan.gemm import DeviceRates
 from flopwise.plan.params import count_params
+from flopwise.plan.spec import local_seq_len
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (bucket_cap_mb=25)."""
@@ -112,6 +113,7 @@ class TimeEstimate:
     exposed_comm_share: float = 0.0
     stage_layers: str = ""
     model: str = "operator"
+    cp_exposed_seconds: float = 0.0  # context parallelism's K/V ring, beyond the attention it overlaps
 
     def to_dict(self) -> dict:
         """JSON-able fields (infinities become None)."""
@@ -172,12 +174,17 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     """Time one optimizer step of a transformer RunSpec on its layout; `peak` is the dense
     peak of the training dtype (what MFU divides by)."""
     model, lay, work = spec.model, spec.layout, spec.workload
-    tp, pp, dp, m = lay.tp, lay.pp, lay.dp, lay.grad_accum
+    # data parallelism's gradient group: the cp ranks of a replica hold the same weights too
+    tp, pp, dp, m = lay.tp, lay.pp, lay.gradient_group, lay.grad_accum
     v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
-    s, b, e = work.seq_len, lay.micro_batch_size, inputs.activation_bytes
+    cp = lay.cp
+    # under context parallelism a rank computes a cp-th of each sequence's tokens, its queries
+    # against the whole sequence's keys
+    s, b, e = local_seq_len(spec), lay.micro_batch_size, inputs.activation_bytes
     sp = lay.sequence_parallel and tp > 1
     layer = finetune.layer_times(ops.layer_times(model, s, b, tp, sp, lay.flash_attention, work.dropout,
-                                                 lay.recompute, work.precision, rates), spec, rates)
+                                                 lay.recompute, work.precision, rates,
+                                                 work.seq_len if cp > 1 else None), spec, rates)
     ends = finetune.end_times(ops.end_times(model, s, b, tp, sp, work.precision, rates), spec, rates)
     per_node = links.devices_per_node
 
@@ -185,8 +192,11 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     message = float(s * b * model.hidden * e)
     one, n_coll, tp_wire, tp_layer = tp_layer_seconds(lay, layer, links, message, model)
 
+    # context parallelism's ring: each rank passes its K/V chunk cp - 1 times in the forward and K/V
+    # and their gradients in the backward, overlapped with the attention blocks it computes meanwhile
+    cp_wire, cp_layer = cp_layer_seconds(lay, layer, links, model, s * b, e)
     split = split_layers(model.n_layers, pp, v)
-    per_layer = layer.total + tp_layer
+    per_layer = layer.total + tp_layer + cp_layer
     # the embedding's and head's tensor-parallel collectives (`step_comm.tp_ends`), per micro-batch
     pc = count_params(model)
     ends_comm = sc.tp_ends(inputs.framework, sp, message, s * b * model.vocab_size * e, s * b)
@@ -313,7 +323,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     # communication hidden behind compute still slows it (NCCL's thread blocks take SMs)
     tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
-    contention = OVERLAP_SLOWDOWN * (max(0.0, dp_wire - dp_exposed) + tp_hidden)
+    cp_hidden = m * layers_busiest * max(0.0, cp_wire - cp_layer)
+    contention = OVERLAP_SLOWDOWN * (max(0.0, dp_wire - dp_exposed) + tp_hidden + cp_hidden)
     step = pipeline + pp_exposed + dp_exposed + optimizer + offload_seconds + contention
     compute = m * layers_busiest * layer.total + optimizer
     if busiest == 0:
@@ -322,9 +333,10 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         compute += m * ends.head
     ends_tp = m * ((embedding_tp if busiest == 0 else 0.0) + (head_tp if busiest == pp - 1 else 0.0))
     tp_exposed = m * layers_busiest * tp_layer + ends_tp
-    exposed = tp_exposed + pp_exposed + dp_exposed
+    cp_exposed = m * layers_busiest * cp_layer
+    exposed = tp_exposed + pp_exposed + dp_exposed + cp_exposed
     bubble_seconds = pipeline - m * t_max
-    units_per_step = float(lay.global_batch_size) * s
+    units_per_step = float(lay.global_batch_size) * work.seq_len  # whole sequences, whatever cp splits
     per_second = units_per_step / step
     devices = lay.devices
     mfu = inputs.model_flops_per_token * per_second / (devices * peak)
@@ -345,6 +357,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         bubble_seconds=bubble_seconds, tp_exposed_seconds=tp_exposed, dp_exposed_seconds=dp_exposed,
         pp_exposed_seconds=pp_exposed, offload_seconds=offload_seconds,
         exposed_comm_share=exposed / step if step else 0.0, stage_layers=describe_split(split),
+        cp_exposed_seconds=cp_exposed,
     )
     comm = CommEstimate(
         dp_bytes, tp_bytes, pp_bytes,
@@ -368,6 +381,25 @@ def tp_collectives_per_layer(model) -> tuple[int, int]:
     if getattr(model, "parallel_block", False):
         return 1, max(1, min(2, model.norms_per_layer))
     return 2, 2
+
+
+
+def cp_layer_seconds(lay, layer, links: Links, model, tokens: float, e: float) -> tuple[float, float]:
+    """(wire seconds, exposed seconds) of context parallelism's ring per layer and micro-batch.
+
+    Ring attention (Megatron-Core `attention.py` with TE's `AttnFuncWithCPAndKVP2P`, torch's
+    `context_parallel`): each of the cp ranks sends its K and V chunk (its `tokens` × kv heads ×
+    head dim / tp) to the next cp - 1 times in the forward, and K, V and their gradients in the
+    backward: 3 (cp - 1) sends, each overlapped with the attention block being computed. What the
+    attention core (forward, backward, recompute) does not cover is exposed. The cp ranks sit next
+    to the tensor-parallel ones (Megatron's tp-cp-dp-pp order): in one node while tp × cp fits."""
+    cp = lay.cp
+    if cp <= 1:
+        return 0.0, 0.0
+    kv_dim = (model.n_kv_heads or model.n_heads) * (model.head_dim or model.hidden // model.n_heads)
+    chunk = 2.0 * tokens * kv_dim / lay.tp * e
+    wire = 3 * (cp - 1) * cm.p2p_seconds(links, lay.tp * cp > links.devices_per_node, chunk)
+    return wire, max(0.0, wire - layer.attention)
 
 
 def tp_layer_seconds(lay, layer, links: Links, message: float, model=None) -> tuple[float, int, float, float]:
@@ -423,7 +455,8 @@ def pipeline_p2p_exposed(lay, links: Links, message: float) -> float:
         return 0.0
     v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
     sp = lay.sequence_parallel and lay.tp > 1
-    t_p2p = cm.p2p_seconds(links, lay.tp * lay.dp >= links.devices_per_node, message / (lay.tp if sp else 1))
+    t_p2p = cm.p2p_seconds(links, lay.tp * lay.gradient_group >= links.devices_per_node,
+                           message / (lay.tp if sp else 1))
     return 2.0 * (lay.grad_accum * v + lay.pp - 1) * t_p2p
 
 
@@ -456,7 +489,7 @@ def _collective_seconds(links: Links, tp: int, collectives) -> float:
 
 def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: DeviceRates) -> tuple[float, float]:
     """(optimizer step, host <-> device copies) seconds per step on one rank."""
-    psi, dp = inputs.params_per_rank, lay.dp
+    psi, dp = inputs.params_per_rank, lay.gradient_group
     owned = psi / dp if (lay.zero_stage >= 1 and dp > 1) else psi
     if lay.offload not in ("optimizer", "params"):
         return ops.optimizer_seconds(owned, inputs.grad_bytes, inputs.weight_bytes, optimizer_name, rates,
