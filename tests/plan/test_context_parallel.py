@@ -71,3 +71,13 @@ def test_cli_cp_flag_reaches_the_json():
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["layout"]["cp"] == 2 and data["layout"]["dp"] == 2
+
+
+def test_cli_search_keeps_cp_and_counts_it_in_the_devices():
+    out = subprocess.run([sys.executable, "-m", "flopwise", "plan", "--search", "--json", "--model", "llama3-70b",
+                          "--gpus", "64", "--cp", "2", "--seq-len", "8192", "--top", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    layouts = [entry["plan"]["layout"] for entry in data["ranked"]]
+    assert layouts and all(lay["cp"] == 2 and lay["dp"] * lay["tp"] * lay["pp"] * 2 == 64 for lay in layouts)

@@ -57,9 +57,9 @@ def plan_command(**options) -> None:
                        if option.name not in CONFIG_FLAGS and option.name != "spot" and o[option.name] != option.default]
         return plan_training_config(config, overrides or [], o["hardware"], o["as_json"], spot=o["spot"],
                                     conflicting=conflicting, profile=o["profile"])
-    devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1)) if o["dp"] else 8)
+    devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1) * (o["cp"] or 1)) if o["dp"] else 8)
     if o["search"]:  # the search picks the layout; one device keeps the global batch exactly as asked
-        o.update(gpus=1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
+        o.update(gpus=o["cp"] or 1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)  # cp stays as asked
     kwargs, measured, warnings = runspec_kwargs(o), None, ()
     if o["profile"] is not None:  # defaults (ZeRO stage, TP x PP split) are chosen on the measured rates
         measured, hardware, warnings = _read_profile(o["profile"], o["hardware"])

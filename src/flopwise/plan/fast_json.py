@@ -61,8 +61,8 @@ def _search(values: dict) -> dict:
     from flopwise.plan.search import nothing_fits_message, search_layouts
 
     o = dict(values)
-    devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1)) if o["dp"] else 8)
-    o.update(gpus=1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
+    devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1) * (o["cp"] or 1)) if o["dp"] else 8)
+    o.update(gpus=o["cp"] or 1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)  # cp stays as asked
     spec = build_runspec(**runspec_kwargs(o))
     host = None
     if o["host_memory_gib"] is not None:

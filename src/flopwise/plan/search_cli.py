@@ -110,7 +110,9 @@ def print_search(result: SearchResult) -> None:
     hw = spec.cluster.hardware
     console.print(f"[bold]{spec.model.name or spec.model.key}[/bold] on {result.devices} x {hw.name or hw.key}: "
                   f"{spec.workload.precision}, {spec.workload.optimizer}, seq {spec.workload.seq_len}, "
-                  f"global batch {result.global_batch} sequences; best {len(result.ranked)} by {result.objective}")
+                  f"global batch {result.global_batch} sequences"
+                  f"{f', context parallel {spec.layout.cp}' if spec.layout.cp > 1 else ''}; "
+                  f"best {len(result.ranked)} by {result.objective}")
     rows = [_search_row(i, p) for i, p in enumerate(result.ranked, 1)]
     layout_columns = SEARCH_COLUMNS[:11]
     time_columns = ("#", *SEARCH_COLUMNS[11:17])
