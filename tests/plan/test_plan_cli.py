@@ -113,6 +113,15 @@ def test_compile_flag_plans_compiled_blocks():
     assert "torch.compile" in run("--compile").stdout
 
 
+def test_fsdp_sync_flag_plans_gradient_shards_and_more_reduce_scatters():
+    held, synced = (json.loads(run("--json", "--zero", "3", *extra).stdout)
+                    for extra in ((), ("--fsdp-sync-every-micro-step",)))
+    assert synced["memory"]["gradients"] * 8 <= held["memory"]["gradients"] / 2  # 2 bytes / 8 ranks vs 4 whole
+    # 128 reduce-scatters a step instead of one, beside the 256 gathers ZeRO-3 issues either way
+    assert synced["comm"]["dp_bytes"] > 1.4 * held["comm"]["dp_bytes"]
+    assert synced["time"]["step_seconds"] > held["time"]["step_seconds"]
+
+
 def test_json_contract_every_key_and_type():
     out = run("--json")
     assert out.returncode == 0, out.stderr

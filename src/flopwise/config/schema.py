@@ -163,6 +163,10 @@ class ParallelConfig(Section):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     ddp_bucket_mb: float = Field(25.0, gt=0, le=65536)
     fsdp_reshard_after_forward: bool = True
+    # when FSDP reduce-scatters gradients under accumulation: on the last micro-step only (one reduce-scatter
+    # per step; every rank holds the whole model's gradients, fp32, between micro-steps) or on every one
+    # (a reduce-scatter per micro-step; only the shard is held), as torchtitan does. plan.json counts either
+    fsdp_grad_sync: Literal["last_micro_step", "every_micro_step"] = "last_micro_step"
     fsdp_min_params: int = Field(100_000, ge=0, le=2**62)
     # MiB of parameters per FSDP2 unit: consecutive blocks are grouped up to it; 0 = one unit per block.
     # 4: blocks under it share units (measured 1.18-1.27x on thin blocks), larger ones keep their own (BENCHMARKS.md)

@@ -79,6 +79,7 @@ def planned_config(cfg, run: ResolvedRun, vocab_size: int | None = None) -> Plan
         recompute="none" if every == 0 else ("full" if every == 1 else f"every:{every}"),
         flash_attention=True,  # F.scaled_dot_product_attention picks a fused kernel on CPU and CUDA
         compiled=cfg.training.compile,  # each block under torch.compile (train/build.py)
+        fsdp_sync_every_micro_step=strategy == "fsdp" and par.fsdp_grad_sync == "every_micro_step",
         fsdp_unit_mb=par.fsdp_unit_mb if strategy in ("fsdp", "pipeline") else 0.0,
     )
     seq_len = cfg.data.seq_len

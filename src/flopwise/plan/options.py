@@ -62,6 +62,9 @@ OPTIONS = (
     PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]"),
     PlanOption("sequence_parallel", "--sequence-parallel", bool, False, "Megatron sequence parallelism with TP."),
     PlanOption("no_flash_attention", "--no-flash-attention", bool, False, "Keep the s x s attention scores (no flash attention)."),
+    PlanOption("fsdp_sync_every_micro_step", "--fsdp-sync-every-micro-step", bool, False,
+               "FSDP reduce-scatters every accumulation micro-step (the trainer's parallel.fsdp_grad_sync="
+               "every_micro_step): only gradient shards held, a reduce-scatter per micro-step."),
     PlanOption("compiled", "--compile", bool, False,
                "The blocks run under torch.compile (flopwise training.compile): a norm keeps only its input "
                "and SwiGLU no SiLU output, as inductor's partitioner saves them."),
@@ -109,6 +112,7 @@ RUNSPEC_OPTIONS = (
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
     "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb", "compiled", "cp",
+    "fsdp_sync_every_micro_step",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 

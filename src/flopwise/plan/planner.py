@@ -402,6 +402,10 @@ def _advice(spec: RunSpec, result: Plan, profile: GemmProfile | None = None) -> 
     candidates: list[tuple[str, Layout]] = []
     if lay.zero_stage < 3 and lay.dp > 1:
         candidates.append(("--zero 3", dataclasses.replace(lay, zero_stage=3)))
+    if (spec.stack == "flopwise" and lay.framework == "fsdp" and lay.zero_stage >= 2 and lay.grad_accum > 1
+            and lay.pp == 1 and not lay.fsdp_sync_every_micro_step):
+        candidates.append(("--fsdp-sync-every-micro-step (train: parallel.fsdp_grad_sync=every_micro_step)",
+                           dataclasses.replace(lay, fsdp_sync_every_micro_step=True)))
     keeps_less = {"none": 0, "selective": 1, "op": 2, "full": 4}.get(lay.recompute, 3)  # every:K is 3
     for mode in ("selective", "full"):
         if {"selective": 1, "full": 4}[mode] > keeps_less:
@@ -485,6 +489,7 @@ def build_runspec(
     flash_attention: bool = True,
     compiled: bool = False,
     cp: int | None = None,
+    fsdp_sync_every_micro_step: bool = False,
     dropout: bool = False,
     tp_comm_overlap: bool = False,
     efficiency: float | None = None,
@@ -624,7 +629,8 @@ def build_runspec(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
         sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
-        compiled=compiled, cp=cp, tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
+        compiled=compiled, cp=cp, fsdp_sync_every_micro_step=fsdp_sync_every_micro_step,
+        tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
         framework=framework,
     )
     workload = Workload(

@@ -55,6 +55,9 @@ class Layout:
     # FSDP2 units of consecutive blocks up to this many MiB of parameters (plan/fsdp_units.py); 0 = one per block
     fsdp_unit_mb: float = 0.0
     dp_replicate: int = 1  # HSDP (Zhao et al. 2023, PyTorch FSDP §3.2.1): ZeRO shards within dp / dp_replicate
+    # FSDP reduce-scatters on every accumulation micro-step (flopwise `parallel.fsdp_grad_sync=every_micro_step`)
+    # rather than on the last one only: no unsharded gradients held, a reduce-scatter per micro-step
+    fsdp_sync_every_micro_step: bool = False
     # context parallelism: each sequence split over cp ranks, K/V passed round a ring (Megatron-Core
     # `--context-parallel-size`, torchtitan `context_parallel_degree`); the cp ranks of a replica hold
     # the same weights, so gradients reduce and ZeRO shards over dp x cp

@@ -221,7 +221,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     accumulated_grad = sb.grad if work.precision in ("bf16-true", "fp32", "tf32") else 4.0
     unsharded_accumulation = (framework == "fsdp" and spec.stack == "flopwise" and lay.pp == 1
                               and lay.grad_accum > 1 and lay.zero_stage >= 2 and lay.offload == "none"
-                              and tuned is None)
+                              and tuned is None and not lay.fsdp_sync_every_micro_step)
     # DTensor's embedding backward returns a replicated gradient for a row-wise sharded table
     # (torch's sharding rule for `embedding_dense_backward`): without FSDP's reduce-scatter the
     # first stage holds the whole table's gradient, not its 1/t shard

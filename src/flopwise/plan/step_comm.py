@@ -59,14 +59,19 @@ class DpCollectives:
     reduce_each_micro_batch: bool
 
 
-def zero3_collectives(framework: str, pp: int, micro_batches: int, root_share: float) -> DpCollectives:
-    """How often a ZeRO-3 rank gathers its weights and reduces its gradients per step (module docstring)."""
+def zero3_collectives(framework: str, pp: int, micro_batches: int, root_share: float,
+                      reduce_each_micro_batch: bool = False) -> DpCollectives:
+    """How often a ZeRO-3 rank gathers its weights and reduces its gradients per step (module docstring).
+    `reduce_each_micro_batch`: FSDP with gradient sync on every micro-step (flopwise's
+    `parallel.fsdp_grad_sync=every_micro_step`, torchtitan's accumulation)."""
     m = micro_batches
     if framework == "deepspeed":
         return DpCollectives(m, m, 1.0, m, True)
     if pp > 1 and framework == "fsdp":
         return DpCollectives(1, 0, 1.0, 1, False)
     share = 1.0 - root_share if framework == "fsdp" else 1.0
+    if reduce_each_micro_batch:
+        return DpCollectives(m, m, share, m, True)
     return DpCollectives(m, m, share, 1, False)
 
 

@@ -263,7 +263,9 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
             shard = lay.shard_group
             replicate = max(1, dp // shard)
             root = sc.fsdp_root_params(pc, model.vocab_size, model.hidden, model.tied_embeddings) / tp
-            gathers = sc.zero3_collectives(inputs.framework, pp, m, min(1.0, root / psi) if psi else 0.0)
+            gathers = sc.zero3_collectives(inputs.framework, pp, m, min(1.0, root / psi) if psi else 0.0,
+                                           # torchtitan's loop never turns gradient sync off
+                                           lay.fsdp_sync_every_micro_step or spec.stack == "torchtitan")
             units = unit_count(layers_busiest, per_unit)
             weights += inputs.frozen_gather_bytes  # a fine-tune's frozen base is gathered like any weight
             # alpha-beta: the ring's bandwidth time plus its latency for every message a

@@ -135,6 +135,26 @@ def test_fsdp2_with_accumulation_and_checkpointing_matches_one_process(corpus, t
     assert_same_trajectory(single_process_reference, run_dir)
 
 
+@pytest.mark.distributed
+def test_fsdp2_syncing_every_micro_step_trains_the_same_and_reduces_each_time(corpus, tmp_path,
+                                                                            single_process_reference):
+    """`parallel.fsdp_grad_sync=every_micro_step`: 2 ranks x 2 micro-steps reduce-scatter twice per step
+    (as measured and as planned), keep only gradient shards (as planned), and train as one process does."""
+    run_dir = tmp_path / "fsdp_every"
+    config = base_config(corpus, run_dir, 2, strategy="fsdp", nproc_per_node=2, fsdp_grad_sync="every_micro_step")
+    config["training"].update(global_batch_size=8)
+    result = run_cli(config, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_trajectory(single_process_reference, run_dir)
+    full = single_process_reference[-1]
+    comparison = json.loads((run_dir / "predicted_vs_measured.json").read_text())
+    sent = comparison["measured"]["comm_bytes_by_kind"]["dp"]
+    assert sent["reduce_scatter"] == 2 * full["memory_gradients_bytes"] / 2  # two micro-steps, half sent each
+    assert comparison["measured_over_predicted"]["comm_dp"] == pytest.approx(1.0, abs=0.25)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["memory"]["gradients"] == pytest.approx(full["memory_gradients_bytes"] / 2, rel=0.02)
+
+
 def block_mib(model: dict) -> float:
     """MiB of fp32 parameters in one block of the `model` section's decoder."""
     from flopwise.config.schema import ModelConfig

@@ -278,7 +278,8 @@ def attach_strategy(state, cfg: RunConfig, env: DistEnv, run: ResolvedRun) -> St
     if cfg.parallel.strategy == "pipeline":
         return PipelineStrategy(state, cfg.parallel, run.precision, cfg.training.grad_clip, env,
                                 state.built.pp_group)
-    return TorchStrategy(state, run.precision, cfg.training.grad_clip, env)
+    every = cfg.parallel.strategy == "fsdp" and cfg.parallel.fsdp_grad_sync == "every_micro_step"
+    return TorchStrategy(state, run.precision, cfg.training.grad_clip, env, sync_every_micro_step=every)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

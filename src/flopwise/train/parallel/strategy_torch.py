@@ -32,8 +32,11 @@ class TorchStrategy:
     memory_before_step = False
     checkpoint_format = "dcp"
 
-    def __init__(self, state, precision: Precision, grad_clip: float | None, env: DistEnv):
+    def __init__(self, state, precision: Precision, grad_clip: float | None, env: DistEnv,
+                 sync_every_micro_step: bool = False):
         self.built = state.built
+        # `parallel.fsdp_grad_sync=every_micro_step`: FSDP reduce-scatters on every micro-step
+        self.sync_every_micro_step = sync_every_micro_step
         self.scaler = state.scaler
         self.precision = precision  # the run's resolved precision
         self.grad_clip = grad_clip
@@ -53,9 +56,10 @@ class TorchStrategy:
         return inputs.to(self.env.device, non_blocking=True), targets.to(self.env.device, non_blocking=True)
 
     def forward_backward(self, batch, micro: int, grad_accum: int, hooks: StepHooks) -> float:
-        """Forward under autocast, backward of the (scaled) loss; gradients sync on the last micro-step only."""
+        """Forward under autocast, backward of the (scaled) loss; gradients sync on the last micro-step only
+        (or on every one, `sync_every_micro_step`)."""
         built, last = self.built, micro == grad_accum - 1
-        with gradient_sync(built.model, enabled=last):
+        with gradient_sync(built.model, enabled=last or self.sync_every_micro_step):
             with hooks.around_forward(built.module, micro, last, built.forward_context, built.saved_tensor_hooks), \
                     autocast_context(self.precision, self.env.device.type):
                 loss = micro_batch_loss(built.model, batch, grad_accum)
