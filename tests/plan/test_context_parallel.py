@@ -59,9 +59,13 @@ def test_bad_cp_layouts_are_one_line(kwargs, fragment):
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
-def test_search_keeps_the_asked_cp():
-    result = search_layouts(build_runspec(cp=2, **LLAMA70), 64, top=3)
+def test_search_keeps_the_asked_cp_and_prunes_exactly():
+    spec = build_runspec(cp=2, **LLAMA70)
+    result = search_layouts(spec, 64, top=3)
     assert result.ranked and all(r.spec.layout.cp == 2 and r.spec.layout.devices == 64 for r in result.ranked)
+    # the lower bound that prunes the search times a rank's cp-th of the sequence, as the plan does
+    exhaustive = search_layouts(spec, 64, top=3, exhaustive=True)
+    assert [p.spec.layout for p in exhaustive.ranked] == [p.spec.layout for p in result.ranked]
 
 
 def test_cli_cp_flag_reaches_the_json():

@@ -385,7 +385,6 @@ def tp_collectives_per_layer(model) -> tuple[int, int]:
     return 2, 2
 
 
-
 def cp_layer_seconds(lay, layer, links: Links, model, tokens: float, e: float) -> tuple[float, float]:
     """(wire seconds, exposed seconds) of context parallelism's ring per layer and micro-batch.
 
@@ -513,14 +512,16 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
     tp, pp = lay.tp, lay.pp
     v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
     sp = lay.sequence_parallel and tp > 1
-    layer = finetune.layer_times(ops.layer_times(model, work.seq_len, lay.micro_batch_size, tp, sp, lay.flash_attention,
-                                                 work.dropout, lay.recompute, work.precision, rates), spec, rates)
-    ends = finetune.end_times(ops.end_times(model, work.seq_len, lay.micro_batch_size, tp, sp, work.precision, rates),
+    s = local_seq_len(spec)  # a rank's tokens of a sequence, as `step_time` times them
+    layer = finetune.layer_times(ops.layer_times(model, s, lay.micro_batch_size, tp, sp, lay.flash_attention,
+                                                 work.dropout, lay.recompute, work.precision, rates,
+                                                 work.seq_len if lay.cp > 1 else None), spec, rates)
+    ends = finetune.end_times(ops.end_times(model, s, lay.micro_batch_size, tp, sp, work.precision, rates),
                               spec, rates)
     smallest_stage = (model.n_layers // (pp * v)) * v
     per_layer, p2p = layer.total, 0.0
     if links is not None:
-        message = float(work.seq_len * lay.micro_batch_size * model.hidden * inputs.activation_bytes) \
+        message = float(s * lay.micro_batch_size * model.hidden * inputs.activation_bytes) \
             if inputs is not None else 0.0
         per_layer += tp_layer_seconds(lay, layer, links, message, model)[3]
         p2p = pipeline_p2p_exposed(lay, links, message)
