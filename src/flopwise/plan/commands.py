@@ -46,7 +46,7 @@ def plan_command(**options) -> None:
 
     check_flag_values(options)  # every numeric flag in its physical / practical range, before any search
     # the planner loads when the command runs, not at `flopwise --help`
-    from flopwise.plan.options import runspec_kwargs
+    from flopwise.plan.options import runspec_kwargs, search_devices_and_base
     from flopwise.plan.planner import build_runspec, plan
 
     o = dict(options)
@@ -57,9 +57,9 @@ def plan_command(**options) -> None:
                        if option.name not in CONFIG_FLAGS and option.name != "spot" and o[option.name] != option.default]
         return plan_training_config(config, overrides or [], o["hardware"], o["as_json"], spot=o["spot"],
                                     conflicting=conflicting, profile=o["profile"])
-    devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1) * (o["cp"] or 1)) if o["dp"] else 8)
-    if o["search"]:  # the search picks the layout; one device keeps the global batch exactly as asked
-        o.update(gpus=o["cp"] or 1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)  # cp stays as asked
+    devices = 0
+    if o["search"]:  # the search picks the layout
+        devices, o = search_devices_and_base(o)
     kwargs, measured, warnings = runspec_kwargs(o), None, ()
     if o["profile"] is not None:  # defaults (ZeRO stage, TP x PP split) are chosen on the measured rates
         measured, hardware, warnings = _read_profile(o["profile"], o["hardware"])

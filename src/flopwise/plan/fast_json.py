@@ -56,13 +56,11 @@ def _search(values: dict) -> dict:
     """`plan --search --json` as the typer command runs it (`commands.plan_command` and
     `search_cli.run_search_and_spot`): the search picks the layout over --gpus devices."""
     from flopwise.errors import UserError
-    from flopwise.plan.options import runspec_kwargs
+    from flopwise.plan.options import runspec_kwargs, search_devices_and_base
     from flopwise.plan.planner import build_runspec
     from flopwise.plan.search import nothing_fits_message, search_layouts
 
-    o = dict(values)
-    devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1) * (o["cp"] or 1)) if o["dp"] else 8)
-    o.update(gpus=o["cp"] or 1, dp=None, tp=None, pp=None, zero=None, micro_batch=None)  # cp stays as asked
+    devices, o = search_devices_and_base(values)
     spec = build_runspec(**runspec_kwargs(o))
     host = None
     if o["host_memory_gib"] is not None:

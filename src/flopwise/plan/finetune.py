@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from flopwise.catalog.models import ModelSpec
 from flopwise.plan import memory as mem
 from flopwise.plan.params import ParamCount, count_params
+from flopwise.plan.spec import local_seq_len
 
 FINETUNE_METHODS = ("full", "lora", "qlora")
 LORA_TARGETS = ("all-linear", "qkvo")
@@ -409,7 +410,7 @@ def layer_times(layer, spec, rates):
     from flopwise.plan.ops import full_recompute_share
 
     lay, work, model = spec.layout, spec.workload, spec.model
-    tokens = -(-work.seq_len // lay.cp) * lay.micro_batch_size  # a rank's tokens (context parallelism splits them)
+    tokens = local_seq_len(spec) * lay.micro_batch_size  # a rank's tokens (context parallelism splits them)
     e = 4.0 if work.precision in ("fp32", "tf32") else 2.0
     r = split.rank
     fwd = dgrad = wgrad = 0.0
@@ -490,7 +491,7 @@ def end_times(ends, spec, rates):
     lay, work, model = spec.layout, spec.workload, spec.model
     tp = max(1, lay.tp)
     e = 4.0 if work.precision in ("fp32", "tf32") else 2.0
-    tokens = -(-work.seq_len // lay.cp) * lay.micro_batch_size  # a rank's tokens (context parallelism splits them)
+    tokens = local_seq_len(spec) * lay.micro_batch_size  # a rank's tokens (context parallelism splits them)
     hs = model.hidden / tp if (lay.sequence_parallel and tp > 1) else float(model.hidden)
     embedding = rates.memory_seconds(tokens * hs * e * 2, 1)
     head_wgrad = rates.gemm_seconds(model.hidden, max(1, model.vocab_size // tp), tokens, 1.0, e)

@@ -117,6 +117,17 @@ RUNSPEC_OPTIONS = (
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 
 
+def search_devices_and_base(values: dict) -> tuple[int, dict]:
+    """A `--search`'s device count and the option values its base spec is built from: the search
+    picks dp, tp, pp, ZeRO and micro-batch, so those are cleared; cp stays as asked, and a base of
+    cp devices keeps the global batch exactly as given."""
+    o = dict(values)
+    cp = o["cp"] or 1
+    devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1) * cp) if o["dp"] else 8)
+    o.update(gpus=cp, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
+    return devices, o
+
+
 def runspec_kwargs(values: dict) -> dict:
     """`build_runspec` keyword arguments from parsed option values."""
     kwargs = {name: values[name] for name in RUNSPEC_OPTIONS}
