@@ -10,7 +10,7 @@ import json
 from typing import Callable
 
 from flopwise.errors import UserError
-from flopwise.plan.planner import Plan, RunSpec, plan
+from flopwise.plan.planner import GIB, Plan, RunSpec, plan
 from flopwise.plan.preemption import SpotEstimate, estimate_spot
 from flopwise.plan.search import (
     REASONS, SearchResult, above_published, nothing_fits_message, published_mfu_ceiling, search_layouts,
@@ -130,10 +130,15 @@ def print_search(result: SearchResult) -> None:
         console.print(f"[yellow]! MFU above the best published run on this device class ({ceiling[0]:.1%}, "
                       f"{ceiling[1]}): treat as optimistic[/yellow]")
     for i, p in enumerate(result.ranked, 1):
-        if p.memory.fits_with:  # the stack's own memory options the fit relies on (plan/stacks)
-            console.print(f"#{i} fits with {', '.join(p.memory.fits_with)} ({p.spec.stack})")
+        m = p.memory
+        if m.verdict == "tight":  # kept, after those that fit: within the memory forecast's own error
+            console.print(f"[yellow]#{i} tight: planned {m.allocated_bytes / GIB:.1f} GiB of {m.capacity_bytes / GIB:.1f} "
+                          f"GiB usable, within the memory forecast's ± {m.band:.0%}: may fit, may run out of "
+                          "memory[/yellow]")
+        elif m.fits_with:  # the stack's own memory options the fit relies on (plan/stacks)
+            console.print(f"#{i} fits with {', '.join(m.fits_with)} ({p.spec.stack})")
     console.print(f"layouts evaluated: {result.evaluated:,} (memory), {result.timed:,} timed; "
-                  f"{result.fitting:,} fit")
+                  f"{result.fitting:,} fit or are tight")
     for key, count in result.rejected.items():
         unit = "(tp, pp) splits" if key in ("tp_heads", "tp_node", "pp_layers", "dp_batch") else "layouts"
         console.print(f"rejected: {count:,} {unit}: {REASONS[key]}")
