@@ -132,8 +132,8 @@ def print_search(result: SearchResult) -> None:
     for i, p in enumerate(result.ranked, 1):
         m = p.memory
         if m.verdict == "tight":  # kept, after those that fit: within the memory forecast's own error
-            console.print(f"[yellow]#{i} tight: planned {m.allocated_bytes / GIB:.1f} GiB of {m.capacity_bytes / GIB:.1f} "
-                          f"GiB usable, within the memory forecast's ± {m.band:.0%}: may fit, may run out of "
+            console.print(f"[yellow]#{i} tight: {m.allocated_bytes / GIB:.1f} GiB allocated ({m.total_bytes / GIB:.1f} "
+                          f"with the allocator's reserve) of {m.capacity_bytes / GIB:.1f} GiB usable, within the memory forecast's ± {m.band:.0%}: may fit, may run out of "
                           "memory[/yellow]")
         elif m.fits_with:  # the stack's own memory options the fit relies on (plan/stacks)
             console.print(f"#{i} fits with {', '.join(m.fits_with)} ({p.spec.stack})")
@@ -144,10 +144,11 @@ def print_search(result: SearchResult) -> None:
         console.print(f"rejected: {count:,} {unit}: {REASONS[key]}")
     for note in result.notes:
         console.print(f"[dim]{note}[/dim]")
-    console.print("[dim]CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); sequence parallelism is on with every tp > 1; variants scoring the same that differ only in "
+    console.print("[dim]GiB: planned peak with the allocator's reserve; CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); sequence parallelism is on with every tp > 1; variants scoring the same that differ only in "
                   "ZeRO stage or offload are shown once (the simplest); offload's CPU time is not modelled, so ties "
                   "prefer no offload. ± is the expected error validated on published runs of the regime, ? where it "
-                  "extrapolates (docs/validation.md). `--json` lists each layout's full plan.[/dim]")
+                  "extrapolates (docs/validation.md). intl: interleaved; optim: optimizer. `--json` lists each layout's full "
+                  "plan.[/dim]")
 
 
 SEARCH_COLUMNS = ("#", "dp", "tp", "pp", "mbs x acc", "ZeRO", "recompute", "offload", "schedule", "GiB", "CPU GiB",
@@ -178,6 +179,14 @@ def _search_row(i: int, p) -> dict[str, str]:
 
 
 COMPACT_HEADERS = {"mbs x acc": "mbs×acc", "CPU GiB": "CPU"}
+COMPACT_CELLS = (("interleaved", "intl"), ("optimizer", "optim"))
+"""Long cell values shortened in the folded (80-column) tables; the footnote spells them out."""
+
+
+def _compact(cell: str) -> str:
+    for long, short in COMPACT_CELLS:
+        cell = cell.replace(long, short)
+    return cell
 
 
 def _search_table(columns, rows: list[dict[str, str]], title: str | None = None):
@@ -193,7 +202,7 @@ def _search_table(columns, rows: list[dict[str, str]], title: str | None = None)
     for column in columns:
         table.add_column(COMPACT_HEADERS.get(column, column) if title else column, justify="right", no_wrap=True)
     for row in rows:
-        table.add_row(*(row[c] for c in columns))
+        table.add_row(*((_compact(row[c]) if title else row[c]) for c in columns))
     return table
 
 
