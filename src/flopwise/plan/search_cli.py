@@ -107,12 +107,15 @@ def print_search(result: SearchResult) -> None:
 
     console = Console()
     spec = result.base
+    tight = sum(p.memory.verdict == "tight" for p in result.ranked)
+    fit = len(result.ranked) - tight
     hw = spec.cluster.hardware
     console.print(f"[bold]{spec.model.name or spec.model.key}[/bold] on {result.devices} x {hw.name or hw.key}: "
                   f"{spec.workload.precision}, {spec.workload.optimizer}, seq {spec.workload.seq_len}, "
                   f"global batch {result.global_batch} sequences"
                   f"{f', context parallel {spec.layout.cp}' if spec.layout.cp > 1 else ''}; "
-                  f"best {len(result.ranked)} by {result.objective}")
+                  f"best {fit} by {result.objective}"
+                  f"{f', then {tight} tight (may not fit)' if tight else ''}")
     rows = [_search_row(i, p) for i, p in enumerate(result.ranked, 1)]
     layout_columns = SEARCH_COLUMNS[:11]
     time_columns = ("#", *SEARCH_COLUMNS[11:17])
@@ -145,8 +148,8 @@ def print_search(result: SearchResult) -> None:
     for note in result.notes:
         console.print(f"[dim]{note}[/dim]")
     console.print("[dim]GiB: planned peak with the allocator's reserve; CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); sequence parallelism is on with every tp > 1; variants scoring the same that differ only in "
-                  "ZeRO stage or offload are shown once (the simplest); offload's CPU time is not modelled, so ties "
-                  "prefer no offload. ± is the expected error validated on published runs of the regime, ? where it "
+                  "ZeRO stage or offload are shown once (the simplest); offload is timed as PCIe copies at 25 GB/s and "
+                  "a CPU Adam step at 1e9 parameters/s (assumptions), and ties prefer no offload. ± is the expected error validated on published runs of the regime, ? where it "
                   "extrapolates (docs/validation.md). intl: interleaved; optim: optimizer. `--json` lists each layout's full "
                   "plan.[/dim]")
 
