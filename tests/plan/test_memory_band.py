@@ -4,6 +4,7 @@ the validated error of the memory forecast is "tight" (kept, flagged), never jud
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,19 @@ def test_fsdp_zero2_in_a_pipeline_holds_unsharded_fp32_gradients():
     sharded = plan_memory(dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, framework="megatron")))
     assert sharded.gradients < memory.gradients / 4
     assert plan(spec).to_dict()["memory"]["gradients"] == pytest.approx(memory.gradients)
+
+
+def test_a_search_table_names_its_tight_layouts_apart_from_those_that_fit():
+    """GPT-3 175B on 1,024 A100-80GB: micro-batch 3 is planned a few GiB over the usable memory,
+    within the band; the heading counts those rows apart and each has a note with both figures."""
+    out = subprocess.run([sys.executable, "-m", "flopwise", "plan", "--model", "gpt3-175b", "--hardware",
+                          "a100-80gb", "--gpus", "1024", "--global-batch", "1536", "--tokens", "300B",
+                          "--search", "--top", "5"], capture_output=True, text=True, env=ENV, check=True).stdout
+    heading = out.splitlines()[0]
+    tight_notes = [line for line in out.splitlines() if " tight: " in line]
+    assert "best 5 by time" in heading
+    assert tight_notes, out
+    assert f"then {len(tight_notes)} tight (may not fit)" in heading
+    for note in tight_notes:
+        allocated, reserved, usable = (float(x) for x in re.findall(r"(\d+\.\d) (?:GiB allocated|with|GiB usable)", note))
+        assert allocated < reserved and usable < allocated <= usable * 1.11, note
