@@ -54,7 +54,7 @@ def brute_force(spec: RunSpec, devices: int, max_mbs: int = 64, max_v: int = 8) 
                              sequence_parallel=tp > 1, recompute=rc, offload=off, pipeline_schedule=sched,
                              virtual_stages=v, flash_attention=spec.layout.flash_attention)
                 result = plan(RunSpec(spec.model, lay, spec.workload, spec.cluster))
-                if result.fits:
+                if result.memory.may_fit:  # fits, or tight (within the memory band): the search keeps both
                     plans.append(result)
     return plans
 
@@ -75,8 +75,8 @@ def test_nothing_beats_the_top_ranked_layout(case):
     result = search_layouts(spec, devices, top=3)
     every = brute_force(spec, devices)
     assert every, "the case should have layouts that fit"
-    assert result.best is not None
-    best_value = min(objective_value(p, "time") for p in every)
+    assert result.best is not None and result.best.fits  # one that fits ranks before any tight one
+    best_value = min(objective_value(p, "time") for p in every if p.fits)
     assert objective_value(result.best, "time") == pytest.approx(best_value, rel=1e-12)
     assert result.fitting == len(every)
     # the search's exhaustive mode agrees too

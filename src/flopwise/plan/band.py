@@ -125,6 +125,28 @@ def load_bands() -> dict:
         return {"regimes": {}, "validated": {}}
 
 
+MEMORY_KEY = "memory"
+"""bands.json's entry for the memory forecast: the same quantile of the published peaks' |error|."""
+
+
+def build_memory_band(errors: list[float]) -> dict:
+    """bands.json's memory entry from the published peak-memory rows' errors (predicted/published − 1).
+
+    The memory formulas have no fitted constant, so these errors are out of sample as they stand."""
+    if not errors:
+        return {"expected_error": 0.0, "rows": 0}
+    return {"expected_error": band_quantile(errors), "rows": len(errors)}
+
+
+@lru_cache(maxsize=1)
+def memory_band() -> float:
+    """Relative error of a peak-memory forecast, validated (0 when nothing validates it): a layout
+    whose planned memory is over the usable capacity by less than this may still fit."""
+    entry = load_bands().get(MEMORY_KEY) or {}
+    value = entry.get("expected_error", 0.0)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 else 0.0
+
+
 def band_for(stack: str, zero_stage: int, precision: str, devices: int, device_family: str,
              bands: dict | None = None) -> Band:
     """The band of a forecast in this regime (the finest regime with MIN_ROWS validated rows)."""

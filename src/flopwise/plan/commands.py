@@ -264,6 +264,10 @@ def print_plan(result) -> None:
         ("PF-days", f"{f.pf_days:,.1f}"),
     ])
     verdict = "[green]fits[/green]" if m.fits else "[red]does NOT fit[/red]"
+    if m.verdict == "tight":
+        with_ = f" with {', '.join(m.fits_with)}" if m.fits_with else ""
+        verdict = (f"[yellow]tight{with_}: {m.allocated_bytes / m.capacity_bytes - 1:.0%} over the usable memory, within "
+                   f"the forecast's ± {m.band:.0%} (may fit)[/yellow]")
     if m.fits and m.fits_with:
         verdict = f"[green]fits with {', '.join(m.fits_with)}[/green]"
     where = f"stage {m.worst_stage} of {lay.pp}, " if lay.pp > 1 else ""

@@ -534,6 +534,21 @@ class MemoryEstimate:
     stages: tuple = ()
     stack: str = "flopwise"
     fits_with: tuple = ()  # the stack's memory options (plan/stacks) this estimate applies to fit
+    band: float = 0.0  # validated relative error of this memory forecast (plan/band.memory_band)
+
+    @property
+    def may_fit(self) -> bool:
+        """Fits, or is over the usable capacity by less than the forecast's own validated error:
+        published runs have run at layouts planned that close (docs/validation.md), so such a
+        layout is kept (as "tight"), never discarded; `fits` stays the strict verdict."""
+        if self.fits:
+            return True
+        return bool(self.device_bytes) and self.allocated_bytes / (1.0 + self.band) <= self.capacity_bytes
+
+    @property
+    def verdict(self) -> str:
+        """"fits", "tight" (within the memory band of the usable capacity) or "does not fit"."""
+        return "fits" if self.fits else "tight" if self.may_fit else "does not fit"
 
     @property
     def allocated_bytes(self) -> float:
@@ -560,6 +575,8 @@ class MemoryEstimate:
         out["allocated_bytes"] = self.allocated_bytes
         out["total_gib"] = self.total_bytes / GIB
         out["capacity_gib"] = self.capacity_bytes / GIB
+        out["may_fit"] = self.may_fit
+        out["verdict"] = self.verdict
         return out
 
 

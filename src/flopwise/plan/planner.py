@@ -244,8 +244,9 @@ def stack_rates(spec: RunSpec) -> tuple[str | None, str | None, bool]:
 
 def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:
     """The recompute policies to try for `spec`, or None when its stack offers none (the
-    flopwise stack, a layout that already recomputes, a CNN)."""
-    if spec.stack == "flopwise" or spec.layout.recompute != "none" or spec.model.arch == "cnn":
+    flopwise stack, a layout that already recomputes or whose recompute the user stated, a CNN)."""
+    if spec.stack == "flopwise" or spec.layout.recompute != "none" or spec.model.arch == "cnn" \
+            or spec.cluster.extra.get("recompute_stated"):
         return None
     from flopwise.plan.stacks import find_stack
 
@@ -614,6 +615,8 @@ def build_runspec(
     if precision == "bf16-true":
         warnings.append(mem.BF16_TRUE_TRADE_OFF)
     extra["warnings"] = tuple(warnings)
+    if recompute is not None:  # a stated policy is planned as given: no stack recompute added to fit
+        extra["recompute_stated"] = True
     if stack_default_zero:
         extra["defaults"] = (stack_default_zero,)
     if stack != "flopwise":

@@ -301,7 +301,7 @@ def search_layouts(
                 for mbs in micro_batches:
                     memory = plan_memory(candidate(mbs), check=False)
                     evaluated += 1
-                    if memory.fits:
+                    if memory.may_fit:
                         fits.append(candidate(mbs))
                         if first_fit_only:
                             return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred,
@@ -318,7 +318,7 @@ def search_layouts(
                 memory = plan_memory(candidate(micro_batches[mid]), check=False)
                 evaluated += 1
                 inferred -= 1
-                if memory.fits:
+                if memory.may_fit:
                     lo = mid + 1
                 else:
                     hi = mid
@@ -361,7 +361,10 @@ def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool, 
 
 
 def _keep_top(families: set[tuple], smallest: list[float], result: Plan, objective: str, top: int) -> None:
-    """Track the k-th best objective over distinct families (a family's value is part of its key)."""
+    """Track the k-th best objective over distinct families of layouts that fit (a family's value is
+    part of its key); tight layouts are timed but do not fill the top k, which they follow."""
+    if not result.fits:
+        return
     key = family_key(result, objective)
     if key in families:
         return
@@ -405,16 +408,12 @@ def _bounder(reference: Plan, profile=None):
 
 def _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, fitting, top, smallest,
             shapes) -> SearchResult:
-    ranked: list[Plan] = []
-    seen: set[tuple] = set()
-    timed = [p for p in timed if p.fits]  # plan() has the last word on every layout shown
-    for result in sorted(timed, key=lambda p: rank_key(p, objective)):
-        key = family_key(result, objective)
-        if key not in seen:
-            seen.add(key)
-            ranked.append(result)
-        if len(ranked) == top:
-            break
+    timed = [p for p in timed if p.memory.may_fit]  # plan() has the last word on every layout shown
+    ranked = _distinct([p for p in timed if p.fits], objective, top)
+    # tight layouts (over the usable memory by less than the memory forecast's validated error) come
+    # after those that fit: the ones that would beat the last layout shown, which a user may try
+    worst = objective_value(ranked[-1], objective) if len(ranked) == top else math.inf
+    ranked += _distinct([p for p in timed if not p.fits and objective_value(p, objective) < worst], objective, top)
     notes = []
     if not shapes:
         notes.append(f"no (tp, pp) split of {devices} devices suits {spec.model.key}")
@@ -427,6 +426,20 @@ def _result(spec, objective, devices, global_batch, evaluated, rejected, inferre
     return SearchResult(spec, objective, devices, global_batch, evaluated, len(timed), fitting,
                         {k: v for k, v in rejected.items() if v}, tuple(ranked),
                         None if smallest is None else smallest / GIB, tuple(notes))
+
+
+def _distinct(plans: list[Plan], objective: str, top: int) -> list[Plan]:
+    """The best `top` plans by `rank_key`, one per `family_key`."""
+    ranked: list[Plan] = []
+    seen: set[tuple] = set()
+    for result in sorted(plans, key=lambda p: rank_key(p, objective)):
+        key = family_key(result, objective)
+        if key not in seen:
+            seen.add(key)
+            ranked.append(result)
+        if len(ranked) == top:
+            break
+    return ranked
 
 
 def fits_anywhere(spec: RunSpec, devices: int, tp_within_node: bool = True,

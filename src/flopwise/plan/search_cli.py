@@ -10,7 +10,7 @@ import json
 from typing import Callable
 
 from flopwise.errors import UserError
-from flopwise.plan.planner import Plan, RunSpec, plan
+from flopwise.plan.planner import GIB, Plan, RunSpec, plan
 from flopwise.plan.preemption import SpotEstimate, estimate_spot
 from flopwise.plan.search import (
     REASONS, SearchResult, above_published, nothing_fits_message, published_mfu_ceiling, search_layouts,
@@ -107,12 +107,15 @@ def print_search(result: SearchResult) -> None:
 
     console = Console()
     spec = result.base
+    tight = sum(p.memory.verdict == "tight" for p in result.ranked)
+    fit = len(result.ranked) - tight
     hw = spec.cluster.hardware
     console.print(f"[bold]{spec.model.name or spec.model.key}[/bold] on {result.devices} x {hw.name or hw.key}: "
                   f"{spec.workload.precision}, {spec.workload.optimizer}, seq {spec.workload.seq_len}, "
                   f"global batch {result.global_batch} sequences"
                   f"{f', context parallel {spec.layout.cp}' if spec.layout.cp > 1 else ''}; "
-                  f"best {len(result.ranked)} by {result.objective}")
+                  f"best {fit} by {result.objective}"
+                  f"{f', then {tight} tight (may not fit)' if tight else ''}")
     rows = [_search_row(i, p) for i, p in enumerate(result.ranked, 1)]
     layout_columns = SEARCH_COLUMNS[:11]
     time_columns = ("#", *SEARCH_COLUMNS[11:17])
@@ -130,19 +133,25 @@ def print_search(result: SearchResult) -> None:
         console.print(f"[yellow]! MFU above the best published run on this device class ({ceiling[0]:.1%}, "
                       f"{ceiling[1]}): treat as optimistic[/yellow]")
     for i, p in enumerate(result.ranked, 1):
-        if p.memory.fits_with:  # the stack's own memory options the fit relies on (plan/stacks)
-            console.print(f"#{i} fits with {', '.join(p.memory.fits_with)} ({p.spec.stack})")
+        m = p.memory
+        if m.verdict == "tight":  # kept, after those that fit: within the memory forecast's own error
+            console.print(f"[yellow]#{i} tight: {m.allocated_bytes / GIB:.1f} GiB allocated ({m.total_bytes / GIB:.1f} "
+                          f"with the allocator's reserve) of {m.capacity_bytes / GIB:.1f} GiB usable, within the memory forecast's ± {m.band:.0%}: may fit, may run out of "
+                          "memory[/yellow]")
+        elif m.fits_with:  # the stack's own memory options the fit relies on (plan/stacks)
+            console.print(f"#{i} fits with {', '.join(m.fits_with)} ({p.spec.stack})")
     console.print(f"layouts evaluated: {result.evaluated:,} (memory), {result.timed:,} timed; "
-                  f"{result.fitting:,} fit")
+                  f"{result.fitting:,} fit or are tight")
     for key, count in result.rejected.items():
         unit = "(tp, pp) splits" if key in ("tp_heads", "tp_node", "pp_layers", "dp_batch") else "layouts"
         console.print(f"rejected: {count:,} {unit}: {REASONS[key]}")
     for note in result.notes:
         console.print(f"[dim]{note}[/dim]")
-    console.print("[dim]CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); sequence parallelism is on with every tp > 1; variants scoring the same that differ only in "
-                  "ZeRO stage or offload are shown once (the simplest); offload's CPU time is not modelled, so ties "
-                  "prefer no offload. ± is the expected error validated on published runs of the regime, ? where it "
-                  "extrapolates (docs/validation.md). `--json` lists each layout's full plan.[/dim]")
+    console.print("[dim]GiB: planned peak with the allocator's reserve; CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); sequence parallelism is on with every tp > 1; variants scoring the same that differ only in "
+                  "ZeRO stage or offload are shown once (the simplest); offload is timed as PCIe copies at 25 GB/s and "
+                  "a CPU Adam step at 1e9 parameters/s (assumptions), and ties prefer no offload. ± is the expected error validated on published runs of the regime, ? where it "
+                  "extrapolates (docs/validation.md). intl: interleaved; optim: optimizer. `--json` lists each layout's full "
+                  "plan.[/dim]")
 
 
 SEARCH_COLUMNS = ("#", "dp", "tp", "pp", "mbs x acc", "ZeRO", "recompute", "offload", "schedule", "GiB", "CPU GiB",
@@ -173,6 +182,14 @@ def _search_row(i: int, p) -> dict[str, str]:
 
 
 COMPACT_HEADERS = {"mbs x acc": "mbs×acc", "CPU GiB": "CPU"}
+COMPACT_CELLS = (("interleaved", "intl"), ("optimizer", "optim"))
+"""Long cell values shortened in the folded (80-column) tables; the footnote spells them out."""
+
+
+def _compact(cell: str) -> str:
+    for long, short in COMPACT_CELLS:
+        cell = cell.replace(long, short)
+    return cell
 
 
 def _search_table(columns, rows: list[dict[str, str]], title: str | None = None):
@@ -188,7 +205,7 @@ def _search_table(columns, rows: list[dict[str, str]], title: str | None = None)
     for column in columns:
         table.add_column(COMPACT_HEADERS.get(column, column) if title else column, justify="right", no_wrap=True)
     for row in rows:
-        table.add_row(*(row[c] for c in columns))
+        table.add_row(*((_compact(row[c]) if title else row[c]) for c in columns))
     return table
 
 

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from flopwise.plan import finetune
 from flopwise.plan import memory as mem
 from flopwise.plan.fsdp_units import planned_blocks_per_unit
+from flopwise.plan.band import memory_band
 from flopwise.plan.params import ParamCount
 from flopwise.plan.spec import RunSpec, local_seq_len
 from flopwise.plan.stacks import find_stack
@@ -146,11 +147,14 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     first = _estimate(spec, pc, warnings, every_stage, conventions(stack, precision, (), zero))
     if first.fits:
         return first
+    # the first option set that fits; else the first within the memory band (tight); else the defaults
+    tight = first if first.may_fit else None
     for options in option_ladder(stack, precision):
         tried = _estimate(spec, pc, [], every_stage, conventions(stack, precision, options, zero))
         if tried.fits:
             return tried
-    return first
+        tight = tight or (tried if tried.may_fit else None)
+    return tight or first
 
 
 def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: bool,
@@ -222,6 +226,11 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     unsharded_accumulation = (framework == "fsdp" and spec.stack == "flopwise" and lay.pp == 1
                               and lay.grad_accum > 1 and lay.zero_stage >= 2 and lay.offload == "none"
                               and tuned is None and not lay.fsdp_sync_every_micro_step)
+    # ZeRO-2 (FSDP2 without resharding after forward) inside a pipeline stage: the weights are
+    # whole already, and the schedule's no-sync micro-batches leave each gradient unsharded in fp32
+    # until the last one reduce-scatters it (torchtitan's default for PP, `reshard_after_forward=False`)
+    unsharded_accumulation = unsharded_accumulation or (
+        framework == "fsdp" and lay.pp > 1 and lay.zero_stage == 2 and lay.offload == "none" and tuned is None)
     # DTensor's embedding backward returns a replicated gradient for a row-wise sharded table
     # (torch's sharding rule for `embedding_dense_backward`): without FSDP's reduce-scatter the
     # first stage holds the whole table's gradient, not its 1/t shard
@@ -274,7 +283,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         # (PyTorch "CUDA semantics — memory management"), so the fit is judged on allocated bytes
         bool(device_bytes) and worst.total_bytes - worst.allocator_reserve <= capacity,
         fp8_buffers=worst.fp8_buffers, allocator_reserve=worst.allocator_reserve, framework=framework,
-        worst_stage=worst.stage, stages=stages, stack=spec.stack, fits_with=conv.options,
+        worst_stage=worst.stage, stages=stages, stack=spec.stack, fits_with=conv.options, band=memory_band(),
     )
 
 

@@ -33,7 +33,8 @@ def forecast_line(plan, hardware_name: str) -> str | None:
     parts = [f"forecast on {hardware_name}: step {time.step_seconds:.3g} s"]
     if time.steps:
         parts[0] += f", run {_duration(time.total_seconds)} ({int(time.steps):,} steps)"
-    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    verdict = {"fits": "fits", "tight": f"TIGHT (within the memory forecast's ±{100 * memory.band:.0f} %: may not fit)",
+               }.get(memory.verdict, "DOES NOT FIT")
     room = f" of {memory.capacity_bytes / GIB:,.1f}" if memory.capacity_bytes > 0 else ""
     parts.append(f"memory {memory.total_bytes / GIB:,.2f}{room} GiB per device: {verdict}")
     if plan.band is not None and plan.band.expected_error:
