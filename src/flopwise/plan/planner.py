@@ -181,7 +181,7 @@ def validate(spec: RunSpec) -> None:
         raise UserError(f"{model.key} is a CNN: only data parallelism is planned (use --dp, not --tp/--pp)")
     hw = spec.cluster.hardware
     if hw.peak_flops(mem.compute_dtype(work.precision)) is None:
-        known = [d for d in PRECISIONS if hw.peak_flops(d) is not None]
+        known = [d for d in PRECISIONS if hw.peak_flops(mem.compute_dtype(d)) is not None]
         raise UserError(
             f"{hw.key} has no published {work.precision} peak; choose --precision from {', '.join(known) or 'none'}"
         )
