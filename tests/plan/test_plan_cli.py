@@ -104,6 +104,10 @@ def check_contract(data: dict) -> None:
         assert isinstance(data["layout"][key], int) and not isinstance(data["layout"][key], bool), key
     assert data["schema_version"] == 2
     assert isinstance(data["stack"], str) and all(isinstance(o, str) for o in data["fits_with"])
+    for key in ("per_day", "expected_interruptions", "expected_seconds", "expected_device_hours", "overhead",
+                "effective_training_time"):
+        assert isinstance(data["interruptions"][key], NUMBER) and data["interruptions"][key] >= 0, key
+    assert data["interruptions"]["expected_seconds"] >= data["time"]["total_seconds"]
 
 
 def test_compile_flag_plans_compiled_blocks():

@@ -75,7 +75,7 @@ def plan_command(**options) -> None:
         from flopwise.plan.search_cli import run_search_and_spot
 
         return run_search_and_spot(spec, devices, o["search"], o["objective"], o["top"], o["spot"],
-                                   o["preemptions_per_day"], o["checkpoint_seconds"], o["restart_seconds"],
+                                   o["preemptions_per_day"], o["checkpoint_seconds"], o["restart_seconds"] or 0.0,
                                    o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"],
                                    show_plan=print_plan, profile=measured)
     result = plan(spec, profile=measured)
@@ -218,6 +218,21 @@ def _duration(seconds: float) -> str:
     return f"{seconds:,.2f} s"
 
 
+def _interruption_rows(est) -> list[tuple[str, str]]:
+    """The expected job with hardware interruptions (plan/interruptions.py); none when they are off."""
+    if est.per_day <= 0 or est.work_seconds <= 0:
+        return []
+    rate = "Llama 3's rate" if est.source != "--interruptions-per-device-day" else "your rate"
+    usd = "" if est.expected_on_demand_usd is None else f", ${est.expected_on_demand_usd:,.0f} on demand"
+    return [
+        (f"interruptions ({rate}, {est.per_day:.3g}/day)",
+         f"{est.expected_interruptions:,.0f} expected: restarts {_duration(est.restart_overhead_seconds)}, "
+         f"lost work {_duration(est.lost_work_seconds)}, checkpoints {_duration(est.checkpoint_overhead_seconds)}"),
+        ("whole job with interruptions", f"{_duration(est.expected_seconds)} (+{est.overhead:.1%}; "
+                                         f"{est.expected_device_hours:,.0f} device-hours{usd})"),
+    ]
+
+
 def print_plan(result) -> None:
     """Print a Plan as rich tables: parameters, FLOPs, memory, time, energy and cost."""
     from rich.console import Console
@@ -306,6 +321,7 @@ def print_plan(result) -> None:
         ("steps", f"{tm.steps:,.0f}"),
         ("whole job", _duration(tm.total_seconds)),
         ("device-hours", f"{tm.device_hours:,.0f}"),
+        *_interruption_rows(result.interruptions),
     ])
     if lay.pp > 1:
         from flopwise.plan.stage_memory import every_stage_memory

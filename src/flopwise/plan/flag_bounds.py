@@ -36,6 +36,7 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
     "preemptions_per_day": (0.0, 86_400.0, "per day"),
     "checkpoint_seconds": (0.0, 1e7, "seconds"),
     "restart_seconds": (0.0, 1e7, "seconds"),
+    "interruptions_per_device_day": (0.0, 10.0, "per device-day"),
     "host_memory_gib": (1e-3, 1e6, "GiB"),
     "storage_gbps": (1e-6, 1e6, "GB/s"),
     "host_copy_gbps": (1e-6, 1e5, "GB/s"),

@@ -71,6 +71,15 @@ class Plan:
         """Whether the busiest device's memory fits its usable capacity."""
         return self.memory.fits
 
+    @property
+    def interruptions(self):
+        """The job's expected hardware interruptions and what they add (plan/interruptions.py)."""
+        from flopwise.plan.interruptions import for_plan
+
+        extra = self.spec.cluster.extra
+        return for_plan(self, extra.get("interruptions_per_device_day"), extra.get("restart_seconds"),
+                        extra.get("host_copy_gbps"))
+
     def to_dict(self) -> dict:
         """JSON-able plan in the contract of docs/planner.md: flat headline figures in SI
         units (bytes, seconds, FLOPs, kWh, USD) under fixed names, the richer sections
@@ -114,6 +123,7 @@ class Plan:
             "warnings": list(self.warnings),
             "advice": list(self.advice),
             "band": self.band.to_dict() if self.band is not None else None,
+            "interruptions": self.interruptions.to_dict(),
         }
 
 
@@ -181,7 +191,7 @@ def validate(spec: RunSpec) -> None:
         raise UserError(f"{model.key} is a CNN: only data parallelism is planned (use --dp, not --tp/--pp)")
     hw = spec.cluster.hardware
     if hw.peak_flops(mem.compute_dtype(work.precision)) is None:
-        known = [d for d in PRECISIONS if hw.peak_flops(d) is not None]
+        known = [d for d in PRECISIONS if hw.peak_flops(mem.compute_dtype(d)) is not None]
         raise UserError(
             f"{hw.key} has no published {work.precision} peak; choose --precision from {', '.join(known) or 'none'}"
         )
@@ -510,6 +520,9 @@ def build_runspec(
     lora_targets: str = "all-linear",
     lora_dropout: float = 0.0,
     fsdp_unit_mb: float = 0.0,
+    interruptions_per_device_day: float | None = None,
+    restart_seconds: float | None = None,
+    host_copy_gbps: float | None = None,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -617,6 +630,11 @@ def build_runspec(
     extra["warnings"] = tuple(warnings)
     if recompute is not None:  # a stated policy is planned as given: no stack recompute added to fit
         extra["recompute_stated"] = True
+    # the expected job with hardware interruptions (plan/interruptions.py) reads these; unset, its defaults
+    for key, value in (("interruptions_per_device_day", interruptions_per_device_day),
+                       ("restart_seconds", restart_seconds), ("host_copy_gbps", host_copy_gbps)):
+        if value is not None:
+            extra[key] = value
     if stack_default_zero:
         extra["defaults"] = (stack_default_zero,)
     if stack != "flopwise":
