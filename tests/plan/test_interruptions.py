@@ -70,3 +70,9 @@ def test_a_bad_rate_is_one_line_naming_the_flag():
                           "--interruptions-per-device-day", "-1"], capture_output=True, text=True, env=ENV)
     assert out.returncode != 0 and "Traceback" not in out.stderr + out.stdout
     assert "--interruptions-per-device-day" in (out.stderr + out.stdout).strip().splitlines()[-1]
+
+
+def test_a_job_too_short_to_expect_one_shows_no_rows():
+    out = subprocess.run([sys.executable, "-m", "flopwise", "plan", "--model", "llama2-7b", "--gpus", "8",
+                          "--tokens", "1B"], capture_output=True, text=True, env=ENV, check=True).stdout
+    assert "interruptions" not in out and "whole job" in out

@@ -219,9 +219,10 @@ def _duration(seconds: float) -> str:
 
 
 def _interruption_rows(est) -> list[tuple[str, str]]:
-    """The expected job with hardware interruptions (plan/interruptions.py); none when they are off."""
-    if est.per_day <= 0 or est.work_seconds <= 0:
-        return []
+    """The expected job with hardware interruptions (plan/interruptions.py); none when they are off
+    or the job is too short to expect one (under 0.1)."""
+    if est.per_day <= 0 or est.work_seconds <= 0 or est.expected_interruptions < 0.1:
+        return []  # none expected within the job: nothing to add
     rate = "Llama 3's rate" if est.source != "--interruptions-per-device-day" else "your rate"
     usd = "" if est.expected_on_demand_usd is None else f", ${est.expected_on_demand_usd:,.0f} on demand"
     return [
