@@ -122,3 +122,16 @@ def test_a_search_table_names_its_tight_layouts_apart_from_those_that_fit():
     for note in tight_notes:
         allocated, reserved, usable = (float(x) for x in re.findall(r"(\d+\.\d) (?:GiB allocated|with|GiB usable)", note))
         assert allocated < reserved and usable < allocated <= usable * 1.11, note
+
+
+def test_a_search_where_only_tight_layouts_remain_says_none_fits_outright():
+    """74 GiB of an A100-80GB's 74.5 reserved: Llama 2 7B's leanest layouts are within the band, none fits."""
+    args = [sys.executable, "-m", "flopwise", "plan", "--model", "llama2-7b", "--hardware", "a100-80gb", "--gpus",
+            "8", "--tokens", "1B", "--search", "--top", "3"]
+    out = subprocess.run([*args, "--memory-reserve-gib", "74"], capture_output=True, text=True, env=ENV,
+                         check=True).stdout
+    assert "none fits outright; best" in out.splitlines()[0] and " tight: " in out
+    refused = subprocess.run([*args, "--memory-reserve-gib", "76"], capture_output=True, text=True, env=ENV)
+    assert refused.returncode == 2
+    assert (refused.stdout + refused.stderr).strip().splitlines() == [
+        "error: --memory-reserve-gib 76 leaves no usable memory on a100-80gb (74.5 GiB)"]

@@ -625,6 +625,9 @@ def build_runspec(
         raise UserError(f"--price-per-hour must be >= 0, got {price_per_hour}")
     if nodes_per_rack < 1:
         raise UserError(f"--nodes-per-rack must be >= 1, got {nodes_per_rack}")
+    if hw.memory_bytes and memory_reserve_gib * mem.GIB >= hw.memory_bytes:
+        raise UserError(f"--memory-reserve-gib {memory_reserve_gib:g} leaves no usable memory on {hw.key} "
+                        f"({hw.memory_bytes / mem.GIB:.1f} GiB)")
     if precision == "bf16-true":
         warnings.append(mem.BF16_TRUE_TRADE_OFF)
     extra["warnings"] = tuple(warnings)
