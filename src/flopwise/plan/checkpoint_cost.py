@@ -63,6 +63,11 @@ def checkpoint_bytes(memory, layout) -> tuple[float, float]:
     return device, job
 
 
+def blocking_seconds(device_bytes: float, host_copy_gbps: float = PCIE5_X16_GBPS) -> float:
+    """Seconds the run waits per save: the device's state copied to the host."""
+    return device_bytes / (host_copy_gbps * 1e9)
+
+
 def checkpoint_cost(device_bytes: float, job_bytes: float, storage_gbps: float, step_seconds: float,
                     preemptions_per_day: float | None = None,
                     host_copy_gbps: float = PCIE5_X16_GBPS) -> CheckpointCost:
@@ -70,7 +75,7 @@ def checkpoint_cost(device_bytes: float, job_bytes: float, storage_gbps: float, 
     for name, value in (("--storage-gbps", storage_gbps), ("--host-copy-gbps", host_copy_gbps)):
         if not (math.isfinite(value) and value > 0):
             raise UserError(f"{name} must be a finite number > 0 (GB/s), got {value}")
-    blocking = device_bytes / (host_copy_gbps * 1e9)
+    blocking = blocking_seconds(device_bytes, host_copy_gbps)
     total = blocking + job_bytes / (storage_gbps * 1e9)
     young = daly = steps = lost = None
     if preemptions_per_day:

@@ -223,7 +223,7 @@ def _interruption_rows(est) -> list[tuple[str, str]]:
     or the job is too short to expect one (under 0.1)."""
     if est.per_day <= 0 or est.work_seconds <= 0 or est.expected_interruptions < 0.1:
         return []  # none expected within the job: nothing to add
-    rate = "Llama 3's rate" if est.source != "--interruptions-per-device-day" else "your rate"
+    rate = "Llama 3's rate" if est.default_rate else "your rate"
     usd = "" if est.expected_on_demand_usd is None else f", ${est.expected_on_demand_usd:,.0f} on demand"
     return [
         (f"interruptions ({rate}, {est.per_day:.3g}/day)",

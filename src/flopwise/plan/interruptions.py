@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from flopwise.plan.checkpoint_cost import PCIE5_X16_GBPS, checkpoint_bytes
+from flopwise.plan.checkpoint_cost import PCIE5_X16_GBPS, blocking_seconds, checkpoint_bytes
 from flopwise.plan.preemption import SECONDS_PER_DAY, daly_interval, expected_wall_seconds
 
 LLAMA3_INTERRUPTIONS = 419
@@ -59,6 +59,11 @@ class InterruptionEstimate:
     expected_device_hours: float
     expected_on_demand_usd: float | None
     source: str
+
+    @property
+    def default_rate(self) -> bool:
+        """Whether the rate is the published Llama 3 one (not the user's)."""
+        return self.per_device_day == INTERRUPTIONS_PER_DEVICE_DAY
 
     @property
     def overhead(self) -> float:
@@ -106,7 +111,7 @@ def for_plan(result, per_device_day: float | None = None, restart_seconds: float
              host_copy_gbps: float | None = None) -> InterruptionEstimate:
     """The interruptions of a Plan's job: its devices, uninterrupted length, checkpoint blocking time and price."""
     device_bytes, _ = checkpoint_bytes(result.memory, result.spec.layout)
-    blocking = device_bytes / ((host_copy_gbps or PCIE5_X16_GBPS) * 1e9)
+    blocking = blocking_seconds(device_bytes, host_copy_gbps or PCIE5_X16_GBPS)
     return estimate_interruptions(
         result.time.total_seconds, result.spec.layout.devices, blocking,
         INTERRUPTIONS_PER_DEVICE_DAY if per_device_day is None else per_device_day,
