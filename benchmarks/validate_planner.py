@@ -715,8 +715,10 @@ def render(cases, loso, in_sample, summary, published_memory, formula_rows, band
         "",
         f"Published runs the planner judges not to fit in memory: {summary['judged_not_to_fit']} of {cv['rows']} "
         "(each named in its row; their time is still predicted, at the layout that ran). Planned tight (over the "
-        f"usable memory by less than the memory forecast's validated ± {100 * bands[band_mod.MEMORY_KEY]['expected_error']:.0f} %, "
-        f"kept): {summary['tight']}.",
+        f"usable memory by less than the memory forecast's ± {100 * bands[band_mod.MEMORY_KEY]['expected_error']:.0f} %, "
+        f"kept): {summary['tight']}. That band is the published peaks' largest error "
+        f"({100 * bands[band_mod.MEMORY_KEY].get('validated_error', 0.0):.1f} %, below), never under "
+        f"{100 * band_mod.MIN_MEMORY_BAND:.0f} %: two rounded peaks of an unstated allocator view cannot show a tighter one.",
         "",
         "| source | runs | median \\|error\\| (LOSO) | fitted without it |",
         "|---|---:|---:|---|",

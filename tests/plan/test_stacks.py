@@ -291,3 +291,45 @@ def test_bloom_memory_under_megatron_deepspeed_of_its_time():
     assert memory.fits
     assert memory.master_weights == pytest.approx(2.0 * memory.weights)  # fp32, whole, on every rank
     assert memory.allocated_bytes / 1e9 == pytest.approx(60.0, rel=0.05)
+
+
+def test_stacks_whose_recipes_run_sequence_parallelism_plan_it_with_tp():
+    """NeMo / Megatron-Bridge and torchtitan shard with tp: a user stating only tp gets SP, and
+    with it the smaller activations and sends; --no-sequence-parallel turns it off."""
+    from flopwise.plan.options import parse_json_plan_args
+
+    for stack in ("megatron-core", "nemo", "torchtitan"):
+        assert build_runspec(model="llama3-70b", gpus=64, tp=8, stack=stack).layout.sequence_parallel
+        assert not build_runspec(model="llama3-70b", gpus=64, tp=1, stack=stack).layout.sequence_parallel
+    for stack in ("flopwise", "megatron-lm", "megatron-deepspeed"):
+        assert not build_runspec(model="llama3-70b", gpus=64, tp=8, stack=stack).layout.sequence_parallel
+    on = build_runspec(model="llama3-70b", gpus=64, tp=8, pp=2, stack="nemo")
+    off = build_runspec(model="llama3-70b", gpus=64, tp=8, pp=2, stack="nemo", sequence_parallel=False)
+    assert not off.layout.sequence_parallel
+    assert plan(on).memory.activations < plan(off).memory.activations
+    values = parse_json_plan_args(["--tp", "8", "--no-sequence-parallel", "--json"])
+    assert values is not None and values["sequence_parallel"] is False
+    assert parse_json_plan_args(["--sequence-parallel", "--json"])["sequence_parallel"] is True
+    assert parse_json_plan_args(["--json"])["sequence_parallel"] is None
+
+
+def test_virtual_stages_alone_select_the_interleaved_schedule():
+    """Megatron's --virtual-pipeline-model-parallel-size alone selects its interleaved 1F1B."""
+    spec = build_runspec(model="llama3-70b", gpus=64, tp=8, pp=4, virtual_stages=5, stack="megatron-core")
+    assert spec.layout.pipeline_schedule == "interleaved" and spec.layout.virtual_stages == 5
+    with pytest.raises(UserError, match="--virtual-stages 5 needs --schedule interleaved"):
+        build_runspec(model="llama3-70b", gpus=64, tp=8, pp=4, virtual_stages=5, schedule="gpipe")
+
+
+def test_megatron_core_hides_an_interleaved_pipelines_sends_but_not_its_fill():
+    """overlap_p2p_comm (on for interleaved schedules in Megatron-LM's arguments.py): only the
+    fill and drain wait on the wire; the same layout under Megatron-LM 2021 waits on every send."""
+    import dataclasses
+
+    spec = build_runspec(model="llama3-70b", gpus=256, tp=8, pp=8, virtual_stages=5, global_batch=256,
+                         stack="megatron-core")
+    core = plan(spec).time
+    lm = plan(dataclasses.replace(spec, stack="megatron-lm")).time
+    assert 0 < core.pp_exposed_seconds < lm.pp_exposed_seconds / 10
+    flat = plan(build_runspec(model="llama3-70b", gpus=256, tp=8, pp=8, global_batch=256, stack="megatron-core"))
+    assert flat.time.pp_exposed_seconds > 5 * core.pp_exposed_seconds  # 1F1B without interleaving: no overlap

@@ -129,13 +129,20 @@ MEMORY_KEY = "memory"
 """bands.json's entry for the memory forecast: the same quantile of the published peaks' |error|."""
 
 
+MIN_MEMORY_BAND = 0.10
+"""No memory band is narrower than 10 %: the published peaks are few (two), rounded ("60 GB") and
+of an unstated allocator view (allocated or reserved), so they cannot show a tighter forecast."""
+
+
 def build_memory_band(errors: list[float]) -> dict:
-    """bands.json's memory entry from the published peak-memory rows' errors (predicted/published − 1).
+    """bands.json's memory entry from the published peak-memory rows' errors (predicted/published − 1),
+    never below `MIN_MEMORY_BAND`.
 
     The memory formulas have no fitted constant, so these errors are out of sample as they stand."""
     if not errors:
         return {"expected_error": 0.0, "rows": 0}
-    return {"expected_error": band_quantile(errors), "rows": len(errors)}
+    return {"expected_error": max(MIN_MEMORY_BAND, band_quantile(errors)), "rows": len(errors),
+            "validated_error": band_quantile(errors)}
 
 
 @lru_cache(maxsize=1)

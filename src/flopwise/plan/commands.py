@@ -53,7 +53,7 @@ def plan_command(**options) -> None:
     config, overrides = o.pop("config", None), o.pop("overrides", None)
     if config is not None or overrides:
         # every flag the config path does not read is refused, not silently ignored
-        conflicting = [option.flag for option in OPTIONS
+        conflicting = [option.flag.partition("/")[0] for option in OPTIONS
                        if option.name not in CONFIG_FLAGS and option.name != "spot" and o[option.name] != option.default]
         return plan_training_config(config, overrides or [], o["hardware"], o["as_json"], spot=o["spot"],
                                     conflicting=conflicting, profile=o["profile"])
@@ -297,7 +297,7 @@ def print_plan(result) -> None:
          + (" + loss's transient logits" if tuned else ""), _gib(m.comm_buffers)),
         *([("fp8 weight copies", _gib(m.fp8_buffers))] if m.fp8_buffers else []),
         ("allocated", _gib(m.allocated_bytes)),
-        (f"allocator reserve ({spec.cluster.allocator_reserve:.0%} of allocated)", _gib(m.allocator_reserve)),
+        (f"allocator reserve ({spec.cluster.allocator_reserve:.0%} of per-step allocations)", _gib(m.allocator_reserve)),
         ("[bold]total (reserved)[/bold]", f"[bold]{_gib(m.total_bytes)}[/bold]"),
         (f"usable (of {_gib(m.device_bytes)}, reserve {spec.cluster.memory_reserve_gib:g} GiB)", _gib(m.capacity_bytes)),
         ("offloaded to CPU", _gib(m.cpu_offload_bytes)),

@@ -638,14 +638,19 @@ def fp8_buffer_bytes(precision: str, framework: str, params_on_device: float, la
 
 
 ALLOCATOR_RESERVE_FRACTION = 0.10
-"""Reserved-but-unallocated memory of PyTorch's caching allocator, as a fraction of the
-allocated peak. The allocator rounds requests up (512 B granules, 2 MiB small / 20 MiB
-large segments; PyTorch "CUDA semantics — memory management") and keeps freed blocks,
-so the reserved memory that `nvidia-smi`, `torch.cuda.max_memory_reserved` and
-published runs report exceeds the allocated peak. 10 % is a stated assumption, not a fit;
-`--allocator-reserve` changes it (0 compares with allocated memory)."""
+"""Reserved-but-unallocated memory of PyTorch's caching allocator, as a fraction of the memory
+allocated and freed within each step (gradients, activations, logits, gathered weights and
+buffers, fp8 copies). The allocator rounds requests up (512 B granules, 2 MiB small / 20 MiB
+large segments; PyTorch "CUDA semantics — memory management") and keeps freed blocks, whose
+splits are what strands memory, so the reserved memory that `nvidia-smi`,
+`torch.cuda.max_memory_reserved` and published runs report exceeds the allocated peak. Weights,
+fp32 masters and optimizer states are allocated once and held for the run: they cost only their
+rounding and are left out. 10 % is a stated assumption, not a fit (stacks launched with
+`expandable_segments` take 2 %, plan/stacks); `--allocator-reserve` changes it (0 compares with
+allocated memory)."""
 
 
-def allocator_reserve_bytes(allocated: float, fraction: float = ALLOCATOR_RESERVE_FRACTION) -> float:
-    """Allocator slack on top of the allocated peak: `fraction` × allocated."""
-    return allocated * fraction
+def allocator_reserve_bytes(transient: float, fraction: float = ALLOCATOR_RESERVE_FRACTION) -> float:
+    """Allocator slack on top of the allocated peak: `fraction` × the bytes allocated and
+    freed within a step (`transient`); the states held for the whole run add none."""
+    return transient * fraction

@@ -60,7 +60,10 @@ OPTIONS = (
                "parallel.fsdp_unit_mb): fewer gathers, two larger units gathered at once. 0 = one per block."),
     PlanOption("schedule", "--schedule", str, "1f1b", "Pipeline schedule: 1f1b|gpipe|interleaved."),
     PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]"),
-    PlanOption("sequence_parallel", "--sequence-parallel", bool, False, "Megatron sequence parallelism with TP."),
+    PlanOption("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", bool, None,
+               "Megatron sequence parallelism with TP: norms, dropout and the activations between blocks "
+               "split over the tp ranks. [default: on with tp > 1 for stacks whose recipes run it "
+               "(megatron-core, torchtitan), else off]"),
     PlanOption("no_flash_attention", "--no-flash-attention", bool, False, "Keep the s x s attention scores (no flash attention)."),
     PlanOption("fsdp_sync_every_micro_step", "--fsdp-sync-every-micro-step", bool, False,
                "FSDP reduce-scatters every accumulation micro-step (the trainer's parallel.fsdp_grad_sync="
@@ -141,18 +144,23 @@ def parse_json_plan_args(argv: list[str], allow_search: bool = False, allow_tabl
     `plan --search --json`; with `allow_tables`, also a plain `plan` printing its tables), or
     None for anything else (help, spot, a malformed value), which the typer command then
     handles with its own messages."""
-    by_flag = {option.flag: option for option in OPTIONS}
+    by_flag = {}
+    for option in OPTIONS:
+        on, _, off = option.flag.partition("/")  # "--x/--no-x": a switch with a negative form
+        by_flag[on] = (option, True)
+        if off:
+            by_flag[off] = (option, False)
     values = {option.name: option.default for option in OPTIONS}
     i = 0
     while i < len(argv):
         flag, _, inline = argv[i].partition("=")
-        option = by_flag.get(flag)
+        option, switch = by_flag.get(flag, (None, True))
         if option is None:
             return None
         if option.type is bool:
             if inline:
                 return None
-            values[option.name] = True
+            values[option.name] = switch
             i += 1
             continue
         if inline:

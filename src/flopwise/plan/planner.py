@@ -496,7 +496,7 @@ def build_runspec(
     offload: str = "none",
     schedule: str = "1f1b",
     virtual_stages: int | None = None,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool | None = None,
     flash_attention: bool = True,
     compiled: bool = False,
     cp: int | None = None,
@@ -549,6 +549,8 @@ def build_runspec(
     if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
         raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)}")
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
+    if sequence_parallel is None:  # what the stack's recipes run: NeMo / Megatron-Bridge and torchtitan shard with tp
+        sequence_parallel = stack_spec.sequence_parallel and (tp or 1) > 1
 
     warnings: list[str] = []
     model_spec = get_model(model or EXAMPLE["model"])
@@ -603,10 +605,13 @@ def build_runspec(
         zero = 3 if offload == "params" else 0  # placeholder until `choose_zero_stage`
     total = parse_count(tokens if tokens is not None else tuning.default_tokens(finetune, EXAMPLE["tokens"]),
                         "--tokens")
+    if schedule == "1f1b" and virtual_stages not in (None, 1):
+        # Megatron's --virtual-pipeline-model-parallel-size alone selects its interleaved 1F1B
+        schedule = "interleaved"
     if schedule == "interleaved":
         virtual_stages = virtual_stages or 2
     elif virtual_stages not in (None, 1):
-        raise UserError("--virtual-stages needs --schedule interleaved")
+        raise UserError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (or 1f1b), not {schedule}")
 
     extra: dict = {}
     if calibrate is not None:
@@ -700,7 +705,7 @@ def _split_if_needed(spec: RunSpec, options: dict) -> RunSpec:
                 continue
             try:
                 candidate = build_runspec(**{**options, "tp": tp, "pp": pp,
-                                             "sequence_parallel": options["sequence_parallel"] or tp > 1})
+                                             "sequence_parallel": options["sequence_parallel"] is not False and tp > 1})
             except UserError:
                 continue
             result = _evaluate(candidate, profile)

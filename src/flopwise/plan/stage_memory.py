@@ -266,7 +266,8 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         if tuned is not None and not cnn:
             gathered += loss_transient
         allocated = weights + gradients + optimizer + master + activations + logits + gathered + fp8
-        reserve = allocated * fraction  # mem.allocator_reserve_bytes
+        # mem.allocator_reserve_bytes: the slack of what is allocated and freed within a step
+        reserve = (gradients + activations + logits + gathered + fp8) * fraction
         rows.append((i, n, params, weights, gradients, optimizer, master, activations, logits, gathered, fp8,
                      reserve, cpu, inflight, allocated + reserve))
     stages = tuple(StageMemory(*row) for row in rows)

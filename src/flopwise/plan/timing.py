@@ -241,7 +241,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         sends = m * sc.pipeline_sends(pp, v)
         pp_bytes = sends * p2p_message
         pp_wire = sends * t_p2p
-        pp_exposed = pipeline_p2p_exposed(lay, links, message)
+        pp_exposed = pipeline_p2p_exposed(lay, links, message, stack_p2p_overlap(spec.stack))
 
     # data parallel: the device whose weights are the largest (under a pipeline, an end stage)
     zero = lay.zero_stage
@@ -326,7 +326,9 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     # communication hidden behind compute still slows it (NCCL's thread blocks take SMs)
     tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
     cp_hidden = m * layers_busiest * max(0.0, cp_wire - cp_layer)
-    contention = OVERLAP_SLOWDOWN * (max(0.0, dp_wire - dp_exposed) + tp_hidden + cp_hidden)
+    # sends overlapped with compute (an interleaved schedule of a stack that overlaps them) take SMs too
+    pp_hidden = max(0.0, pp_wire - pp_exposed) if v > 1 and stack_p2p_overlap(spec.stack) else 0.0
+    contention = OVERLAP_SLOWDOWN * (max(0.0, dp_wire - dp_exposed) + tp_hidden + cp_hidden + pp_hidden)
     step = pipeline + pp_exposed + dp_exposed + optimizer + offload_seconds + contention
     compute = m * layers_busiest * layer.total + optimizer
     if busiest == 0:
@@ -449,16 +451,29 @@ def last_bucket_share(framework: str, params: float, grad_bytes: float, dp: int,
     return 1.0 / max(1, math.ceil(params * grad_bytes / DDP_BUCKET_BYTES))
 
 
-def pipeline_p2p_exposed(lay, links: Links, message: float) -> float:
+def pipeline_p2p_exposed(lay, links: Links, message: float, overlapped: bool = False) -> float:
     """Seconds of pipeline sends on the critical path: 2·(m·v + p − 1) transfers of one
-    activation (/t with sequence parallelism), over the network when a stage spans a node."""
+    activation (/t with sequence parallelism), over the network when a stage spans a node.
+    `overlapped` (Megatron-Core's interleaved schedule with `overlap_p2p_comm`, `Stack.overlap_p2p_comm`):
+    each chunk's receive is posted before the chunk before it computes, so only the fill and the
+    drain, 2·(p − 1) transfers, wait on the wire."""
     if lay.pp == 1:
         return 0.0
     v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
     sp = lay.sequence_parallel and lay.tp > 1
     t_p2p = cm.p2p_seconds(links, lay.tp * lay.gradient_group >= links.devices_per_node,
                            message / (lay.tp if sp else 1))
+    if overlapped and v > 1:
+        return 2.0 * (lay.pp - 1) * t_p2p
     return 2.0 * (lay.grad_accum * v + lay.pp - 1) * t_p2p
+
+
+def stack_p2p_overlap(stack_name: str) -> bool:
+    """Whether the stack overlaps an interleaved pipeline's sends with compute (`Stack.overlap_p2p_comm`)."""
+    from flopwise.plan.stacks import find_stack
+
+    stack = find_stack(stack_name)
+    return bool(stack is not None and stack.overlap_p2p_comm)
 
 
 def fsdp_units(model, layers: int, stage: int, pp: int, tp: int, params: float,
@@ -524,7 +539,7 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
         message = float(s * lay.micro_batch_size * model.hidden * inputs.activation_bytes) \
             if inputs is not None else 0.0
         per_layer += tp_layer_seconds(lay, layer, links, message, model)[3]
-        p2p = pipeline_p2p_exposed(lay, links, message)
+        p2p = pipeline_p2p_exposed(lay, links, message, stack_p2p_overlap(spec.stack))
     # the slowest device is at least the average one, embedding and head included
     average = (model.n_layers * per_layer + ends.embedding + ends.head) / pp
     bound = lay.grad_accum * average + (pp - 1) * smallest_stage * per_layer / v + p2p

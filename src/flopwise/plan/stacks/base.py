@@ -53,5 +53,7 @@ class Stack:
     bf16_optimizer_fp32_grads: bool = False  # DeepSpeed BF16_Optimizer: a full fp32 gradient buffer at ZeRO <= 1
     activations_sharded_over_tp: bool = False  # every saved activation split over the model axis (GSPMD)
     zero3_gathers_modules: bool = False  # ZeRO-3 fetches one module at a time (DeepSpeed), not a block (FSDP)
+    sequence_parallel: bool = False  # its recipes run sequence parallelism whenever tp > 1
+    overlap_p2p_comm: bool = False  # interleaved pipeline sends/receives posted ahead and overlapped with compute
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

@@ -28,12 +28,20 @@ STACK = Stack(
     # TE LayerNormLinear saves the norm's input and its fp8/bf16 output as the GEMM input
     # (module/layernorm_linear.py); --bias-swiglu-fusion saves only the SwiGLU input
     fused_norm=True, fused_swiglu=True,
+    # NeMo 2 / Megatron-Bridge recipes set sequence_parallel whenever tensor parallelism is on
+    # (MegatronStrategy(sequence_parallel=True); TransformerConfig requires tp > 1 for it)
+    sequence_parallel=True,
+    # megatron/training/arguments.py: --no-overlap-p2p-communication (store_false) leaves
+    # overlap_p2p_comm on, forced off for non-interleaved schedules; schedules.py then posts the
+    # next chunk's isend/irecv before computing and waits after
+    overlap_p2p_comm=True,
     memory_options=("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "recompute"),
     sources=("NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py",
              "NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py (bucket_size: max(40M, "
              "1M x dp) parameters), param_and_grad_buffer.py, megatron/core/optimizer/distrib_optimizer.py "
              "(param all-gather one bucket at a time in the forward pre-hooks), at f2e5db40 (2024-07-15)",
-             "NVIDIA/Megatron-LM megatron/training/arguments.py (--fp8-recipe, --use-distributed-optimizer)",
+             "NVIDIA/Megatron-LM megatron/training/arguments.py (--fp8-recipe, --use-distributed-optimizer, "
+             "--no-overlap-p2p-communication), megatron/core/pipeline_parallel/schedules.py",
              "NVIDIA/Megatron-LM megatron/core/fusions/fused_cross_entropy.py",
              "NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py, layernorm_linear.py",
              "NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py"),

@@ -16,6 +16,9 @@ STACK = Stack(
     loss_bytes_per_logit=8.0,  # fp32 copy + fp32 log-softmax kept by F.cross_entropy's autograd
     # run_train.sh launches with PYTORCH_ALLOC_CONF=expandable_segments:True (as Megatron-Core's stack)
     allocator_reserve=0.02,
+    # parallelize.py apply_tp: the norms are SequenceParallel() and the blocks' inputs/outputs
+    # Shard(1) whenever tensor parallelism is on
+    sequence_parallel=True,
     # compile.enable (on in llama3_405b of models/llama3/config_registry.py): see conventions.py
     memory_options=("torch-compile", "recompute"),
     sources=("pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py",
