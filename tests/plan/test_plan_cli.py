@@ -84,7 +84,7 @@ CONTRACT = {
 }
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other", "total")
 TIME_KEYS = ("step_seconds", "tokens_per_second", "mfu", "total_seconds")
-LAYOUT_KEYS = ("dp", "tp", "pp", "micro_batch", "grad_accum", "zero")
+LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch", "grad_accum", "zero")
 
 
 def check_contract(data: dict) -> None:

@@ -74,6 +74,11 @@ def plan_command(**options) -> None:
         # the search loads only for --search / --spot
         from flopwise.plan.search_cli import run_search_and_spot
 
+        if o["search"]:
+            from flopwise.plan.search import with_expert_parallel
+
+            spec = with_expert_parallel(spec, o["search_ep"])
+
         return run_search_and_spot(spec, devices, o["search"], o["objective"], o["top"], o["spot"],
                                    o["preemptions_per_day"], o["checkpoint_seconds"], o["restart_seconds"] or 0.0,
                                    o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"],
@@ -244,7 +249,7 @@ def print_plan(result) -> None:
     console = Console()
     console.print(
         f"[bold]{spec.model.name or spec.model.key}[/bold] on {lay.devices} x {hw.name or hw.key} "
-        f"(dp {lay.dp}, tp {lay.tp}, pp {lay.pp}{f', cp {lay.cp}' if lay.cp > 1 else ''}); {work.precision}, {work.optimizer}, ZeRO-{lay.zero_stage}, "
+        f"(dp {lay.dp}, tp {lay.tp}, pp {lay.pp}{f', cp {lay.cp}' if lay.cp > 1 else ''}{f', ep {lay.ep}' if lay.ep > 1 else ''}); {work.precision}, {work.optimizer}, ZeRO-{lay.zero_stage}, "
         f"recompute {lay.recompute}, offload {lay.offload}{', torch.compile' if lay.compiled else ''}; micro-batch {lay.micro_batch_size} x accum "
         f"{lay.grad_accum} = {lay.global_batch_size} per step"
         + ("" if spec.model.arch == "cnn" else f", seq {work.seq_len}")
@@ -314,7 +319,9 @@ def print_plan(result) -> None:
         (f"exposed comm / step (DP {c.dp_link}, TP {c.tp_link})",
          f"{_duration(tm.exposed_comm_seconds)} ({tm.exposed_comm_share:.0%} of the step; "
          f"TP {_duration(tm.tp_exposed_seconds)}, DP {_duration(tm.dp_exposed_seconds)}, "
-         f"PP {_duration(tm.pp_exposed_seconds)})"),
+         f"PP {_duration(tm.pp_exposed_seconds)}"
+         + (f", CP {_duration(tm.cp_exposed_seconds)}" if spec.layout.cp > 1 else "")
+         + (f", EP all-to-all {_duration(tm.ep_exposed_seconds)}" if spec.layout.ep > 1 else "") + ")"),
         ("step", _duration(tm.step_seconds)),
         (f"{unit}s / s", f"{tm.tokens_per_second:,.0f} ({tm.tokens_per_second_per_device:,.0f} per device)"),
         *([("expected error (validated)", result.band.describe())] if result.band is not None else []),

@@ -58,10 +58,10 @@ def _search(values: dict) -> dict:
     from flopwise.errors import UserError
     from flopwise.plan.options import runspec_kwargs, search_devices_and_base
     from flopwise.plan.planner import build_runspec
-    from flopwise.plan.search import nothing_fits_message, search_layouts
+    from flopwise.plan.search import nothing_fits_message, search_layouts, with_expert_parallel
 
     devices, o = search_devices_and_base(values)
-    spec = build_runspec(**runspec_kwargs(o))
+    spec = with_expert_parallel(build_runspec(**runspec_kwargs(o)), o["search_ep"])
     host = None
     if o["host_memory_gib"] is not None:
         if o["host_memory_gib"] <= 0:

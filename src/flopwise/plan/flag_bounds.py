@@ -20,6 +20,7 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
     "tp": (1, 4096, "tensor-parallel ranks"),
     "pp": (1, 4096, "pipeline stages"),
     "cp": (1, 4096, "context-parallel ranks"),
+    "ep": (1, 4096, "expert-parallel ranks"),
     "micro_batch": (1, 2**20, "sequences"),
     "global_batch": (1, 2**32, "sequences"),
     "seq_len": (1, 2**24, "tokens"),

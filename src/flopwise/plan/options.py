@@ -31,6 +31,9 @@ OPTIONS = (
     PlanOption("pp", "--pp", int, None, "Pipeline-parallel stages. [default: 1]"),
     PlanOption("cp", "--cp", int, None, "Context-parallel size: each sequence split over cp ranks, K/V passed "
                "round a ring (Megatron-Core --context-parallel-size). [default: 1]"),
+    PlanOption("ep", "--ep", int, None, "Expert-parallel size (MoE): each rank holds E/ep of the routed experts, "
+               "tokens reach them by all-to-all; divides dp x cp (Megatron-Core --expert-model-parallel-size). "
+               "[default: 1]"),
     PlanOption("micro_batch", "--micro-batch", int, None, "Sequences per device per micro-step. [default: 1]"),
     PlanOption("global_batch", "--global-batch", int, None, "Sequences per optimizer step. [default: batch-tokens / seq-len]"),
     PlanOption("batch_tokens", "--batch-tokens", str, None, "Tokens per optimizer step, e.g. 4M. [default: 4Mi]"),
@@ -115,7 +118,7 @@ RUNSPEC_OPTIONS = (
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
-    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb", "compiled", "cp",
+    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb", "compiled", "cp", "ep",
     "fsdp_sync_every_micro_step", "interruptions_per_device_day", "restart_seconds", "host_copy_gbps",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
@@ -124,11 +127,12 @@ RUNSPEC_OPTIONS = (
 def search_devices_and_base(values: dict) -> tuple[int, dict]:
     """A `--search`'s device count and the option values its base spec is built from: the search
     picks dp, tp, pp, ZeRO and micro-batch, so those are cleared; cp stays as asked, and a base of
-    cp devices keeps the global batch exactly as given."""
+    cp devices keeps the global batch exactly as given. ep stays as asked too, but a base of cp
+    devices has no data-parallel ranks to hold it: it is `search_ep`, applied by the search."""
     o = dict(values)
     cp = o["cp"] or 1
     devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1) * cp) if o["dp"] else 8)
-    o.update(gpus=cp, dp=None, tp=None, pp=None, zero=None, micro_batch=None)
+    o.update(gpus=cp, dp=None, tp=None, pp=None, zero=None, micro_batch=None, ep=None, search_ep=o.get("ep") or 1)
     return devices, o
 
 

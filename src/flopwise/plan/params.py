@@ -47,6 +47,7 @@ class ParamCount:
     other: int
     non_embedding: int
     n_layers: int
+    experts_per_layer: int = 0  # the routed experts' parameters in one block (expert parallelism splits them)
 
     @property
     def per_layer(self) -> int:
@@ -126,6 +127,7 @@ def _count_params(spec: ModelSpec) -> ParamCount:
         other=other,
         non_embedding=total - embedding - output_head,
         n_layers=spec.n_layers,
+        experts_per_layer=spec.n_experts * expert if spec.n_experts > 1 else 0,
     )
 
 

@@ -107,7 +107,8 @@ class Plan:
             "cost_usd": {"on_demand": self.cost.on_demand_usd, "spot": self.cost.spot_usd},
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "micro_batch": lay.micro_batch_size,
                        "grad_accum": lay.grad_accum, "zero": lay.zero_stage, "framework": lay.framework,
-                       "recompute": lay.recompute, "compiled": lay.compiled, "cp": lay.cp},
+                       "recompute": lay.recompute, "compiled": lay.compiled, "cp": lay.cp, "ep": lay.ep,
+                       "sequence_parallel": lay.sequence_parallel},
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
@@ -149,12 +150,21 @@ def runspec_to_dict(spec: RunSpec) -> dict:
 def validate(spec: RunSpec) -> None:
     """Raise UserError for a RunSpec no real run could have."""
     lay, work, model = spec.layout, spec.workload, spec.model
-    for name, value in (("dp", lay.dp), ("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("micro-batch", lay.micro_batch_size),
+    for name, value in (("dp", lay.dp), ("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("ep", lay.ep),
+                        ("micro-batch", lay.micro_batch_size),
                         ("grad-accum", lay.grad_accum), ("virtual-stages", lay.virtual_stages)):
         if value < 1:
             raise UserError(f"--{name} must be >= 1, got {value}")
     _choice("precision", work.precision, PRECISIONS)
     _choice("optimizer", work.optimizer, OPTIMIZERS)
+    if lay.ep > 1:
+        if model.n_experts <= 1:
+            raise UserError(f"--ep {lay.ep}: {model.key} has no experts to split (expert parallelism is for MoE models)")
+        if model.n_experts % lay.ep:
+            raise UserError(f"--ep {lay.ep} does not divide {model.key}'s {model.n_experts} experts")
+        if lay.gradient_group % lay.ep:
+            raise UserError(f"--ep {lay.ep} must divide the data-parallel ranks dp x cp = {lay.gradient_group} "
+                            "(the expert-parallel ranks are data-parallel ranks for the rest of the model)")
     if not mem.is_recompute_policy(lay.recompute):
         raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)}, "
                         "every:K or blocks:F")
@@ -327,7 +337,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     # Memory
     memory = _memory(spec, pc, warnings)
     sb = mem.state_bytes(work.precision, work.optimizer)
-    psi = pc.total / (lay.tp * lay.pp)
+    psi = (pc.total - pc.n_layers * pc.experts_per_layer * (1 - 1 / lay.ep)) / (lay.tp * lay.pp)
     e = mem.activation_dtype_bytes(work.precision)
 
     # Communication and time: the operator model (ops.py, gemm.py, comm.py, timing.py)
@@ -375,6 +385,9 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if lay.cp > 1:  # no published run in the validation splits its sequences
         band = dataclasses.replace(band, extrapolates=True,
                                    reasons=(*band.reasons, "context parallelism never validated"))
+    if model.n_experts > 1:  # no published run in the validation routes tokens to experts
+        band = dataclasses.replace(band, extrapolates=True, reasons=(
+            *band.reasons, "mixture-of-experts" + (" and expert parallelism" if lay.ep > 1 else "") + " never validated"))
     return Plan(spec, pc, flops, memory, comm, time, energy, cost, tuple(warnings), band=band)
 
 
@@ -500,6 +513,7 @@ def build_runspec(
     flash_attention: bool = True,
     compiled: bool = False,
     cp: int | None = None,
+    ep: int | None = None,
     fsdp_sync_every_micro_step: bool = False,
     dropout: bool = False,
     tp_comm_overlap: bool = False,
@@ -558,7 +572,8 @@ def build_runspec(
     tp = tp or 1
     pp = pp or 1
     cp = cp or 1
-    for name, value in (("gpus", gpus), ("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("micro-batch", micro_batch),
+    for name, value in (("gpus", gpus), ("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep),
+                        ("micro-batch", micro_batch),
                         ("global-batch", global_batch), ("seq-len", seq_len)):
         if value is not None and value < 1:
             raise UserError(f"--{name} must be >= 1, got {value}")
@@ -658,7 +673,7 @@ def build_runspec(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
         sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
-        compiled=compiled, cp=cp, fsdp_sync_every_micro_step=fsdp_sync_every_micro_step,
+        compiled=compiled, cp=cp, ep=ep or 1, fsdp_sync_every_micro_step=fsdp_sync_every_micro_step,
         tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
         framework=framework,
     )

@@ -73,7 +73,7 @@ REASONS = {
     "tp_heads": "tp does not divide the attention/KV heads",
     "tp_node": "tp spans more than one node",
     "pp_layers": "pp is more than the layers",
-    "dp_batch": "dp does not divide the global batch",
+    "dp_batch": "dp does not divide the global batch (or --ep does not divide dp x cp)",
     "memory": "does not fit in device memory",
     "host_memory": "offloaded states exceed the host memory per device",
 }
@@ -223,6 +223,20 @@ def layout_families(spec: RunSpec, tp: int, pp: int, dp: int, max_virtual_stages
                 yield schedule, v, zero, offload, recompute
 
 
+def with_expert_parallel(spec: RunSpec, ep: int) -> RunSpec:
+    """The search's base spec with `--ep` as asked (a base of cp devices has no data-parallel
+    ranks to hold it, so `search_devices_and_base` leaves it out of the base and it is set here);
+    the layouts tried keep it and need dp x cp divisible by it."""
+    if ep == spec.layout.ep:
+        return spec
+    model = spec.model
+    if model.n_experts <= 1:
+        raise UserError(f"--ep {ep}: {model.key} has no experts to split (expert parallelism is for MoE models)")
+    if model.n_experts % ep:
+        raise UserError(f"--ep {ep} does not divide {model.key}'s {model.n_experts} experts")
+    return dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, ep=ep))
+
+
 def search_layouts(
     spec: RunSpec,
     devices: int | None = None,
@@ -273,9 +287,10 @@ def search_layouts(
     # a named stack keeps its framework's conventions and TP overlap on every layout tried
     stack_layout = {} if spec.stack == "flopwise" else {"framework": spec.layout.framework,
                                                          "tp_comm_overlap": spec.layout.tp_comm_overlap}
+    ep = spec.layout.ep  # expert parallelism stays as asked: its ranks are data-parallel ranks
     for tp, pp in shapes:
         dp = devices // (cp * tp * pp)
-        if global_batch % dp:
+        if global_batch % dp or (dp * cp) % ep:
             rejected["dp_batch"] += 1
             continue
         per_rank = global_batch // dp
@@ -286,7 +301,7 @@ def search_layouts(
                 return RunSpec(spec.model, Layout(
                     dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
                     sequence_parallel=tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
-                    virtual_stages=v, flash_attention=flash, compiled=spec.layout.compiled, cp=cp,
+                    virtual_stages=v, flash_attention=flash, compiled=spec.layout.compiled, cp=cp, ep=ep,
                     **stack_layout), spec.workload, spec.cluster,
                     stack=spec.stack)
 
@@ -452,7 +467,9 @@ def fits_anywhere(spec: RunSpec, devices: int, tp_within_node: bool = True,
 
 def describe_layout(lay: Layout) -> str:
     """One short line naming a layout, in the `flopwise plan` option vocabulary."""
-    text = f"dp {lay.dp} tp {lay.tp} pp {lay.pp}, micro-batch {lay.micro_batch_size} x {lay.grad_accum}, ZeRO-{lay.zero_stage}"
+    text = f"dp {lay.dp} tp {lay.tp} pp {lay.pp}" + (f" cp {lay.cp}" if lay.cp > 1 else "") \
+        + (f" ep {lay.ep}" if lay.ep > 1 else "") \
+        + f", micro-batch {lay.micro_batch_size} x {lay.grad_accum}, ZeRO-{lay.zero_stage}"
     if lay.recompute != "none":
         text += f", recompute {lay.recompute}"
     if lay.offload != "none":

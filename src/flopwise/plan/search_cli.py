@@ -113,7 +113,8 @@ def print_search(result: SearchResult) -> None:
     console.print(f"[bold]{spec.model.name or spec.model.key}[/bold] on {result.devices} x {hw.name or hw.key}: "
                   f"{spec.workload.precision}, {spec.workload.optimizer}, seq {spec.workload.seq_len}, "
                   f"global batch {result.global_batch} sequences"
-                  f"{f', context parallel {spec.layout.cp}' if spec.layout.cp > 1 else ''}; "
+                  f"{f', context parallel {spec.layout.cp}' if spec.layout.cp > 1 else ''}"
+                  f"{f', expert parallel {spec.layout.ep}' if spec.layout.ep > 1 else ''}; "
                   + (f"best {fit} by {result.objective}" + (f", then {tight} tight (may not fit)" if tight else "")
                      if fit else f"none fits outright; best {tight} tight (may not fit) by {result.objective}"))
     rows = [_search_row(i, p) for i, p in enumerate(result.ranked, 1)]

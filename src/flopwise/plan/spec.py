@@ -62,11 +62,21 @@ class Layout:
     # `--context-parallel-size`, torchtitan `context_parallel_degree`); the cp ranks of a replica hold
     # the same weights, so gradients reduce and ZeRO shards over dp x cp
     cp: int = 1
+    # expert parallelism (MoE): each rank of an ep group holds E/ep of every block's routed experts and
+    # tokens reach them by all-to-all (Megatron-Core `--expert-model-parallel-size`); the ep ranks are
+    # data-parallel ranks for everything else, so ep divides dp x cp and the experts' gradients reduce
+    # and ZeRO shards over dp x cp / ep
+    ep: int = 1
 
     @property
     def shard_group(self) -> int:
         """Devices one ZeRO/FSDP shard set spans: dp × cp, or that / dp_replicate under HSDP."""
         return max(1, self.dp * self.cp // self.dp_replicate)
+
+    @property
+    def expert_shard_group(self) -> int:
+        """Devices holding the same experts, that reduce and ZeRO-shard their states: dp × cp / ep."""
+        return max(1, self.shard_group // self.ep)
 
     @property
     def gradient_group(self) -> int:

@@ -209,6 +209,10 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     if conv.master_unsharded and lay.offload == "none":
         # the stack keeps the whole fp32 master on every rank and steps a view of its partition
         unit = dataclasses.replace(unit, master_weights=sb.master)
+    # expert parallelism: a rank holds 1/ep of the routed experts, whose states shard over dp x cp / ep
+    expert_unit = unit if lay.ep == 1 else _states_per_param(sb, lay.zero_stage, lay.expert_shard_group, lay.offload)
+    if lay.ep > 1 and conv.master_unsharded and lay.offload == "none":
+        expert_unit = dataclasses.replace(expert_unit, master_weights=sb.master)
     # FSDP2 inside a pipeline stage: torch's schedule turns off resharding after backward and
     # gradient sync for every micro-batch but the last (`PipelineStage.backward_maybe_with_nosync`),
     # so from the first backward until the pass's reduce-scatter the stage holds its whole
@@ -240,6 +244,10 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers):
         n = layers[i]
         params = _stage_params(pc, n, i == 0, i == lay.pp - 1, model.tied_embeddings, lay.pp) / lay.tp
+        experts = 0.0  # this device's share of the routed experts, under expert parallelism
+        if lay.ep > 1:
+            experts = n * pc.experts_per_layer / lay.tp / lay.ep
+            params -= experts * (lay.ep - 1)  # the parameters this device holds
         if cnn:
             activations = logits = inflight = 0.0
         else:
@@ -259,6 +267,13 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         if whole_embedding_grad and i == 0:
             gradients += pc.embedding * (1 - 1 / lay.tp) * unit.gradients
         optimizer, master, cpu = params * unit.optimizer_states, params * unit.master_weights, params * unit.cpu_bytes
+        if experts:  # the experts' states shard over their own, ep times smaller, group
+            weights += experts * (expert_unit.weights - unit.weights)
+            if not unsharded_accumulation:
+                gradients += experts * (expert_unit.gradients - unit.gradients)
+            optimizer += experts * (expert_unit.optimizer_states - unit.optimizer_states)
+            master += experts * (expert_unit.master_weights - unit.master_weights)
+            cpu += experts * (expert_unit.cpu_bytes - unit.cpu_bytes)
         if tuned is not None:
             weights, gradients, optimizer, master, cpu = finetune.stage_states(
                 tuned, spec, params, n, sb, lay.zero_stage, lay.shard_group, lay.offload)

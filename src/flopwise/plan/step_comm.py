@@ -132,13 +132,15 @@ def zero3_bytes(plan: DpCollectives, shard: int, replicate: int, weight_bytes: f
     return cm.ring_all_gather_bytes(shard, weight_bytes) * gathers + per_reduction * plan.reductions
 
 
-def device_params(pc: ParamCount, split: tuple[tuple[int, ...], ...], device: int, tied: bool) -> float:
+def device_params(pc: ParamCount, split: tuple[tuple[int, ...], ...], device: int, tied: bool,
+                  ep: int = 1) -> float:
     """Parameters one pipeline device holds (before TP): its blocks, the embedding on the
-    first, the final norm and head (a second copy of a tied embedding) on the last."""
+    first, the final norm and head (a second copy of a tied embedding) on the last; under
+    expert parallelism 1/ep of its blocks' routed experts."""
     pp = len(split)
     if pp == 1:
-        return float(pc.total)
-    params = float(sum(split[device]) * pc.per_layer)
+        return float(pc.total) - pc.n_layers * pc.experts_per_layer * (1 - 1 / ep)
+    params = float(sum(split[device]) * (pc.per_layer - pc.experts_per_layer * (1 - 1 / ep)))
     if device == 0:
         params += pc.embedding + pc.other
     if device == pp - 1:

@@ -114,6 +114,7 @@ class TimeEstimate:
     stage_layers: str = ""
     model: str = "operator"
     cp_exposed_seconds: float = 0.0  # context parallelism's K/V ring, beyond the attention it overlaps
+    ep_exposed_seconds: float = 0.0  # expert parallelism's token all-to-alls
 
     def to_dict(self) -> dict:
         """JSON-able fields (infinities become None)."""
@@ -184,7 +185,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     sp = lay.sequence_parallel and tp > 1
     layer = finetune.layer_times(ops.layer_times(model, s, b, tp, sp, lay.flash_attention, work.dropout,
                                                  lay.recompute, work.precision, rates,
-                                                 work.seq_len if cp > 1 else None), spec, rates)
+                                                 work.seq_len if cp > 1 else None, lay.ep), spec, rates)
     ends = finetune.end_times(ops.end_times(model, s, b, tp, sp, work.precision, rates), spec, rates)
     per_node = links.devices_per_node
 
@@ -195,8 +196,10 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     # context parallelism's ring: each rank passes its K/V chunk cp - 1 times in the forward and K/V
     # and their gradients in the backward, overlapped with the attention blocks it computes meanwhile
     cp_wire, cp_layer = cp_layer_seconds(lay, layer, links, model, s * b, e)
+    # expert parallelism's token all-to-alls, on the critical path
+    ep_layer = ep_layer_seconds(lay, links, model, s * b, e)
     split = split_layers(model.n_layers, pp, v)
-    per_layer = layer.total + tp_layer + cp_layer
+    per_layer = layer.total + tp_layer + cp_layer + ep_layer
     # the embedding's and head's tensor-parallel collectives (`step_comm.tp_ends`), per micro-batch
     pc = count_params(model)
     ends_comm = sc.tp_ends(inputs.framework, sp, message, s * b * model.vocab_size * e, s * b)
@@ -247,7 +250,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     zero = lay.zero_stage
     psi = inputs.params_per_rank
     if pp > 1:
-        psi = max(sc.device_params(pc, split, dev, model.tied_embeddings) for dev in range(pp)) / tp
+        psi = max(sc.device_params(pc, split, dev, model.tied_embeddings, lay.ep) for dev in range(pp)) / tp
         psi *= inputs.trainable_fraction
     grads = psi * inputs.grad_bytes
     weights = psi * inputs.weight_bytes
@@ -338,7 +341,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     ends_tp = m * ((embedding_tp if busiest == 0 else 0.0) + (head_tp if busiest == pp - 1 else 0.0))
     tp_exposed = m * layers_busiest * tp_layer + ends_tp
     cp_exposed = m * layers_busiest * cp_layer
-    exposed = tp_exposed + pp_exposed + dp_exposed + cp_exposed
+    ep_exposed = m * layers_busiest * ep_layer
+    exposed = tp_exposed + pp_exposed + dp_exposed + cp_exposed + ep_exposed
     bubble_seconds = pipeline - m * t_max
     units_per_step = float(lay.global_batch_size) * work.seq_len  # whole sequences, whatever cp splits
     per_second = units_per_step / step
@@ -361,7 +365,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         bubble_seconds=bubble_seconds, tp_exposed_seconds=tp_exposed, dp_exposed_seconds=dp_exposed,
         pp_exposed_seconds=pp_exposed, offload_seconds=offload_seconds,
         exposed_comm_share=exposed / step if step else 0.0, stage_layers=describe_split(split),
-        cp_exposed_seconds=cp_exposed,
+        cp_exposed_seconds=cp_exposed, ep_exposed_seconds=ep_exposed,
     )
     comm = CommEstimate(
         dp_bytes, tp_bytes, pp_bytes,
@@ -403,6 +407,28 @@ def cp_layer_seconds(lay, layer, links: Links, model, tokens: float, e: float) -
     chunk = 2.0 * tokens * kv_dim / lay.tp * e
     wire = 3 * (cp - 1) * cm.p2p_seconds(links, lay.tp * cp > links.devices_per_node, chunk)
     return wire, max(0.0, wire - layer.attention)
+
+
+def ep_layer_seconds(lay, links: Links, model, tokens: float, e: float) -> float:
+    """Seconds per layer and micro-batch of expert parallelism's all-to-alls, none hidden.
+
+    Megatron-Core's all-to-all dispatcher (`MoEAlltoAllTokenDispatcher`) sends each of a rank's tokens
+    to the ranks of its k experts and back: a dispatch and a combine in the forward, their
+    gradients in the backward, again in a recomputed forward. A rank sends its tokens (a tp-th with
+    sequence parallelism) × k × h × (ep − 1)/ep; the ep ranks are tp × cp apart, so the part bound
+    for other nodes goes over the network. Load imbalance between experts is not modelled."""
+    if lay.ep <= 1 or model.n_experts <= 1:
+        return 0.0
+    sp = lay.sequence_parallel and lay.tp > 1
+    routed = tokens / (lay.tp if sp else 1) * max(1, model.experts_per_token) * model.hidden * e
+    sent = routed * (lay.ep - 1) / lay.ep
+    members, nodes = cm.group_shape(lay.ep, lay.tp * lay.cp, links.devices_per_node)
+    if nodes == 1:
+        one = sent / links.node_bps + cm.INTRA_LATENCY_S
+    else:
+        off_node = routed * (lay.ep - members) / lay.ep
+        one = max((sent - off_node) / links.node_bps, off_node / links.net_bps) + cm.INTER_LATENCY_S
+    return (4.0 + 2.0 * ops.full_recompute_share(lay.recompute)) * one
 
 
 def tp_layer_seconds(lay, layer, links: Links, message: float, model=None) -> tuple[float, int, float, float]:
@@ -530,7 +556,7 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
     s = local_seq_len(spec)  # a rank's tokens of a sequence, as `step_time` times them
     layer = finetune.layer_times(ops.layer_times(model, s, lay.micro_batch_size, tp, sp, lay.flash_attention,
                                                  work.dropout, lay.recompute, work.precision, rates,
-                                                 work.seq_len if lay.cp > 1 else None), spec, rates)
+                                                 work.seq_len if lay.cp > 1 else None, lay.ep), spec, rates)
     ends = finetune.end_times(ops.end_times(model, s, lay.micro_batch_size, tp, sp, work.precision, rates),
                               spec, rates)
     smallest_stage = (model.n_layers // (pp * v)) * v
@@ -539,6 +565,8 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
         message = float(s * lay.micro_batch_size * model.hidden * inputs.activation_bytes) \
             if inputs is not None else 0.0
         per_layer += tp_layer_seconds(lay, layer, links, message, model)[3]
+        if inputs is not None:
+            per_layer += ep_layer_seconds(lay, links, model, s * lay.micro_batch_size, inputs.activation_bytes)
         p2p = pipeline_p2p_exposed(lay, links, message, stack_p2p_overlap(spec.stack))
     # the slowest device is at least the average one, embedding and head included
     average = (model.n_layers * per_layer + ends.embedding + ends.head) / pp

@@ -1,0 +1,84 @@
+"""Expert parallelism (`--ep`): an MoE's routed experts split over ep data-parallel ranks, their
+states sharded over dp x cp / ep, tokens sent to them by all-to-all."""
+
+import subprocess
+import sys
+
+import pytest
+
+from flopwise.errors import UserError
+from flopwise.plan.params import count_params
+from flopwise.plan.planner import build_runspec, plan
+
+MIXTRAL = dict(model="mixtral-8x7b", gpus=64, pp=4, stack="megatron-core", global_batch=256, seq_len=4096)
+
+
+def test_expert_parameters_are_counted_apart():
+    from flopwise.catalog.models import get_model
+
+    model = get_model("mixtral-8x7b")
+    pc = count_params(model)
+    # 8 SwiGLU experts of 3 x 4096 x 14336 per block; the router and attention are not experts
+    assert pc.experts_per_layer == 8 * 3 * 4096 * 14336
+    assert pc.mlp_per_layer - pc.experts_per_layer == 4096 * 8  # the router
+    assert count_params(get_model("llama2-7b")).experts_per_layer == 0
+
+
+def test_each_rank_holds_one_ep_th_of_the_experts():
+    base, split = (plan(build_runspec(**MIXTRAL, ep=ep)) for ep in (1, 8))
+    pc = count_params(base.spec.model)
+    busiest_layers = 8  # 32 blocks over 4 stages
+    # bf16 weights: the experts of the stage's blocks shrink by 7/8 of their bytes
+    dropped = busiest_layers * pc.experts_per_layer * 7 / 8 * 2
+    assert base.memory.weights - split.memory.weights == pytest.approx(dropped, rel=1e-9)
+    # the distributed optimizer already shards over dp: the experts' states over dp / ep, the same bytes
+    assert split.memory.optimizer_states == pytest.approx(base.memory.optimizer_states, rel=1e-9)
+    assert split.memory.total_bytes < 0.6 * base.memory.total_bytes
+
+
+def test_all_to_all_is_timed_and_crosses_nodes_only_past_one():
+    inside = plan(build_runspec(**MIXTRAL, ep=8)).time
+    assert inside.ep_exposed_seconds > 0
+    assert plan(build_runspec(**MIXTRAL, ep=1)).time.ep_exposed_seconds == 0
+    # tp 2 puts the 8 ep ranks 2 apart: they span two nodes and the off-node part rides the network
+    across = plan(build_runspec(**{**MIXTRAL, "gpus": 128}, tp=2, ep=8, sequence_parallel=False)).time
+    # the same 16 micro-batches of 4,096 tokens through 8 blocks on the busiest stage, whole tokens sent
+    assert across.ep_exposed_seconds > 2 * inside.ep_exposed_seconds
+
+
+def test_expert_gemms_are_fewer_and_larger_with_the_same_flops():
+    one, eight = (plan(build_runspec(**MIXTRAL, ep=ep)) for ep in (1, 8))
+    assert eight.flops.model_per_unit == one.flops.model_per_unit
+    assert eight.time.gemm_seconds <= one.time.gemm_seconds
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(model="llama2-7b", gpus=8, ep=2), "has no experts"),
+    (dict(model="mixtral-8x7b", gpus=8, ep=3), "does not divide mixtral-8x7b's 8 experts"),
+    (dict(model="mixtral-8x7b", gpus=8, tp=4, ep=4), "must divide the data-parallel ranks dp x cp = 2"),
+])
+def test_an_impossible_ep_is_one_line(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        build_runspec(**kwargs)
+
+
+def test_cli_plans_and_searches_with_ep():
+    env = {"COLUMNS": "200", "PATH": ""}
+    args = ["--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--stack", "nemo", "--seq-len", "4096",
+            "--global-batch", "256"]
+    out = subprocess.run([sys.executable, "-m", "flopwise", "plan", *args, "--pp", "4"], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "ep 8" in out.stdout and "EP all-to-all" in out.stdout
+    assert "mixture-of-experts and expert parallelism never validated" in out.stdout
+    found = subprocess.run([sys.executable, "-m", "flopwise", "plan", *args, "--search", "--top", "2", "--json"],
+                           capture_output=True, text=True, env=env)
+    assert found.returncode == 0, found.stderr
+    import json
+
+    layouts = json.loads(found.stdout)["ranked"]
+    assert layouts and all(p["plan"]["layout"]["ep"] == 8 and (p["plan"]["layout"]["dp"] * p["plan"]["layout"]["cp"]) % 8 == 0
+                           for p in layouts)
+    wrong = subprocess.run([sys.executable, "-m", "flopwise", "plan", "--model", "llama2-7b", "--ep", "2", "--search"],
+                           capture_output=True, text=True, env=env)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "no experts" in wrong.stderr
