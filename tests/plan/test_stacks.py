@@ -148,6 +148,16 @@ def test_unknown_fp8_recipe_is_one_line():
     assert "\n" not in str(err.value) and "rowwise" in str(err.value)
 
 
+def test_fp8_recipe_names_stacks_use_are_the_same_recipes():
+    """NeMo's `current` (TE Float8CurrentScaling) is per-tensor scaling; its `hybrid` the format of delayed."""
+    for alias, recipe in (("current", "tensorwise"), ("hybrid", "delayed"), ("Rowwise", "rowwise")):
+        spec = build_runspec(model="llama2-7b", precision="fp8", stack="nemo", fp8_recipe=alias)
+        assert spec.cluster.extra["fp8_recipe"] == recipe
+    same = (plan(build_runspec(model="llama2-7b", precision="fp8", stack="nemo", fp8_recipe=r)).time.step_seconds
+            for r in ("current", "tensorwise"))
+    assert len(set(same)) == 1
+
+
 # --------------------------------------------------------------------------- pure bf16
 
 

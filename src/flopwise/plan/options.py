@@ -48,7 +48,8 @@ OPTIONS = (
                "Training software stack whose kernels and memory conventions are planned: flopwise|megatron-core"
                "(nemo, megatron-bridge)|megatron-lm|deepspeed|megatron-deepspeed|composer|torchtitan|flash-attn."),
     PlanOption("fp8_recipe", "--fp8-recipe", str, None,
-               "fp8 scaling: delayed|tensorwise|rowwise|mxfp8. [default: the stack's]"),
+               "fp8 scaling: delayed|tensorwise|rowwise|mxfp8 (current = tensorwise, hybrid = delayed). "
+               "[default: the stack's]"),
     PlanOption("zero", "--zero", int, None,
                "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3). [default: the fastest stage the "
                "framework offers that fits, printed with the reason; 0 without data parallelism]"),

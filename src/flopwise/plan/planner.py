@@ -552,7 +552,7 @@ def build_runspec(
     options = dict(locals())
     from flopwise.catalog.hardware import get_hardware
     from flopwise.catalog.models import get_model
-    from flopwise.plan.stacks import FP8_RECIPES, get_stack
+    from flopwise.plan.stacks import FP8_RECIPE_ALIASES, FP8_RECIPES, get_stack
 
     stack_spec = get_stack(stack or "flopwise")
     stack = stack_spec.name
@@ -560,8 +560,11 @@ def build_runspec(
         framework = stack_spec.framework  # a named stack brings its framework's conventions
     if allocator_reserve is None:
         allocator_reserve = stack_spec.allocator_reserve
-    if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
-        raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)}")
+    if fp8_recipe is not None:
+        fp8_recipe = FP8_RECIPE_ALIASES.get(fp8_recipe.lower(), fp8_recipe.lower())
+        if fp8_recipe not in FP8_RECIPES:
+            raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)} "
+                            f"(or {', '.join(FP8_RECIPE_ALIASES)})")
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
     if sequence_parallel is None:  # what the stack's recipes run: NeMo / Megatron-Bridge and torchtitan shard with tp
         sequence_parallel = stack_spec.sequence_parallel and (tp or 1) > 1

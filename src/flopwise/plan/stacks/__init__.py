@@ -8,7 +8,7 @@ or kernel micro-benchmarks (docs/planner.md, "Stacks"). The default, `flopwise`,
 from __future__ import annotations
 
 from flopwise.errors import UserError
-from flopwise.plan.stacks.base import FP8_RECIPES, Stack
+from flopwise.plan.stacks.base import FP8_RECIPE_ALIASES, FP8_RECIPES, Stack
 from flopwise.plan.stacks import (
     composer, deepspeed, flash_attn, flopwise, jax, megatron_core, megatron_deepspeed, megatron_lm, torchtitan,
 )
@@ -19,7 +19,7 @@ STACK_NAMES = tuple(_STACKS)
 ALIASES = {"nemo": "megatron-core", "megatron-bridge": "megatron-core", "llm-foundry": "composer",
            "mcore": "megatron-core", "gpt-neox": "megatron-deepspeed"}
 
-__all__ = ["ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack", "find_stack", "get_stack"]
+__all__ = ["ALIASES", "FP8_RECIPE_ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack", "find_stack", "get_stack"]
 
 
 def find_stack(name: str) -> Stack | None:

@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "mxfp8")
+FP8_RECIPE_ALIASES = {"current": "tensorwise", "hybrid": "delayed", "tensor": "tensorwise", "row": "rowwise"}
+"""Names the stacks use for the same recipes: Transformer Engine's `Float8CurrentScaling` (NeMo
+`fp8_recipe: current`) scales per tensor from the current amax, as tensorwise does; NeMo's
+`fp8: hybrid` is the e4m3-forward / e5m2-backward format of its default delayed scaling."""
 """fp8 scaling recipes: delayed (per-tensor amax history, TE `DelayedScaling`), tensorwise
 (per-tensor, current scaling), rowwise (per-row scales, torchao `Float8LinearConfig.from_recipe_name
 ("rowwise")`), mxfp8 (32-element blocks with an 8-bit exponent scale, Blackwell)."""
