@@ -75,6 +75,10 @@ step "flopwise plan --model llama2-70b --hardware a100-80gb --gpus 64 --tp 8 --t
   fw plan --model llama2-70b --hardware a100-80gb --gpus 64 --tp 8 --tokens 2T
 step "flopwise plan --model path/to/config.json --hardware h100-sxm --gpus 16 --json" \
   fw plan --model path/to/config.json --hardware h100-sxm --gpus 16 --json
+step "flopwise plan --model llama3-70b --gpus 64 --stack nemo --precision fp8 --tp 4 --pp 4 --virtual-stages 5 --cp 2 --seq-len 8192" \
+  fw plan --model llama3-70b --gpus 64 --stack nemo --precision fp8 --tp 4 --pp 4 --virtual-stages 5 --cp 2 --seq-len 8192
+step "flopwise plan --model mixtral-8x7b --gpus 64 --stack megatron-core --pp 4 --ep 8 --seq-len 4096" \
+  fw plan --model mixtral-8x7b --gpus 64 --stack megatron-core --pp 4 --ep 8 --seq-len 4096
 step "flopwise plan --model gpt3-175b --hardware a100-80gb --gpus 1024 --global-batch 1536 --tokens 300B --search --top 5" \
   fw plan --model gpt3-175b --hardware a100-80gb --gpus 1024 --global-batch 1536 --tokens 300B --search --top 5
 step "flopwise compare --model llama2-7b --tokens 1T --gpus 64" fw compare --model llama2-7b --tokens 1T --gpus 64
