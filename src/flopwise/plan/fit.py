@@ -47,11 +47,11 @@ FREE_CONSTANTS = (
         "sustained_ampere",
         "share of the A100 GEMM micro-benchmark (MAMF) that training kernels sustain: clocks under "
         "sustained power, framework overhead between kernels (bounds: 0.70-0.95 of MAMF)",
-        0.70, 0.95, 0.80),
+        0.70, 0.95, 0.80, points=11),
     FreeConstant(
         "sustained_hopper",
         "the same for H100 / H200, whose 700 W limit throttles clocks more (bounds: 0.55-0.95)",
-        0.55, 0.95, 0.68),
+        0.55, 0.95, 0.67, points=11),
     FreeConstant(
         "overlap_slowdown",
         "compute time lost per second of communication hidden behind it (NCCL's thread blocks take "
@@ -67,16 +67,16 @@ FREE_CONSTANTS = (
         "stack_speed_megatron",
         "sustained kernel share of Megatron-LM / Megatron-Core relative to PyTorch-native stacks "
         "(fused bias-GeLU, softmax and layer-norm kernels, fewer launches; bounds 0.8-1.3)",
-        0.8, 1.3, 1.1),
+        0.8, 1.3, 1.1, points=11),
     FreeConstant(
         "stack_speed_megatron_deepspeed",
         "the same for Megatron-DeepSpeed and GPT-NeoX (Megatron's kernels under DeepSpeed's pipeline "
         "engine; bounds 0.8-1.3)",
-        0.8, 1.3, 0.9),
+        0.8, 1.3, 0.85, points=11),
     FreeConstant(
         "stack_speed_deepspeed",
         "the same for DeepSpeed's own ZeRO engine (bounds 0.8-1.3)",
-        0.8, 1.3, 1.0),
+        0.8, 1.3, 1.0, points=11),
 )
 """The constants in the order a grid point lists them."""
 

@@ -137,9 +137,10 @@ _HOPPER = DeviceCurve(
     "2024, Fig. 5) and 322 backward without mask (Fig. 6) x 335/370 for the mask (forward causal over "
     "non-causal at 16k) = 292, the kernels of the same software generation as the sustained factor below "
     "(FlashAttention-3 / cuDNN reach 500-650: newer stacks are faster); fp8 GEMMs: see FP8_FACTOR_HOPPER",
-    sustained=0.68,
-    sustained_source="published.md MosaicML llm-foundry H100 BF16 rows: sustained training kernels run at "
-                     "~0.68 of the H100 micro-benchmark (700 W clock throttling, 2023 software; SMs lost to "
+    sustained=0.67,
+    sustained_source="flopwise.plan.fit sustained_hopper, fitted on every published source; was MosaicML "
+                     "llm-foundry H100 BF16 rows: sustained training kernels run at "
+                     "~0.67 of the H100 micro-benchmark (700 W clock throttling, 2023 software; SMs lost to "
                      "overlapped NCCL kernels are charged apart); H200 shares the chip and power limit",
 )
 _CDNA3 = DeviceCurve(
