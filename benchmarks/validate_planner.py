@@ -612,11 +612,13 @@ def cross_validate(cases: list[Case], tabled) -> tuple[dict, dict, list[float]]:
 def band_rows(cases: list[Case], errors: list[float]) -> list[dict]:
     """The LOSO residuals with the regime of each case (what bands.json is built from)."""
     from flopwise.plan import band
+    from flopwise.plan.params import count_params
 
     return [{"family": band.stack_family(case.spec.stack, case.spec.layout.zero_stage),
              "precision": band.precision_class(case.spec.workload.precision),
              "scale": band.scale_class(case.spec.layout.devices), "error": error,
-             "device_family": device_family(case.spec), "devices": case.spec.layout.devices}
+             "device_family": device_family(case.spec), "devices": case.spec.layout.devices,
+             "params": count_params(case.spec.model).active}
             for case, error in zip(cases, errors)]
 
 

@@ -46,3 +46,18 @@ def test_the_band_is_the_regime_quantile_and_never_below_the_floor():
     assert b.expected_error == 0.17 and not b.extrapolates
     empty = band.band_for("megatron-core", 1, "bf16", 2048, "hopper", {"regimes": {}, "validated": {}})
     assert empty.extrapolates and math.isnan(empty.expected_error)
+
+
+def test_a_model_smaller_than_any_validated_run_extrapolates():
+    """The smallest validated model (MPT-1b, 1.31B active) bounds where per-step overheads were
+    measured harmless: a 124M plan says its band extrapolates and why; a 7B one does not."""
+    from flopwise.plan import band as band_mod
+    from flopwise.plan.planner import build_runspec, plan
+
+    smallest = band_mod.load_bands()["validated"]["min_active_params"]
+    assert 1.2e9 < smallest < 1.4e9
+    small = plan(build_runspec(model="gpt2-124m", hardware="a100-80gb", gpus=8, stack="flash-attn")).band
+    assert small.extrapolates and any("smaller than any validated run" in r for r in small.reasons)
+    large = plan(build_runspec(model="llama2-7b", hardware="a100-80gb", gpus=8, stack="composer")).band
+    assert not any("smaller than any validated run" in r for r in large.reasons)
+    assert band_mod.model_size_reason(1e8, {"validated": {}}) is None  # nothing validated: no claim either way

@@ -104,6 +104,9 @@ def build_bands(rows: list[dict]) -> dict:
             "families": _at_least(rows, "family"),
             "precisions": _at_least(rows, "precision"),
             "max_devices": max(row["devices"] for row in rows),
+            # the smallest model any validation run trained (active parameters): below it, per-step
+            # and per-kernel overheads the planner does not time weigh more than anything validated
+            "min_active_params": min((row["params"] for row in rows if row.get("params")), default=0),
         },
     }
 
@@ -143,6 +146,17 @@ def build_memory_band(errors: list[float]) -> dict:
         return {"expected_error": 0.0, "rows": 0}
     return {"expected_error": max(MIN_MEMORY_BAND, band_quantile(errors)), "rows": len(errors),
             "validated_error": band_quantile(errors)}
+
+
+def model_size_reason(active_params: float, bands: dict | None = None) -> str | None:
+    """Why a forecast for a model this small extrapolates (None within what was validated): the
+    smallest validated model bounds where the time model's neglect of per-step and per-kernel
+    overheads (launches, the optimizer's fixed cost, the framework's loop) was measured harmless."""
+    smallest = (bands if bands is not None else load_bands()).get("validated", {}).get("min_active_params", 0)
+    if smallest and active_params < smallest:
+        return (f"a {active_params / 1e9:.2g}B-parameter model, smaller than any validated run "
+                f"({smallest / 1e9:.2g}B): fixed per-step overheads are not timed")
+    return None
 
 
 @lru_cache(maxsize=1)
