@@ -54,6 +54,10 @@ class ParamCount:
         """All parameters of one transformer block (every expert included)."""
         return self.attention_per_layer + self.mlp_per_layer + self.norms_per_layer
 
+    def experts_elsewhere_per_layer(self, ep: int) -> float:
+        """Routed-expert parameters of one block that the other ranks of an ep group hold."""
+        return self.experts_per_layer * (1 - 1 / ep)
+
     @property
     def active_per_layer(self) -> int:
         """Parameters of one block that a single token uses."""

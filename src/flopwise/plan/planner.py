@@ -147,6 +147,14 @@ def runspec_to_dict(spec: RunSpec) -> dict:
 # --------------------------------------------------------------------------- validation
 
 
+def check_expert_parallel(model, ep: int) -> None:
+    """Raise UserError unless `model` has routed experts that `ep` ranks can split evenly."""
+    if model.n_experts <= 1:
+        raise UserError(f"--ep {ep}: {model.key} has no experts to split (expert parallelism is for MoE models)")
+    if model.n_experts % ep:
+        raise UserError(f"--ep {ep} does not divide {model.key}'s {model.n_experts} experts")
+
+
 def validate(spec: RunSpec) -> None:
     """Raise UserError for a RunSpec no real run could have."""
     lay, work, model = spec.layout, spec.workload, spec.model
@@ -158,10 +166,7 @@ def validate(spec: RunSpec) -> None:
     _choice("precision", work.precision, PRECISIONS)
     _choice("optimizer", work.optimizer, OPTIMIZERS)
     if lay.ep > 1:
-        if model.n_experts <= 1:
-            raise UserError(f"--ep {lay.ep}: {model.key} has no experts to split (expert parallelism is for MoE models)")
-        if model.n_experts % lay.ep:
-            raise UserError(f"--ep {lay.ep} does not divide {model.key}'s {model.n_experts} experts")
+        check_expert_parallel(model, lay.ep)
         if lay.gradient_group % lay.ep:
             raise UserError(f"--ep {lay.ep} must divide the data-parallel ranks dp x cp = {lay.gradient_group} "
                             "(the expert-parallel ranks are data-parallel ranks for the rest of the model)")
@@ -337,7 +342,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     # Memory
     memory = _memory(spec, pc, warnings)
     sb = mem.state_bytes(work.precision, work.optimizer)
-    psi = (pc.total - pc.n_layers * pc.experts_per_layer * (1 - 1 / lay.ep)) / (lay.tp * lay.pp)
+    psi = (pc.total - pc.n_layers * pc.experts_elsewhere_per_layer(lay.ep)) / (lay.tp * lay.pp)
     e = mem.activation_dtype_bytes(work.precision)
 
     # Communication and time: the operator model (ops.py, gemm.py, comm.py, timing.py)

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, field
 
 from flopwise.errors import UserError
-from flopwise.plan.planner import GIB, Plan, _framework, plan, plan_memory, stack_rates
+from flopwise.plan.planner import GIB, Plan, _framework, check_expert_parallel, plan, plan_memory, stack_rates
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
 from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import device_rates
@@ -229,11 +229,7 @@ def with_expert_parallel(spec: RunSpec, ep: int) -> RunSpec:
     the layouts tried keep it and need dp x cp divisible by it."""
     if ep == spec.layout.ep:
         return spec
-    model = spec.model
-    if model.n_experts <= 1:
-        raise UserError(f"--ep {ep}: {model.key} has no experts to split (expert parallelism is for MoE models)")
-    if model.n_experts % ep:
-        raise UserError(f"--ep {ep} does not divide {model.key}'s {model.n_experts} experts")
+    check_expert_parallel(spec.model, ep)
     return dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, ep=ep))
 
 

@@ -247,7 +247,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         experts = 0.0  # this device's share of the routed experts, under expert parallelism
         if lay.ep > 1:
             experts = n * pc.experts_per_layer / lay.tp / lay.ep
-            params -= experts * (lay.ep - 1)  # the parameters this device holds
+            params -= n * pc.experts_elsewhere_per_layer(lay.ep) / lay.tp  # the parameters this device holds
         if cnn:
             activations = logits = inflight = 0.0
         else:

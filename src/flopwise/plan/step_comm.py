@@ -139,8 +139,8 @@ def device_params(pc: ParamCount, split: tuple[tuple[int, ...], ...], device: in
     expert parallelism 1/ep of its blocks' routed experts."""
     pp = len(split)
     if pp == 1:
-        return float(pc.total) - pc.n_layers * pc.experts_per_layer * (1 - 1 / ep)
-    params = float(sum(split[device]) * (pc.per_layer - pc.experts_per_layer * (1 - 1 / ep)))
+        return float(pc.total) - pc.n_layers * pc.experts_elsewhere_per_layer(ep)
+    params = float(sum(split[device]) * (pc.per_layer - pc.experts_elsewhere_per_layer(ep)))
     if device == 0:
         params += pc.embedding + pc.other
     if device == pp - 1:

@@ -238,13 +238,14 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     # pipeline point-to-point: the busiest device's sends (`step_comm.pipeline_sends`)
     pp_bytes = pp_wire = pp_exposed = 0.0
+    p2p_overlap = pp > 1 and stack_p2p_overlap(spec.stack)
     if pp > 1:
         p2p_message = message / (tp if sp else 1)
         t_p2p = cm.p2p_seconds(links, tp * dp >= per_node, p2p_message)
         sends = m * sc.pipeline_sends(pp, v)
         pp_bytes = sends * p2p_message
         pp_wire = sends * t_p2p
-        pp_exposed = pipeline_p2p_exposed(lay, links, message, stack_p2p_overlap(spec.stack))
+        pp_exposed = pipeline_p2p_exposed(lay, links, message, p2p_overlap)
 
     # data parallel: the device whose weights are the largest (under a pipeline, an end stage)
     zero = lay.zero_stage
@@ -330,7 +331,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
     cp_hidden = m * layers_busiest * max(0.0, cp_wire - cp_layer)
     # sends overlapped with compute (an interleaved schedule of a stack that overlaps them) take SMs too
-    pp_hidden = max(0.0, pp_wire - pp_exposed) if v > 1 and stack_p2p_overlap(spec.stack) else 0.0
+    pp_hidden = max(0.0, pp_wire - pp_exposed) if v > 1 and p2p_overlap else 0.0
     contention = OVERLAP_SLOWDOWN * (max(0.0, dp_wire - dp_exposed) + tp_hidden + cp_hidden + pp_hidden)
     step = pipeline + pp_exposed + dp_exposed + optimizer + offload_seconds + contention
     compute = m * layers_busiest * layer.total + optimizer
