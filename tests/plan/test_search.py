@@ -150,3 +150,26 @@ def test_cli_nothing_fits_is_one_line_with_nearest_option():
 def test_cli_bad_objective_is_exit_2():
     out = run_cli("plan", "--model", "gpt3-125m", "--gpus", "8", "--search", "--objective", "speed")
     assert out.returncode == 2 and "--objective 'speed' is not one of time, cost, energy" in out.stderr
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "table"])
+def test_cli_search_honours_no_sequence_parallel(as_json):
+    """`--no-sequence-parallel` (a trainer without it) is planned on every layout the search ranks;
+    without the flag the same search plans it with every tp > 1."""
+    args = ("plan", "--model", "gpt3-1.3b", "--hardware", "v100-32gb", "--gpus", "16", "--global-batch", "32",
+            "--seq-len", "2048", "--precision", "fp16", "--tokens", "20B", "--search", "--top", "8")
+    if as_json:
+        def layouts(*extra):
+            out = run_cli(*args, "--json", *extra)
+            assert out.returncode == 0, out.stderr
+            return [(r["plan"]["layout"]["tp"], r["plan"]["layout"]["sequence_parallel"])
+                    for r in json.loads(out.stdout)["ranked"]]
+
+        default, without = layouts(), layouts("--no-sequence-parallel")
+        assert any(tp > 1 for tp, _ in default) and all(sp == (tp > 1) for tp, sp in default)
+        assert any(tp > 1 for tp, _ in without) and not any(sp for _, sp in without)
+    else:
+        out = run_cli(*args, "--no-sequence-parallel")
+        assert out.returncode == 0, out.stderr
+        assert "+SP" not in out.stdout and "sequence parallelism off" in out.stdout
+        assert "+SP" in run_cli(*args).stdout

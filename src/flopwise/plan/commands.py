@@ -82,7 +82,8 @@ def plan_command(**options) -> None:
         return run_search_and_spot(spec, devices, o["search"], o["objective"], o["top"], o["spot"],
                                    o["preemptions_per_day"], o["checkpoint_seconds"], o["restart_seconds"] or 0.0,
                                    o["spot_price_per_hour"], o["as_json"], o["host_memory_gib"],
-                                   show_plan=print_plan, profile=measured)
+                                   show_plan=print_plan, profile=measured,
+                                   sequence_parallel=o["sequence_parallel"] is not False)
     result = plan(spec, profile=measured)
     saving = _checkpoint_cost(result, o)
     if o["as_json"]:

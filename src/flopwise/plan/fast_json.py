@@ -68,7 +68,8 @@ def _search(values: dict) -> dict:
             raise UserError(f"--host-memory-gib must be > 0, got {o['host_memory_gib']}")
         per_node = spec.cluster.devices_per_node or spec.cluster.hardware.devices_per_node or 8
         host = o["host_memory_gib"] / min(devices, per_node)
-    result = search_layouts(spec, devices, objective=o["objective"], top=o["top"], host_memory_per_device_gib=host)
+    result = search_layouts(spec, devices, objective=o["objective"], top=o["top"], host_memory_per_device_gib=host,
+                            sequence_parallel=o["sequence_parallel"] is not False)
     if result.best is None:
         raise UserError(nothing_fits_message(result, host_memory_per_device_gib=host))
     return result.to_dict()

@@ -16,7 +16,8 @@ Enumeration rules (what "valid" means):
   accumulation gives exactly the global batch.
 - sequence parallelism is on whenever tp > 1: under the planner's model it moves the same
   bytes as plain TP and keeps less activation memory (Korthikanti et al. 2022), so a
-  layout without it is never better.
+  layout without it is never better. A user who cannot run it (`--no-sequence-parallel`:
+  a trainer without it) gets every layout planned without it.
 - ZeRO 0-3 with offload none/optimizer, and ZeRO-3 with parameter offload; with one
   data-parallel rank ZeRO shards nothing, so only ZeRO-0 (+ optimizer offload) and
   ZeRO-3 + parameter offload (ZeRO-Infinity style) are distinct.
@@ -245,6 +246,7 @@ def search_layouts(
     exhaustive: bool = False,
     host_memory_per_device_gib: float | None = None,
     profile=None,
+    sequence_parallel: bool = True,
 ) -> SearchResult:
     """Enumerate every valid layout of `spec`'s job on `devices`, keep those `plan()` says fit,
     and return the best `top` by `objective`.
@@ -254,7 +256,8 @@ def search_layouts(
     feasibility test for `compare`). `host_memory_per_device_gib` rejects layouts whose
     offloaded states (the plan's `cpu_offload_bytes`) exceed it; None leaves host memory
     unchecked, as `plan()` does. `profile` (a measured device profile, `--profile`) times
-    every layout, as `plan(spec, profile)` does. Two exact shortcuts keep it fast, `exhaustive=True`
+    every layout, as `plan(spec, profile)` does. `sequence_parallel=False` plans every tp > 1
+    layout without sequence parallelism (`--no-sequence-parallel`). Two exact shortcuts keep it fast, `exhaustive=True`
     turns them off (tests compare both):
     - memory never shrinks as the micro-batch grows (activations ∝ micro-batch × in-flight
       micro-batches, capped by the per-rank batch; model states do not depend on it), so
@@ -296,7 +299,7 @@ def search_layouts(
                 """This family's layout at one micro-batch size."""
                 return RunSpec(spec.model, Layout(
                     dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
-                    sequence_parallel=tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
+                    sequence_parallel=sequence_parallel and tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
                     virtual_stages=v, flash_attention=flash, compiled=spec.layout.compiled, cp=cp, ep=ep,
                     **stack_layout), spec.workload, spec.cluster,
                     stack=spec.stack)

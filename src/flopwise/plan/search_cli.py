@@ -32,13 +32,15 @@ def run_search_and_spot(
     host_memory_gib: float | None = None,
     show_plan: Callable[[Plan], None] = print,
     profile=None,
+    sequence_parallel: bool = True,
 ) -> None:
     """Search layouts (or take the given one), then optionally plan spot vs on-demand; print or emit JSON.
 
     `host_memory_gib` is RAM per node, shared by the node's devices, for offloaded states;
     `show_plan` prints the one plan when there is no search (the caller's table, so this
     module need not import the command that calls it); `profile`, a measured device profile
-    (`--profile`), times every layout instead of the family curve."""
+    (`--profile`), times every layout instead of the family curve; `sequence_parallel=False`
+    (`--no-sequence-parallel`) searches layouts without it."""
     result = None
     if search:
         host = None
@@ -48,7 +50,7 @@ def run_search_and_spot(
             per_node = spec.cluster.devices_per_node or spec.cluster.hardware.devices_per_node or 8
             host = host_memory_gib / min(devices, per_node)
         result = search_layouts(spec, devices, objective=objective, top=top, host_memory_per_device_gib=host,
-                                profile=profile)
+                                profile=profile, sequence_parallel=sequence_parallel)
         if result.best is None:
             raise UserError(nothing_fits_message(result, host_memory_per_device_gib=host))
         chosen = result.best
@@ -148,7 +150,9 @@ def print_search(result: SearchResult) -> None:
         console.print(f"rejected: {count:,} {unit}: {REASONS[key]}")
     for note in result.notes:
         console.print(f"[dim]{note}[/dim]")
-    console.print("[dim]GiB: planned peak with the allocator's reserve; CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); sequence parallelism is on with every tp > 1; variants scoring the same that differ only in "
+    without_sp = any(p.spec.layout.tp > 1 and not p.spec.layout.sequence_parallel for p in result.ranked)
+    sp_note = "sequence parallelism off (--no-sequence-parallel)" if without_sp else "sequence parallelism is on with every tp > 1"
+    console.print(f"[dim]GiB: planned peak with the allocator's reserve; CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); {sp_note}; variants scoring the same that differ only in "
                   "ZeRO stage or offload are shown once (the simplest); offload is timed as PCIe copies at 25 GB/s and "
                   "a CPU Adam step at 1e9 parameters/s (assumptions), and ties prefer no offload. ± is the expected error validated on published runs of the regime, ? where it "
                   "extrapolates (docs/validation.md). intl: interleaved; optim: optimizer. `--json` lists each layout's full "
