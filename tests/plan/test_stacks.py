@@ -343,3 +343,19 @@ def test_megatron_core_hides_an_interleaved_pipelines_sends_but_not_its_fill():
     assert 0 < core.pp_exposed_seconds < lm.pp_exposed_seconds / 10
     flat = plan(build_runspec(model="llama3-70b", gpus=256, tp=8, pp=8, global_batch=256, stack="megatron-core"))
     assert flat.time.pp_exposed_seconds > 5 * core.pp_exposed_seconds  # 1F1B without interleaving: no overlap
+
+
+def test_fp8_plan_states_mfu_over_both_peaks():
+    """An fp8 plan's MFU over the fp8 peak (Composer's denominator) and over the 16-bit one
+    (torchtitan's): the same FLOPs per second, so the two differ by the peaks' ratio (2 on H100);
+    a bf16 plan has one MFU and no second figure."""
+    from flopwise.catalog.hardware import get_hardware
+
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, seq_len=4096, zero=1, stack="torchtitan")
+    fp8 = _plan(precision="fp8", **layout).time
+    h100 = get_hardware("h100-sxm")
+    ratio = h100.peak_flops("fp8") / h100.peak_flops("bf16")
+    assert ratio == pytest.approx(2.0, rel=0.01)
+    assert fp8.mfu_16bit_peak == pytest.approx(fp8.mfu * ratio, rel=1e-9)
+    assert fp8.tokens_per_second_per_device * 6 * 6.5e9 / h100.peak_flops("bf16") < fp8.mfu_16bit_peak
+    assert _plan(precision="bf16", **layout).time.mfu_16bit_peak is None

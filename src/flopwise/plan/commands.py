@@ -326,7 +326,9 @@ def print_plan(result) -> None:
         ("step", _duration(tm.step_seconds)),
         (f"{unit}s / s", f"{tm.tokens_per_second:,.0f} ({tm.tokens_per_second_per_device:,.0f} per device)"),
         *([("expected error (validated)", result.band.describe())] if result.band is not None else []),
-        ("MFU", f"{tm.mfu:.1%}"),
+        ("MFU" + (" (of the fp8 peak, as Composer counts)" if tm.mfu_16bit_peak is not None else ""), f"{tm.mfu:.1%}"),
+        *([("MFU of the 16-bit peak (as torchtitan counts)", f"{tm.mfu_16bit_peak:.1%}")]
+          if tm.mfu_16bit_peak is not None else []),
         ("steps", f"{tm.steps:,.0f}"),
         ("whole job", _duration(tm.total_seconds)),
         ("device-hours", f"{tm.device_hours:,.0f}"),

@@ -323,6 +323,16 @@ def _flat_time(spec, flops, sb, psi, links, units_per_step, total_units, peak, w
     return time, comm
 
 
+def _with_16bit_mfu(time, hw, precision: str, peak: float | None):
+    """An fp8 plan's MFU also over the 16-bit dense peak, as torchtitan states it (`get_peak_flops`:
+    the bf16 peak for every run), twice what the fp8 peak gives; Composer's SpeedMonitor divides by
+    the fp8 peak (`GPU_AVAILABLE_FLOPS[...]["amp_fp8"]`), as `mfu` does."""
+    peak16 = hw.peak_flops("bf16") or hw.peak_flops("fp16")
+    if precision != "fp8" or not peak or not peak16 or peak16 == peak:
+        return time
+    return dataclasses.replace(time, mfu_16bit_peak=time.mfu * peak / peak16)
+
+
 def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     validate(spec)
     model, lay, work, cluster = spec.model, spec.layout, spec.workload, spec.cluster
@@ -379,6 +389,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
             inputs = tuning.step_inputs(inputs, tuned, spec, pc, sb)
         time, comm = step_time(spec, inputs, rates, links, total_units, peak, eff_source, eff_conf)
         warnings += tuning.time_warnings(spec, rates, time.step_seconds)
+    time = _with_16bit_mfu(time, hw, work.precision, peak)
     if not total_units:
         warnings.append("no --tokens given: whole-job time, energy and cost are 0")
 

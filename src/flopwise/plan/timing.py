@@ -115,6 +115,9 @@ class TimeEstimate:
     model: str = "operator"
     cp_exposed_seconds: float = 0.0  # context parallelism's K/V ring, beyond the attention it overlaps
     ep_exposed_seconds: float = 0.0  # expert parallelism's token all-to-alls
+    # fp8: the same MFU over the device's dense 16-bit peak, torchtitan's denominator for every precision
+    # (Composer's SpeedMonitor divides by the fp8 peak, as `mfu` does); None for other precisions
+    mfu_16bit_peak: float | None = None
 
     def to_dict(self) -> dict:
         """JSON-able fields (infinities become None)."""
