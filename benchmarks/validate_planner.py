@@ -713,7 +713,10 @@ def render(cases, loso, in_sample, summary, published_memory, formula_rows, band
         f"{pct(cv['worst_source_median'])}.**",
         "",
         f"Error band: {pct(summary['band_coverage'])} of these runs fall inside their own plan's band "
-        "(`src/flopwise/plan/data/bands.json`, the regime's 85th percentile of the errors below).",
+        "(`src/flopwise/plan/data/bands.json`, the regime's 85th percentile of the errors below). A plan outside "
+        "what these runs cover (a device family, stack, precision, parallelism or model size none of them had) "
+        f"says it extrapolates and takes at least the {band_mod.EXTRAPOLATION_COVERAGE:.0%} quantile of every "
+        f"run's error, ± {pct(bands[band_mod.EXTRAPOLATED_KEY]['expected_error'])}.",
         "",
         f"Published runs the planner judges not to fit in memory: {summary['judged_not_to_fit']} of {cv['rows']} "
         "(each named in its row; their time is still predicted, at the layout that ran). Planned tight (over the "

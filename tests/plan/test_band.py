@@ -61,3 +61,36 @@ def test_a_model_smaller_than_any_validated_run_extrapolates():
     large = plan(build_runspec(model="llama2-7b", hardware="a100-80gb", gpus=8, stack="composer")).band
     assert not any("smaller than any validated run" in r for r in large.reasons)
     assert band_mod.model_size_reason(1e8, {"validated": {}}) is None  # nothing validated: no claim either way
+
+
+def test_an_extrapolating_forecast_takes_at_least_the_extrapolation_band():
+    """Outside what was validated (fp8 and context parallelism under Megatron-Core here), the band
+    is at least the 95 % quantile of every validation row's error, and says what its regime's was;
+    a forecast inside the validated regimes keeps its regime's band."""
+    floor = band.load_bands()[band.EXTRAPOLATED_KEY]["expected_error"]
+    inside = plan(build_runspec(model="llama2-70b", hardware="h100-sxm", gpus=128, tp=4, pp=4, seq_len=4096,
+                                global_batch=128, stack="megatron-core"))
+    outside = plan(build_runspec(model="llama2-70b", hardware="h100-sxm", gpus=128, tp=4, pp=4, cp=2, seq_len=4096,
+                                 global_batch=128, stack="megatron-core", precision="fp8"))
+    assert not inside.band.extrapolates and inside.band.widened_from is None
+    assert inside.band.expected_error < floor  # the regime's own band is narrower: widening is visible
+    assert outside.band.extrapolates and outside.band.expected_error == floor
+    assert outside.band.widened_from is not None and outside.band.widened_from < floor
+    assert "widened" in outside.band.describe() and outside.to_dict()["band"]["widened_from"] is not None
+
+
+def test_the_extrapolation_band_is_built_from_every_row_and_spares_borrowed_regimes():
+    """bands.json's extrapolation entry is the 95 % quantile of all rows; a regime with too few rows
+    borrows a coarser regime's band as it is (validated there), not the extrapolation band."""
+    errors = [0.01 * i for i in range(1, 21)]  # 1 % .. 20 %
+    rows = [{"family": "megatron", "precision": "16-bit", "scale": ">1024", "error": e,
+             "device_family": "hopper", "devices": 2048} for e in errors]
+    rows += [{"family": "megatron", "precision": "16-bit", "scale": "<=64", "error": 0.01,
+              "device_family": "hopper", "devices": 8}]
+    built = band.build_bands(rows)
+    assert built[band.EXTRAPOLATED_KEY]["expected_error"] == 0.19  # 20 of 21 rows = 95 %
+    borrowed = band.band_for("megatron-core", 1, "bf16", 8, "hopper", built)
+    assert borrowed.regime == "megatron|16-bit|*" and borrowed.widened_from is None
+    assert borrowed.expected_error == band.band_quantile(errors + [0.01])
+    beyond = band.band_for("megatron-core", 1, "bf16", 4096, "hopper", built)
+    assert beyond.extrapolates and beyond.expected_error == 0.19 and beyond.widened_from == 0.17

@@ -10,6 +10,7 @@ device family, stack, precision or scale was never validated.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ MIN_ROWS = 3
 """A regime with fewer validated rows borrows the next coarser regime's band."""
 MIN_BAND = 0.02
 """No band is narrower than 2 %: published figures themselves are rounded and approximate."""
+EXTRAPOLATION_COVERAGE = 0.95
+"""A forecast outside what was validated (a device family, stack, precision, scale, model size or
+parallelism no validation row had) gets at least this quantile of every validation row's |error|:
+no row of its own regime says how far off it is, so it takes the planner's near-worst out-of-sample
+miss over every regime rather than the (often narrow) band of the regime it borrows."""
 
 STACK_FAMILY = {
     "megatron-core": "megatron", "megatron-lm": "megatron", "megatron-deepspeed": "megatron",
@@ -66,14 +72,20 @@ class Band:
     rows: int  # validation rows behind it
     extrapolates: bool
     reasons: tuple[str, ...] = ()
+    widened_from: float | None = None  # the regime's own band, when extrapolating widened it
+
 
     def to_dict(self) -> dict:
         return {"expected_error": self.expected_error, "regime": self.regime, "rows": self.rows,
-                "extrapolates": self.extrapolates, "reasons": list(self.reasons)}
+                "extrapolates": self.extrapolates, "reasons": list(self.reasons), "widened_from": self.widened_from}
 
     def describe(self) -> str:
         """'± 8 % (megatron|16-bit|>1024, 21 validated runs)' and what it extrapolates."""
-        text = f"± {100 * self.expected_error:.0f} % ({self.regime}, {self.rows} validated runs)"
+        text = f"± {100 * self.expected_error:.0f} % ({self.regime}, {self.rows} validated runs"
+        if self.widened_from is not None:
+            text += (f": ± {100 * self.widened_from:.0f} % there, widened to the "
+                     f"{EXTRAPOLATION_COVERAGE:.0%} quantile of every validated run's error")
+        text += ")"
         if self.extrapolates:
             text += "; extrapolates: " + ", ".join(self.reasons)
         return text
@@ -99,6 +111,8 @@ def build_bands(rows: list[dict]) -> dict:
                   f"{COVERAGE:.0%} quantile of the leave-one-source-out |error| of throughput forecasts.",
         "regimes": {key: {"expected_error": band_quantile(errors), "rows": len(errors)}
                     for key, errors in sorted(regimes.items())},
+        EXTRAPOLATED_KEY: {"expected_error": band_quantile([row["error"] for row in rows], EXTRAPOLATION_COVERAGE),
+                           "rows": len(rows), "coverage": EXTRAPOLATION_COVERAGE},
         "validated": {  # what has at least MIN_ROWS validation runs behind it
             "device_families": _at_least(rows, "device_family"),
             "families": _at_least(rows, "family"),
@@ -126,6 +140,26 @@ def load_bands() -> dict:
         return json.loads(BANDS_PATH.read_text())
     except (OSError, ValueError):
         return {"regimes": {}, "validated": {}}
+
+
+EXTRAPOLATED_KEY = "extrapolated"
+"""bands.json's entry for forecasts that extrapolate: `EXTRAPOLATION_COVERAGE` of every row's |error|."""
+
+
+FEW_ROWS = "few validated runs in"
+"""The reason a band gives when it borrows a coarser regime's: within what was validated, not beyond it."""
+
+
+def widened(band: Band, bands: dict | None = None) -> Band:
+    """`band` itself when it stays within what was validated (a borrowed coarser regime included);
+    else at least the extrapolation band (`EXTRAPOLATION_COVERAGE`), the regime it borrowed still named."""
+    if not any(not reason.startswith(FEW_ROWS) for reason in band.reasons):
+        return band
+    entry = (bands if bands is not None else load_bands()).get(EXTRAPOLATED_KEY) or {}
+    floor = entry.get("expected_error")
+    if not isinstance(floor, (int, float)) or not math.isfinite(floor) or not floor > band.expected_error:
+        return band
+    return dataclasses.replace(band, expected_error=float(floor), widened_from=band.expected_error)
 
 
 MEMORY_KEY = "memory"
@@ -200,6 +234,6 @@ def _band(stack: str, zero_stage: int, precision: str, devices: int, device_fami
         entry = regimes.get(key)
         if entry and entry["rows"] >= MIN_ROWS:
             if key != regime_key(family, prec, scale) and not reasons:
-                reasons.append(f"few validated runs in {regime_key(family, prec, scale)}")
-            return Band(entry["expected_error"], key, entry["rows"], bool(reasons), tuple(reasons))
+                reasons.append(f"{FEW_ROWS} {regime_key(family, prec, scale)}")
+            return widened(Band(entry["expected_error"], key, entry["rows"], bool(reasons), tuple(reasons)), bands)
     return Band(math.nan, "none", 0, True, tuple(reasons) or ("no validation bands",))

@@ -26,7 +26,7 @@ from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import (
     FRAMEWORKS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, Cluster, Layout, RunSpec, Workload,
 )
-from flopwise.plan.band import Band, band_for, model_size_reason
+from flopwise.plan.band import Band, band_for, model_size_reason, widened
 from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import GemmProfile, curve_for, device_rates
 from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
@@ -407,6 +407,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     if model.n_experts > 1:  # no published run in the validation routes tokens to experts
         band = dataclasses.replace(band, extrapolates=True, reasons=(
             *band.reasons, "mixture-of-experts" + (" and expert parallelism" if lay.ep > 1 else "") + " never validated"))
+    band = widened(band)  # outside what was validated: the extrapolation band at least
     return Plan(spec, pc, flops, memory, comm, time, energy, cost, tuple(warnings), band=band)
 
 
