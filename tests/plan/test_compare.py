@@ -100,6 +100,10 @@ def test_cli_writes_png_json_csv(tmp_path):
     (("--hardware", "nosuchchip"), "error: unknown hardware 'nosuchchip'"),
     (("--model", "gpt3-1.3b", "--hardware", "a100-80gb", "--budget-usd", "5"), "error: --budget-usd 5 is too small"),
     (("--gpus", "8", "--deadline-days", "3"), "error: give at most one of --gpus, --budget-usd, --deadline-days"),
+    (("--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--ep", "3"), "error: --ep 3 does not divide"),
+    (("--model", "llama2-7b", "--hardware", "h100-sxm", "--ep", "8"), "error: --ep 8: llama2-7b has no experts"),
+    (("--model", "mixtral-8x7b", "--hardware", "rtx4090", "--gpus", "4", "--local", "--ep", "2"),
+     "error: --ep is not taken with --local"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, args, message):
     out = run_compare(*args, "--max-devices", "64", "--out", str(tmp_path))
@@ -118,3 +122,16 @@ def test_cli_without_out_writes_no_files_and_says_how_to_get_them(tmp_path, extr
     assert done.returncode == 0, done.stderr
     assert list(tmp_path.iterdir()) == []
     assert "no files written; add --out DIR" in done.stdout
+
+
+def test_cli_compare_holds_the_expert_parallelism_asked():
+    """`--ep 8` on an MoE model: every device's chosen layout keeps it (so its expert states are an
+    eighth), and the same job without it needs more memory per device."""
+    args = ("--model", "mixtral-8x7b", "--hardware", "h100-sxm,a100-80gb", "--gpus", "64", "--tokens", "100B", "--json")
+    with_ep = run_compare(*args, "--ep", "8")
+    assert with_ep.returncode == 0, with_ep.stderr
+    chosen = [d["chosen"] for d in json.loads(with_ep.stdout)["devices"]]
+    assert len(chosen) == 2 and all(" ep 8," in c["layout"] for c in chosen)
+    assert all(c["plan"]["layout"]["ep"] == 8 for c in chosen)
+    without = json.loads(run_compare(*args).stdout)["devices"]
+    assert all(" ep " not in d["chosen"]["layout"] for d in without)

@@ -17,7 +17,7 @@ from flopwise.catalog.hardware import HardwareSpec, get_hardware, load_hardware
 from flopwise.catalog.models import get_model
 from flopwise.errors import UserError
 from flopwise.plan.planner import Plan, build_runspec
-from flopwise.plan.search import describe_layout, fits_anywhere, search_layouts
+from flopwise.plan.search import describe_layout, fits_anywhere, search_layouts, with_expert_parallel
 
 SECONDS_PER_DAY = 86_400.0
 DEFAULT_HOST_MEMORY_GIB = 1024.0
@@ -175,11 +175,13 @@ def compare_devices(
     host_memory_gib: float | None = DEFAULT_HOST_MEMORY_GIB,
     stack: str = "flopwise",
     finetune_options: dict | None = None,
+    ep: int = 1,
 ) -> Comparison:
     """Compare devices for one job (see the module docstring); at most one of gpus/budget/deadline.
 
     `host_memory_gib` is RAM per node; each device may offload its node's share of it
-    (None: unchecked)."""
+    (None: unchecked). `ep` (an MoE model's expert parallelism, `--ep`) holds on every layout
+    tried, so only device counts whose data-parallel ranks it divides can run the job."""
     given = [name for name, v in (("--gpus", gpus), ("--budget-usd", budget_usd), ("--deadline-days", deadline_days))
              if v is not None]
     if len(given) > 1:
@@ -203,7 +205,7 @@ def compare_devices(
         host = None if host_memory_gib is None else host_memory_gib / (hw.devices_per_node or 8)
         verdicts.append(_compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precision, optimizer,
                                      price_per_hour, max_devices, pareto_multiples, global_batch, host,
-                                     finetune_options or {}, stack))
+                                     finetune_options or {}, stack, ep))
     options = [o for v in verdicts for o in v.options]
     chosen = [v.chosen for v in verdicts if v.chosen is not None]
     if not chosen:
@@ -233,7 +235,7 @@ def compare_devices(
 
 def _compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precision, optimizer, price_per_hour,
                  max_devices, pareto_multiples, global_batch, host, finetune_options=None,
-                 stack="flopwise") -> DeviceVerdict:
+                 stack="flopwise", ep: int = 1) -> DeviceVerdict:
     name = hw.name or hw.key
     prec = precision_for(hw, precision)
     if prec is None:
@@ -244,6 +246,7 @@ def _compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precisi
     spec = build_runspec(model=model, hardware=hw.key, gpus=1, seq_len=seq_len, batch_tokens=batch_tokens,
                          global_batch=global_batch, tokens=tokens, precision=prec, optimizer=optimizer,
                          price_per_hour=price_per_hour, stack=stack, **(finetune_options or {}))
+    spec = with_expert_parallel(spec, ep)
     if mode == "gpus":
         option = best_at(spec, int(target), host_memory_per_device_gib=host)
         if option is None:

@@ -53,6 +53,7 @@ def compare_command(
     finetune: str = typer.Option("full", "--finetune", help="full|lora|qlora: full training, or LoRA adapters on a frozen base (qlora: base in NF4)."),
     lora_rank: int = typer.Option(16, "--lora-rank", help="--finetune lora|qlora: adapter rank r."),
     lora_targets: str = typer.Option("all-linear", "--lora-targets", help="--finetune lora|qlora: all-linear|qkvo."),
+    ep: int = typer.Option(1, "--ep", help="MoE: expert-parallel size held on every layout (see `flopwise plan --help`)."),
 ) -> None:
     """Compare devices for one job: fewest devices that fit, best layout, time, energy, cost; Pareto front.
 
@@ -71,6 +72,8 @@ def compare_command(
 
         tokens = default_tokens(finetune, "2T")
     if local:
+        if ep > 1:
+            raise UserError("--ep is not taken with --local (the hybrid plan of dense fine-tunes); compare without --local")
         if not keys or len(keys) != 1 or gpus is None:
             raise UserError("--local needs one --hardware (your cards) and --gpus (how many), e.g. --hardware rtx4090 --gpus 4")
         return _hybrid(model, tokens, keys[0], gpus, cloud, local_host_memory_gib, electricity_usd_per_kwh,
@@ -83,7 +86,7 @@ def compare_command(
     result = compare_devices(model, tokens, keys, gpus=gpus, budget_usd=budget_usd, deadline_days=deadline_days,
                              max_devices=max_devices, seq_len=seq_len, batch_tokens=batch_tokens, precision=precision,
                              optimizer=optimizer, price_per_hour=price_per_hour, global_batch=global_batch,
-                             host_memory_gib=host_memory_gib, finetune_options=tuning, stack=stack)
+                             host_memory_gib=host_memory_gib, finetune_options=tuning, stack=stack, ep=ep)
     written = write_outputs(result, out) if out is not None else []
     if as_json:
         data = result.to_dict()
