@@ -359,3 +359,32 @@ def test_fp8_plan_states_mfu_over_both_peaks():
     assert fp8.mfu_16bit_peak == pytest.approx(fp8.mfu * ratio, rel=1e-9)
     assert fp8.tokens_per_second_per_device * 6 * 6.5e9 / h100.peak_flops("bf16") < fp8.mfu_16bit_peak
     assert _plan(precision="bf16", **layout).time.mfu_16bit_peak is None
+
+
+def test_each_stack_times_its_own_loss_kernel():
+    """The loss over a 128K vocabulary moves what each implementation's code moves per logit: one
+    pass (flash-attn's Triton kernel) < torch.compile < Megatron's jit-fused < eager PyTorch <
+    Megatron's unfused path; torchtitan compiles its loss under --compile."""
+    from flopwise.catalog.hardware import get_hardware
+    from flopwise.catalog.models import get_model
+    from flopwise.plan import ops
+    from flopwise.plan.gemm import device_rates
+    from flopwise.plan.planner import build_runspec
+    from flopwise.plan.stacks.base import CROSS_ENTROPY_KERNELS
+    from flopwise.plan.timing import stack_cross_entropy
+
+    for name in STACK_NAMES:
+        assert get_stack(name).cross_entropy in CROSS_ENTROPY_KERNELS
+    assert set(ops.CROSS_ENTROPY_BYTES_PER_LOGIT) == set(CROSS_ENTROPY_KERNELS)
+    hw, model = get_hardware("h100-sxm"), get_model("llama3-8b")
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"))
+    heads = [ops.end_times(model, 8192, 1, 1, False, "bf16", rates, kind).head
+             for kind in ("single-pass", "compiled", "megatron-fused", "eager", "megatron")]
+    assert heads == sorted(heads) and len(set(heads)) == len(heads)
+    logits = 8192 * model.vocab_size
+    extra = (ops.CROSS_ENTROPY_BYTES_PER_LOGIT["eager"][0] - ops.CROSS_ENTROPY_BYTES_PER_LOGIT["single-pass"][0])
+    assert heads[3] - heads[0] >= logits * extra / rates.memory_bytes_per_s  # at least the extra bytes' time
+    assert stack_cross_entropy(build_runspec(stack="torchtitan", compiled=True)) == "compiled"
+    assert stack_cross_entropy(build_runspec(stack="torchtitan")) == "eager"
+    assert stack_cross_entropy(build_runspec(stack="flopwise", compiled=True)) == "eager"  # blocks only
+    assert stack_cross_entropy(build_runspec(stack="composer")) == "single-pass"

@@ -19,7 +19,8 @@ exactly what it re-runs: the whole layer's forward (full), or the attention core
 (selective, Korthikanti et al. 2022 §4.2).
 
 Embedding (a gather; its backward writes a dense fp32 V·h/t gradient), the output
-GEMM (T × V/t × h) and the cross-entropy over T·V/t fp32 logits are timed apart: they
+GEMM (T × V/t × h) and the cross-entropy over T·V/t logits (its traffic as the stack's loss
+implementation moves it, `CROSS_ENTROPY_BYTES_PER_LOGIT`) are timed apart: they
 sit on the first and last pipeline stages. The optimizer step is memory-bound over the
 parameters a rank owns.
 
@@ -42,9 +43,29 @@ from flopwise.catalog.models import ModelSpec
 from flopwise.plan.gemm import DeviceRates
 from flopwise.plan.memory import recomputed_block_share
 
-CROSS_ENTROPY_BYTES = 16.0
-"""fp32 bytes per logit moved by the loss besides the 16-bit logits themselves: upcast write,
-log-softmax read and write, gradient read (Megatron vocab-parallel cross entropy)."""
+CROSS_ENTROPY_BYTES_PER_LOGIT = {
+    # flash_attn/losses/cross_entropy.py (Triton): the forward reads the 16-bit logits once (online
+    # softmax, the log-sum-exp kept); the backward reads them again and writes the gradient in place
+    "single-pass": (6.0, 2),
+    # torch.compile of F.cross_entropy(logits.float()): inductor's reductions read the 16-bit logits
+    # for the max and again for the sum of exponentials; the backward reads them once more and writes
+    # the 16-bit gradient (the upcast never materialises)
+    "compiled": (8.0, 3),
+    # megatron/core/fusions/fused_cross_entropy.py (jit-fused): upcast + max (2 + 4), subtract + exp +
+    # sum (4 + 4), divide into the saved softmax (4 + 4); backward scale and cast (4 + 2)
+    "megatron-fused": (28.0, 4),
+    # megatron/core/tensor_parallel/cross_entropy.py, unfused: .float() (2 + 4), max (4), in-place
+    # subtract (4 + 4), exp (4 + 4), sum (4), divide (4 + 4); backward mul_ (4 + 4), cast back (4 + 2)
+    "megatron": (52.0, 8),
+    # F.cross_entropy(logits.float()) in eager PyTorch: cast (2 + 4); log_softmax's kernel reads the
+    # row for the max, again for the sum, and once more to write (3 x 4 + 4); nll_loss backward zeroes
+    # a dense gradient (4); log_softmax backward reads the gradient for its sum, then it and the output
+    # to write (4 + 4 + 4 + 4); the cast's backward (4 + 2)
+    "eager": (48.0, 7),
+}
+"""(bytes moved per logit, kernels) of the loss over 16-bit logits, forward + backward, by how a stack
+runs it (`Stack.cross_entropy`), counted from each implementation's code; the output GEMM's own read
+and write of the logits are the GEMM's."""
 EMBEDDING_GRAD_BYTES = 4.0
 """The embedding's gradient is a dense fp32 buffer, zeroed and scatter-added every micro-batch."""
 ADAM_BYTES_PER_PARAM = 24.0
@@ -271,12 +292,14 @@ def full_recompute_share(recompute: str) -> float:
 
 
 def end_times(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
-              precision: str, rates: DeviceRates) -> EndTimes:
-    """Embedding and head + loss seconds per micro-batch (forward + backward), cached."""
-    return _cached(_END_CACHE, _end_times, model, seq_len, micro_batch, tp, sequence_parallel, precision, rates)
+              precision: str, rates: DeviceRates, cross_entropy: str = "eager") -> EndTimes:
+    """Embedding and head + loss seconds per micro-batch (forward + backward), cached; the loss
+    as `cross_entropy` (a key of `CROSS_ENTROPY_BYTES_PER_LOGIT`) runs it."""
+    return _cached(_END_CACHE, _end_times, model, seq_len, micro_batch, tp, sequence_parallel, precision, rates,
+                   cross_entropy)
 
 
-def _end_times(model, s, b, tp, sp, precision, rates: DeviceRates) -> EndTimes:
+def _end_times(model, s, b, tp, sp, precision, rates: DeviceRates, cross_entropy: str = "eager") -> EndTimes:
     e = 4.0 if precision in ("fp32", "tf32") else 2.0
     h, v, T = model.hidden, model.vocab_size, s * b
     hs = h / tp if sp else float(h)
@@ -284,7 +307,8 @@ def _end_times(model, s, b, tp, sp, precision, rates: DeviceRates) -> EndTimes:
         T * hs * e + 2 * v * h / tp * EMBEDDING_GRAD_BYTES, 2)
     vt = max(1, v // tp)
     fw, dg, wg = _gemm_fwd_bwd(rates, T, vt, h, e)
-    loss = rates.memory_seconds(T * vt * (CROSS_ENTROPY_BYTES + 2 * e), 4)
+    per_logit, kernels = CROSS_ENTROPY_BYTES_PER_LOGIT[cross_entropy]
+    loss = rates.memory_seconds(T * vt * per_logit, kernels)
     final_norm = rates.memory_seconds(T * hs * e * 6, 2)
     table = measured_cpu(rates, "op_seconds_per_element") or {}
     if "cross_entropy" in table:

@@ -189,7 +189,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     layer = finetune.layer_times(ops.layer_times(model, s, b, tp, sp, lay.flash_attention, work.dropout,
                                                  lay.recompute, work.precision, rates,
                                                  work.seq_len if cp > 1 else None, lay.ep), spec, rates)
-    ends = finetune.end_times(ops.end_times(model, s, b, tp, sp, work.precision, rates), spec, rates)
+    ends = finetune.end_times(ops.end_times(model, s, b, tp, sp, work.precision, rates, stack_cross_entropy(spec)),
+                              spec, rates)
     per_node = links.devices_per_node
 
     # tensor parallel, per layer and micro-batch
@@ -498,6 +499,19 @@ def pipeline_p2p_exposed(lay, links: Links, message: float, overlapped: bool = F
     return 2.0 * (lay.grad_accum * v + lay.pp - 1) * t_p2p
 
 
+def stack_cross_entropy(spec) -> str:
+    """How the stack runs the loss (`Stack.cross_entropy`), compiled when the stack compiles its
+    loss under `--compile` (`Stack.compiles_loss`); eager PyTorch for a name no stack module describes."""
+    from flopwise.plan.stacks import find_stack
+
+    stack = find_stack(spec.stack)
+    if stack is None:
+        return "eager"
+    if stack.compiles_loss and spec.layout.compiled:
+        return "compiled"
+    return stack.cross_entropy
+
+
 def stack_p2p_overlap(stack_name: str) -> bool:
     """Whether the stack overlaps an interleaved pipeline's sends with compute (`Stack.overlap_p2p_comm`)."""
     from flopwise.plan.stacks import find_stack
@@ -561,8 +575,8 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
     layer = finetune.layer_times(ops.layer_times(model, s, lay.micro_batch_size, tp, sp, lay.flash_attention,
                                                  work.dropout, lay.recompute, work.precision, rates,
                                                  work.seq_len if lay.cp > 1 else None, lay.ep), spec, rates)
-    ends = finetune.end_times(ops.end_times(model, s, lay.micro_batch_size, tp, sp, work.precision, rates),
-                              spec, rates)
+    ends = finetune.end_times(ops.end_times(model, s, lay.micro_batch_size, tp, sp, work.precision, rates,
+                                            stack_cross_entropy(spec)), spec, rates)
     smallest_stage = (model.n_layers // (pp * v)) * v
     per_layer, p2p = layer.total, 0.0
     if links is not None:

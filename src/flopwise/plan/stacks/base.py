@@ -21,6 +21,9 @@ FP8_RECIPE_ALIASES = {"current": "tensorwise", "hybrid": "delayed", "tensor": "t
 ("rowwise")`), mxfp8 (32-element blocks with an 8-bit exponent scale, Blackwell)."""
 
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
+CROSS_ENTROPY_KERNELS = ("single-pass", "compiled", "megatron-fused", "megatron", "eager")
+"""How a stack runs the loss over the logits (plan/ops.py `CROSS_ENTROPY_BYTES_PER_LOGIT` counts
+each one's memory traffic from its code)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class Stack:
     attention_kernel: str
     fp8_recipe: str
     fused_optimizer: bool
-    fused_cross_entropy: bool
+    cross_entropy: str  # one of CROSS_ENTROPY_KERNELS
     overlap_grad_reduce: bool
     overlap_param_gather: bool
     tp_comm_overlap: bool
@@ -59,5 +62,6 @@ class Stack:
     zero3_gathers_modules: bool = False  # ZeRO-3 fetches one module at a time (DeepSpeed), not a block (FSDP)
     sequence_parallel: bool = False  # its recipes run sequence parallelism whenever tp > 1
     overlap_p2p_comm: bool = False  # interleaved pipeline sends/receives posted ahead and overlapped with compute
+    compiles_loss: bool = False  # `--compile` compiles the loss as well (torchtitan's build_cross_entropy_loss)
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

@@ -7,7 +7,7 @@ STACK = Stack(
     attention_kernel="fa2",  # llmfoundry/models/layers/attention.py flash_attn_func (FlashAttention-2)
     fp8_recipe="delayed",  # llm-foundry fp8 through te.fp8_autocast(DelayedScaling) (composer precision amp_fp8)
     fused_optimizer=False,  # llmfoundry DecoupledLionW / torch AdamW (foreach)
-    fused_cross_entropy=True,  # loss_fn "fused_crossentropy" (flash_attn.losses.cross_entropy)
+    cross_entropy="single-pass",  # loss_fn "fused_crossentropy" (flash_attn.losses.cross_entropy)
     overlap_grad_reduce=True, overlap_param_gather=True,  # FSDP backward/forward prefetch
     tp_comm_overlap=False,
     grad_bytes=2.0, reduce_bytes=2.0,  # fsdp_config mixed_precision PURE/DEFAULT: bf16 reduce

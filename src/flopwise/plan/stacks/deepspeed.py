@@ -7,7 +7,7 @@ STACK = Stack(
     attention_kernel="fa2",  # HF attn_implementation="flash_attention_2" or SDPA
     fp8_recipe="delayed",  # fp8 through Transformer Engine modules
     fused_optimizer=True,  # deepspeed/ops/adam/fused_adam.py (FusedAdam)
-    fused_cross_entropy=False,  # HF models upcast logits before the loss
+    cross_entropy="eager",  # HF models: F.cross_entropy on logits upcast to fp32
     overlap_grad_reduce=True,  # zero_optimization.overlap_comm
     overlap_param_gather=True,  # ZeRO-3 prefetch (stage3_prefetch_bucket_size)
     tp_comm_overlap=False,

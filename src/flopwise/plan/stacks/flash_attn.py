@@ -8,7 +8,7 @@ STACK = Stack(
     attention_kernel="fa2",  # flash_attn/modules/mha.py
     fp8_recipe="tensorwise",
     fused_optimizer=True,  # apex FusedAdam (training/configs/optimizer/adamw-apex.yaml)
-    fused_cross_entropy=True,  # flash_attn/losses/cross_entropy.py (inplace_backward)
+    cross_entropy="single-pass",  # flash_attn/losses/cross_entropy.py (inplace_backward)
     overlap_grad_reduce=True, overlap_param_gather=False,  # DDP buckets overlap backward
     tp_comm_overlap=False,
     grad_bytes=2.0, reduce_bytes=2.0,

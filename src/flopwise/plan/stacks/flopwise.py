@@ -8,7 +8,7 @@ STACK = Stack(
     attention_kernel="fa2",  # torch SDPA's flash backend is FlashAttention-2 (torch/nn/attention, sdp_kernel)
     fp8_recipe="tensorwise",  # torchao Float8LinearConfig default: dynamic tensorwise scaling
     fused_optimizer=True,  # torch.optim.AdamW(fused=True) on CUDA (train/optim.py)
-    fused_cross_entropy=False,  # F.cross_entropy on fp32 logits
+    cross_entropy="eager",  # train/step.py: F.cross_entropy(logits.float()), outside the compiled blocks
     overlap_grad_reduce=True, overlap_param_gather=True,  # FSDP2 reduce-scatter / prefetched all-gather
     tp_comm_overlap=False,
     grad_bytes=2.0, reduce_bytes=2.0,  # FSDP2 MixedPrecisionPolicy(param_dtype=bf16): bf16 gradients

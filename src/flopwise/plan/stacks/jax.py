@@ -8,7 +8,7 @@ STACK = Stack(
     attention_kernel="fa2",  # XLA's fused attention: planned with the family curve (no Hopper kernel choice)
     fp8_recipe="tensorwise",
     fused_optimizer=True,  # optax updates are fused by XLA into a few kernels per parameter shard
-    fused_cross_entropy=False,
+    cross_entropy="compiled",  # XLA fuses the softmax cross-entropy like any jitted graph
     overlap_grad_reduce=True, overlap_param_gather=True,  # XLA's async collectives (latency-hiding scheduler)
     tp_comm_overlap=False,
     grad_bytes=2.0, reduce_bytes=4.0,

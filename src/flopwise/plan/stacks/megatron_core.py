@@ -9,7 +9,8 @@ STACK = Stack(
     attention_kernel="cudnn",
     fp8_recipe="delayed",  # megatron/training/arguments.py --fp8-recipe default 'delayed' (TE DelayedScaling)
     fused_optimizer=True,  # megatron/core/optimizer: TE/apex FusedAdam
-    fused_cross_entropy=True,  # --cross-entropy-loss-fusion (megatron/core/fusions/fused_cross_entropy.py)
+    # NeMo 2 GPTConfig cross_entropy_loss_fusion=True: megatron/core/fusions/fused_cross_entropy.py
+    cross_entropy="megatron-fused",
     overlap_grad_reduce=True, overlap_param_gather=True,  # DistributedDataParallelConfig, on in the recipes
     tp_comm_overlap=True,  # TE userbuffers (--tp-comm-overlap)
     # megatron/core/distributed/distributed_data_parallel_config.py: grad_reduce_in_fp32 (default False

@@ -7,7 +7,7 @@ STACK = Stack(
     attention_kernel="fa2",
     fp8_recipe="delayed",
     fused_optimizer=True,  # apex / deepspeed FusedAdam
-    fused_cross_entropy=False,  # megatron/mpu/cross_entropy.py _VocabParallelCrossEntropy
+    cross_entropy="megatron",  # megatron/mpu/cross_entropy.py _VocabParallelCrossEntropy
     overlap_grad_reduce=False, overlap_param_gather=False,  # pipeline engine reduces after the step's micro-batches
     tp_comm_overlap=False,
     grad_bytes=2.0, reduce_bytes=2.0,  # 16-bit grads + fp32 partition under ZeRO-1 (stage_1_and_2.py)

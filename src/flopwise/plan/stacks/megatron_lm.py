@@ -8,7 +8,7 @@ STACK = Stack(
     attention_kernel="fa2",  # timed through the planner's attention-core model; flash_attention=False in layouts
     fp8_recipe="delayed",  # no fp8 in 2021; TE's default recipe if asked
     fused_optimizer=True,  # apex FusedAdam (megatron/optimizer/__init__.py, 2021)
-    fused_cross_entropy=False,  # _VocabParallelCrossEntropy (megatron/mpu/cross_entropy.py)
+    cross_entropy="megatron",  # _VocabParallelCrossEntropy (megatron/mpu/cross_entropy.py)
     # 2021: train_step all-reduces the gradients after the whole forward-backward (megatron/training.py
     # l. 372-380 at fda81a21: model.allreduce_gradients() for DDP_impl "local"); the time model exposes
     # it (timing.stack_dp_overlap)

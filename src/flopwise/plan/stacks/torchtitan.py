@@ -7,7 +7,8 @@ STACK = Stack(
     attention_kernel="fa2",  # torchtitan/models/attention.py: F.scaled_dot_product_attention (flash backend)
     fp8_recipe="tensorwise",  # torchtitan/components/quantization/float8.py: recipe_name None -> tensorwise
     fused_optimizer=True,  # torchtitan/components/optimizer.py: implementation "fused" default
-    fused_cross_entropy=False,  # torchtitan/components/loss.py: F.cross_entropy(pred.float(), ...)
+    cross_entropy="eager",  # torchtitan/components/loss.py: F.cross_entropy(pred.float(), ...)
+    compiles_loss=True,  # build_cross_entropy_loss: torch.compile(loss_fn) when compile is on
     overlap_grad_reduce=True, overlap_param_gather=True,  # FSDP2 prefetch / reduce-scatter in backward
     tp_comm_overlap=False,  # async TP is opt-in (parallelize.py enable_async_tensor_parallel)
     grad_bytes=2.0, reduce_bytes=4.0,  # parallelize.py: MixedPrecisionPolicy(param=bf16, reduce=fp32)
