@@ -388,3 +388,23 @@ def test_each_stack_times_its_own_loss_kernel():
     assert stack_cross_entropy(build_runspec(stack="torchtitan")) == "eager"
     assert stack_cross_entropy(build_runspec(stack="flopwise", compiled=True)) == "eager"  # blocks only
     assert stack_cross_entropy(build_runspec(stack="composer")) == "single-pass"
+
+
+def test_selective_recompute_means_what_the_stack_calls_selective():
+    """torchtitan's "selective" activation checkpointing is per-op (its Llama 3 configs): a torchtitan
+    plan asked for "selective" plans "op" and says so, and fits where Megatron's attention-core
+    recompute (which saves nothing under flash attention) does not; Megatron-Core keeps its own."""
+    from flopwise.plan.search import search_layouts
+
+    job = dict(model="llama3-8b", gpus=128, zero=3, micro_batch=2, seq_len=8192, global_batch=256, precision="fp8")
+    titan = _plan(stack="torchtitan", recompute="selective", **job)
+    assert titan.spec.layout.recompute == "op"
+    assert any("selective activation checkpointing" in d for d in titan.spec.cluster.extra["defaults"])
+    assert titan.memory.verdict == "fits"
+    megatron_style = plan(build_runspec(stack="flopwise", recompute="selective", **job))
+    assert megatron_style.spec.layout.recompute == "selective" and megatron_style.memory.verdict == "does not fit"
+    assert _plan(stack="megatron-core", recompute="selective", model="llama2-7b", gpus=8).spec.layout.recompute \
+        == "selective"
+    ranked = search_layouts(build_runspec(stack="torchtitan", model="llama3-8b", gpus=1, seq_len=8192,
+                                          global_batch=16, precision="fp8"), 8, top=20).ranked
+    assert ranked and all(p.spec.layout.recompute != "selective" for p in ranked)

@@ -586,6 +586,11 @@ def build_runspec(
             raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)} "
                             f"(or {', '.join(FP8_RECIPE_ALIASES)})")
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
+    stack_selective = None
+    if recompute == "selective" and stack_spec.selective_recompute != "selective":
+        recompute = stack_spec.selective_recompute  # what "selective" means on this stack
+        stack_selective = (f"recompute {recompute}: {stack}'s selective activation checkpointing as its configs "
+                           f"run it (Megatron's attention-core recompute saves nothing under flash attention)")
     if sequence_parallel is None:  # what the stack's recipes run: NeMo / Megatron-Bridge and torchtitan shard with tp
         sequence_parallel = stack_spec.sequence_parallel and (tp or 1) > 1
 
@@ -683,6 +688,8 @@ def build_runspec(
             extra[key] = value
     if stack_default_zero:
         extra["defaults"] = (stack_default_zero,)
+    if stack_selective:
+        extra["defaults"] = (*extra.get("defaults", ()), stack_selective)
     if stack != "flopwise":
         extra["fp8_recipe"] = fp8_recipe or stack_spec.fp8_recipe
     elif fp8_recipe is not None:

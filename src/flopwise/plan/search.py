@@ -211,9 +211,20 @@ def schedules(n_layers: int, pp: int, max_virtual_stages: int) -> list[tuple[str
     return [("1f1b", 1), ("gpipe", 1), *interleaved]
 
 
+def selective_recompute(stack_name: str) -> str:
+    """The policy "selective" names on this stack (`Stack.selective_recompute`)."""
+    from flopwise.plan.stacks import find_stack
+
+    stack = find_stack(stack_name)
+    return stack.selective_recompute if stack is not None else "selective"
+
+
 def layout_families(spec: RunSpec, tp: int, pp: int, dp: int, max_virtual_stages: int):
     """(schedule, v, zero, offload, recompute) choices for one (tp, pp, dp); micro-batch varies inside."""
     recomputes = ("none",) if spec.model.arch == "cnn" else RECOMPUTE
+    selective = selective_recompute(spec.stack)
+    if selective != "selective":  # the stack's own selective policy (torchtitan: per-op)
+        recomputes = tuple(selective if r == "selective" else r for r in recomputes)
     options = memory_options(dp)
     if spec.stack != "flopwise" and spec.layout.framework == "megatron":
         # a Megatron stack offers its distributed optimizer (ZeRO-1) and no parameter sharding

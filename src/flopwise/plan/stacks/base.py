@@ -63,5 +63,8 @@ class Stack:
     sequence_parallel: bool = False  # its recipes run sequence parallelism whenever tp > 1
     overlap_p2p_comm: bool = False  # interleaved pipeline sends/receives posted ahead and overlapped with compute
     compiles_loss: bool = False  # `--compile` compiles the loss as well (torchtitan's build_cross_entropy_loss)
+    # what the stack's users mean by "selective" recompute: Megatron's attention core (Korthikanti et al.
+    # 2022), or another policy the stack names so (torchtitan: per-op, "op")
+    selective_recompute: str = "selective"
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

@@ -9,6 +9,9 @@ STACK = Stack(
     fused_optimizer=True,  # torchtitan/components/optimizer.py: implementation "fused" default
     cross_entropy="eager",  # torchtitan/components/loss.py: F.cross_entropy(pred.float(), ...)
     compiles_loss=True,  # build_cross_entropy_loss: torch.compile(loss_fn) when compile is on
+    # activation_checkpoint mode "selective" with selective_ac_option "op" in its Llama 3 configs
+    # (torchtitan/models/llama3/train_configs/*.toml): save every second matmul's output, recompute the rest
+    selective_recompute="op",
     overlap_grad_reduce=True, overlap_param_gather=True,  # FSDP2 prefetch / reduce-scatter in backward
     tp_comm_overlap=False,  # async TP is opt-in (parallelize.py enable_async_tensor_parallel)
     grad_bytes=2.0, reduce_bytes=4.0,  # parallelize.py: MixedPrecisionPolicy(param=bf16, reduce=fp32)
