@@ -189,7 +189,8 @@ def model_size_reason(active_params: float, bands: dict | None = None) -> str | 
     smallest = (bands if bands is not None else load_bands()).get("validated", {}).get("min_active_params", 0)
     if smallest and active_params < smallest:
         return (f"a {active_params / 1e9:.2g}B-parameter model, smaller than any validated run "
-                f"({smallest / 1e9:.2g}B): fixed per-step overheads are not timed")
+                f"({smallest / 1e9:.2g}B): fixed per-step overheads are not timed (a 124M model on one H200 "
+                "under flopwise's trainer ran 1.7-2.8x slower than planned, BENCHMARKS.md)")
     return None
 
 
