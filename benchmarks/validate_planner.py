@@ -48,15 +48,16 @@ class Row:
 
 
 def mpt(size: str, seq: int = 2048):
-    """MosaicML MPT shapes (llm-foundry yamls): GELU 4h MLP, no biases, ALiBi, tied embeddings, vocab 50368."""
-    from flopwise.catalog.models import ModelSpec
+    """MosaicML MPT shapes, the catalog's `mpt-*` entries (llm-foundry yamls: GELU 4h MLP, no
+    biases, ALiBi, tied embeddings, vocab 50368); at sequences past 2,048 planned with learned
+    positions as before (the positional scheme changes no FLOPs or memory the planner counts)."""
+    import dataclasses
 
-    layers, hidden, heads = {"1b": (24, 2048, 16), "3b": (32, 2560, 20), "7b": (32, 4096, 32),
-                             "13b": (40, 5120, 40), "30b": (48, 7168, 64), "70b": (80, 8192, 64)}[size]
+    from flopwise.catalog.models import get_model
+
+    model = get_model(f"mpt-{size}")
     position = "learned" if seq > 2048 else "alibi"
-    return ModelSpec(key=f"mpt-{size}", name=f"MPT {size}", n_layers=layers, hidden=hidden, n_heads=heads,
-                     ffn_hidden=4 * hidden, vocab_size=50368, seq_len=seq, max_positions=seq, mlp="gelu",
-                     norm="layernorm", position=position, tied_embeddings=True)
+    return dataclasses.replace(model, seq_len=seq, max_positions=seq, position=position)
 
 
 # (model, device, GPUs, seq, micro-batch, grad-accum, checkpointing, precision, MFU %, tokens/s/GPU)

@@ -23,7 +23,9 @@ REQUIRED_KEYS = (
     "gpt3-175b", "gpt2-124m", "gpt2-355m", "gpt2-774m", "gpt2-1.5b", "bert-base", "bert-large",
     "llama-7b", "llama-13b", "llama-33b", "llama-65b", "llama2-7b", "llama2-13b", "llama2-70b",
     "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "mistral-7b",
-    "mixtral-8x7b", "bloom-176b", "opt-175b", "resnet50",
+    "mixtral-8x7b", "bloom-176b", "opt-175b", "resnet50", "mpt-1b", "mpt-3b", "mpt-7b", "mpt-13b",
+    "mpt-30b", "mpt-70b", "nemotron4-15b", "nemotron4-340b", "mixtral-8x22b", "gpt-neox-20b",
+    "llama3.2-1b", "llama3.2-3b", "qwen2.5-7b",
 )
 
 
@@ -136,6 +138,10 @@ HF_CASES = {
     "falcon-sequential-bias": (
         "FalconConfig", dict(SMALL, multi_query=False, parallel_attn=False, bias=True, alibi=True),
     ),
+    # MPT: no biases anywhere (its LayerNorms' too), ALiBi, tied head; transformers' MptMLP is 4 x d_model
+    # whatever expansion_ratio says (llm-foundry, which the reader follows, honours it)
+    "mpt": ("MptConfig", dict(d_model=64, n_heads=4, n_layers=2, vocab_size=211, max_seq_len=96, expansion_ratio=4)),
+    "nemotron": ("NemotronConfig", dict(SMALL, intermediate_size=96, num_key_value_heads=2)),
 }
 
 
@@ -312,6 +318,12 @@ def test_cli_shows_a_config_file(tmp_path):
         ("mixtral-8x7b", dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                               num_key_value_heads=8, intermediate_size=14336, vocab_size=32000,
                               max_position_embeddings=32768, num_local_experts=8, num_experts_per_tok=2)),
+        ("mpt-7b", dict(model_type="mpt", d_model=4096, n_heads=32, n_layers=32, expansion_ratio=4,
+                        max_seq_len=2048, vocab_size=50368, no_bias=True,
+                        attn_config=dict(attn_type="multihead_attention", alibi=True, kv_n_heads=1))),
+        ("nemotron4-15b", dict(model_type="nemotron", hidden_size=6144, num_hidden_layers=32, num_attention_heads=48,
+                               num_key_value_heads=8, intermediate_size=24576, vocab_size=256000,
+                               max_position_embeddings=4096)),
     ],
 )
 def test_hf_config_of_a_catalog_model_gives_the_same_counts(key, config, tmp_path):
@@ -319,3 +331,16 @@ def test_hf_config_of_a_catalog_model_gives_the_same_counts(key, config, tmp_pat
     from_file = count_params(from_hf_config(_write_config(tmp_path, config)))
     from_catalog = count_params(get_model(key))
     assert (from_file.total, from_file.active) == (from_catalog.total, from_catalog.active)
+
+
+def test_mpt_config_reads_its_attention_and_biases(tmp_path):
+    """MPT's attn_config carries kv_n_heads 1 even for multi-head attention: only grouped-query
+    attention reads it; ALiBi picks the position scheme; no_bias drops every bias."""
+    base = dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2, max_seq_len=96, vocab_size=211)
+    mha = from_hf_config(_write_config(tmp_path, dict(base, attn_config=dict(alibi=True, kv_n_heads=1))))
+    assert (mha.n_kv_heads or mha.n_heads, mha.position, mha.attn_bias, mha.norm_bias) == (4, "alibi", False, False)
+    gqa = from_hf_config(_write_config(tmp_path, dict(base, no_bias=False, attn_config=dict(
+        attn_type="grouped_query_attention", kv_n_heads=2))))
+    assert (gqa.n_kv_heads, gqa.position, gqa.attn_bias, gqa.norm_bias) == (2, "learned", True, True)
+    with pytest.raises(UserError, match="expansion_ratio"):
+        from_hf_config(_write_config(tmp_path, dict(base, expansion_ratio="four")))

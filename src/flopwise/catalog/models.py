@@ -48,6 +48,7 @@ class ModelSpec:
     max_positions: int = 0
     mlp: str = "gelu"  # "gelu" or "relu" (2 matrices) | "swiglu" (3 matrices)
     norm: str = "layernorm"  # "layernorm" (weight+bias) | "rmsnorm" (weight only)
+    norm_bias: bool = True  # a LayerNorm without bias (MPT's no_bias) has a weight only
     position: str = "learned"  # "learned" | "rope" | "alibi"
     tied_embeddings: bool = False
     attn_bias: bool = False
@@ -258,7 +259,7 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     """Read a HuggingFace `config.json` (or a folder holding one) offline into a ModelSpec.
 
     Plain JSON: no transformers import, no `trust_remote_code`. Families: llama, mistral,
-    mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, bert, opt, bloom, falcon. A config does not
+    mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, bert, opt, bloom, falcon, mpt, nemotron. A config does not
     record the training context, so `seq_len` defaults to the longest supported one
     (`max_position_embeddings`); pass the run's sequence length to override it.
     """
@@ -507,6 +508,82 @@ def _read_falcon(cfg: _HFConfig) -> dict:
     )
 
 
+def _read_mpt(cfg: _HFConfig) -> dict:
+    """MosaicML MPT (llm-foundry's MPTConfig): d_model / n_heads / n_layers, an MLP of
+    expansion_ratio x d_model (or ffn_config's ffn_hidden_size), ALiBi or learned positions,
+    no biases when no_bias (the default), the output head tied to the embedding unless
+    tie_word_embeddings is false."""
+    hidden = cfg.need("d_model")
+    ratio = cfg.get("expansion_ratio", 4)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+        raise UserError(f"{cfg.path}: key 'expansion_ratio' must be a positive number, got {ratio!r}")
+    ffn_config = cfg.get("ffn_config", {})
+    ffn_type = ffn_config.get("ffn_type", "mptmlp") if isinstance(ffn_config, dict) else "mptmlp"
+    if ffn_type not in ("mptmlp", "te_ln_mlp", "mptglu"):
+        raise UserError(f"{cfg.path}: MPT ffn_type '{ffn_type}' is not supported (mptmlp, mptglu, te_ln_mlp)")
+    ffn = ffn_config.get("ffn_hidden_size") if isinstance(ffn_config, dict) else None
+    attn = cfg.get("attn_config", {})
+    alibi = bool(attn.get("alibi", False)) if isinstance(attn, dict) else False
+    positions = cfg.need("max_seq_len")
+    no_bias = cfg.get_bool("no_bias", True)
+    return dict(
+        n_layers=cfg.need("n_layers"),
+        hidden=hidden,
+        n_heads=cfg.need("n_heads"),
+        n_kv_heads=_mpt_kv_heads(cfg, attn),
+        ffn_hidden=int(ffn) if isinstance(ffn, int) and not isinstance(ffn, bool) else int(ratio * hidden),
+        vocab_size=cfg.need("vocab_size"),
+        seq_len=positions,
+        max_positions=positions,
+        mlp="swiglu" if ffn_type == "mptglu" else "gelu",
+        norm="layernorm",
+        norm_bias=not no_bias,
+        position="alibi" if alibi else "learned",
+        tied_embeddings=cfg.get_bool("tie_word_embeddings", True),
+        attn_bias=not no_bias,
+        mlp_bias=not no_bias,
+    )
+
+
+def _mpt_kv_heads(cfg: _HFConfig, attn: object) -> int:
+    """K/V heads by MPT's attn_type: its attn_config carries kv_n_heads 1 by default even for
+    multi-head attention, so the count is read only for grouped-query attention."""
+    kind = attn.get("attn_type", "multihead_attention") if isinstance(attn, dict) else "multihead_attention"
+    if kind == "multiquery_attention":
+        return 1
+    if kind == "grouped_query_attention":
+        value = attn.get("kv_n_heads")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{cfg.path}: attn_config.kv_n_heads must be a whole number >= 1, got {value!r}")
+        return value
+    return 0
+
+
+def _read_nemotron(cfg: _HFConfig) -> dict:
+    """NVIDIA Nemotron (transformers' NemotronConfig): squared-ReLU MLP of two matrices
+    (planned as relu: same parameters and FLOPs), LayerNorm1P, partial RoPE, GQA, untied."""
+    hidden = cfg.need("hidden_size")
+    heads = cfg.need("num_attention_heads")
+    positions = cfg.need("max_position_embeddings")
+    return dict(
+        n_layers=cfg.need("num_hidden_layers"),
+        hidden=hidden,
+        n_heads=heads,
+        n_kv_heads=cfg.get_int("num_key_value_heads", heads),
+        head_dim=cfg.get_int("head_dim", 0),
+        ffn_hidden=cfg.need("intermediate_size"),
+        vocab_size=cfg.need("vocab_size"),
+        seq_len=positions,
+        max_positions=positions,
+        mlp="relu",
+        norm="layernorm",
+        position="rope",
+        tied_embeddings=cfg.get_bool("tie_word_embeddings", False),
+        attn_bias=cfg.get_bool("attention_bias", False),
+        mlp_bias=cfg.get_bool("mlp_bias", False),
+    )
+
+
 _READERS = {
     "llama": _read_llama,
     "mistral": _read_mistral,
@@ -519,6 +596,8 @@ _READERS = {
     "opt": _read_opt,
     "bloom": _read_bloom,
     "falcon": _read_falcon,
+    "mpt": _read_mpt,
+    "nemotron": _read_nemotron,
 }
 
 

@@ -11,7 +11,7 @@ grouped-query attention; Fedus et al. 2022 / Jiang et al. 2024 for top-k MoE):
 - attention: q h→a·d, k and v h→g·d, o a·d→h, with a heads, g KV heads, d head_dim
   (a·d = h unless `head_dim` is set); biases on q/k/v (`attn_bias`) and o (`attn_out_bias`).
 - MLP: GELU/ReLU has 2 matrices (h→f, f→h), SwiGLU 3 (gate, up: h→f; down: f→h).
-- norms: LayerNorm has weight and bias (2h), RMSNorm a weight (h).
+- norms: LayerNorm has weight and bias (2h; h without bias, as MPT's), RMSNorm a weight (h).
 - embeddings: token (V·h), learned positions (P·h), token types (T·h); the output head
   is V·h unless tied to the token embedding, in which case it is counted once.
 - MoE: `n_experts` copies of the MLP plus a router h→E (no bias, as in Mixtral and
@@ -86,7 +86,7 @@ def _count_params(spec: ModelSpec) -> ParamCount:
         return ParamCount(n, n, 0, 0, 0, 0, 0, 0, 0, n, n, 0)
 
     h = spec.hidden
-    norm_size = 2 * h if spec.norm == "layernorm" else h
+    norm_size = 2 * h if (spec.norm == "layernorm" and spec.norm_bias) else h
 
     embedding = spec.vocab_size * h + spec.type_vocab_size * h
     if spec.position == "learned":

@@ -96,7 +96,7 @@ def layer_tensors(model) -> int:
     and each norm's weight (and bias for LayerNorm)."""
     linears = 4
     biases = 2 * int(bool(model.attn_bias)) + 2 * int(bool(model.mlp_bias))
-    norms = model.norms_per_layer * (2 if model.norm == "layernorm" else 1)
+    norms = model.norms_per_layer * (2 if (model.norm == "layernorm" and getattr(model, "norm_bias", True)) else 1)
     return linears + biases + norms
 
 
