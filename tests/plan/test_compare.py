@@ -2,6 +2,7 @@
 `flopwise compare` writing PNG / JSON / CSV as a real process."""
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -135,3 +136,27 @@ def test_cli_compare_holds_the_expert_parallelism_asked():
     assert all(c["plan"]["layout"]["ep"] == 8 for c in chosen)
     without = json.loads(run_compare(*args).stdout)["devices"]
     assert all(" ep " not in d["chosen"]["layout"] for d in without)
+
+
+def test_compare_without_sequence_parallelism_plans_every_tp_layout_without_it():
+    """A 70B job on 64 H100 needs tensor parallelism: by default its layouts run with sequence
+    parallelism (the layout says "+SP"); `--no-sequence-parallel` plans them without it: the
+    activations it no longer splits need more memory, so the search settles on a slower layout."""
+    from flopwise.plan.compare import compare_devices
+
+    on = compare_devices("llama3-70b", "100B", ["h100-sxm"], gpus=64, seq_len=4096).verdicts[0].chosen
+    off = compare_devices("llama3-70b", "100B", ["h100-sxm"], gpus=64, seq_len=4096,
+                          sequence_parallel=False).verdicts[0].chosen
+    assert on.plan.spec.layout.tp > 1 and on.plan.spec.layout.sequence_parallel and "+SP" in on.layout
+    assert off.plan.spec.layout.tp > 1 and not off.plan.spec.layout.sequence_parallel and "+SP" not in off.layout
+    from flopwise.plan.planner import plan
+
+    same = on.plan.spec
+    unsplit = plan(dataclasses.replace(same, layout=dataclasses.replace(same.layout, sequence_parallel=False)))
+    assert unsplit.memory.total_bytes > on.plan.memory.total_bytes  # why the search moved to another layout
+    assert off.days >= on.days
+    done = run_compare("--model", "llama3-70b", "--hardware", "h100-sxm", "--gpus", "64", "--seq-len", "4096",
+                       "--tokens", "100B", "--no-sequence-parallel", "--json")
+    assert done.returncode == 0, done.stderr
+    chosen = json.loads(done.stdout)["devices"][0]["chosen"]
+    assert chosen["plan"]["layout"]["sequence_parallel"] is False and "+SP" not in chosen["layout"]

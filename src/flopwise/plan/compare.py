@@ -140,10 +140,12 @@ def option_from(result: Plan, evaluated: int) -> DeviceOption:
 
 
 def best_at(spec, devices: int, objective: str = "time",
-            host_memory_per_device_gib: float | None = None) -> DeviceOption | None:
-    """The best layout on `devices` (None when nothing fits)."""
+            host_memory_per_device_gib: float | None = None, sequence_parallel: bool = True) -> DeviceOption | None:
+    """The best layout on `devices` (None when nothing fits); `sequence_parallel=False` plans
+    every tp > 1 layout without it (`--no-sequence-parallel`)."""
     result = search_layouts(spec, devices, objective=objective, top=1,
-                            host_memory_per_device_gib=host_memory_per_device_gib)
+                            host_memory_per_device_gib=host_memory_per_device_gib,
+                            sequence_parallel=sequence_parallel)
     return None if result.best is None else option_from(result.best, result.evaluated)
 
 
@@ -176,12 +178,14 @@ def compare_devices(
     stack: str = "flopwise",
     finetune_options: dict | None = None,
     ep: int = 1,
+    sequence_parallel: bool = True,
 ) -> Comparison:
     """Compare devices for one job (see the module docstring); at most one of gpus/budget/deadline.
 
     `host_memory_gib` is RAM per node; each device may offload its node's share of it
     (None: unchecked). `ep` (an MoE model's expert parallelism, `--ep`) holds on every layout
-    tried, so only device counts whose data-parallel ranks it divides can run the job."""
+    tried, so only device counts whose data-parallel ranks it divides can run the job.
+    `sequence_parallel=False` plans every tensor-parallel layout without sequence parallelism."""
     given = [name for name, v in (("--gpus", gpus), ("--budget-usd", budget_usd), ("--deadline-days", deadline_days))
              if v is not None]
     if len(given) > 1:
@@ -205,7 +209,7 @@ def compare_devices(
         host = None if host_memory_gib is None else host_memory_gib / (hw.devices_per_node or 8)
         verdicts.append(_compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precision, optimizer,
                                      price_per_hour, max_devices, pareto_multiples, global_batch, host,
-                                     finetune_options or {}, stack, ep))
+                                     finetune_options or {}, stack, ep, sequence_parallel))
     options = [o for v in verdicts for o in v.options]
     chosen = [v.chosen for v in verdicts if v.chosen is not None]
     if not chosen:
@@ -235,8 +239,9 @@ def compare_devices(
 
 def _compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precision, optimizer, price_per_hour,
                  max_devices, pareto_multiples, global_batch, host, finetune_options=None,
-                 stack="flopwise", ep: int = 1) -> DeviceVerdict:
+                 stack="flopwise", ep: int = 1, sequence_parallel: bool = True) -> DeviceVerdict:
     name = hw.name or hw.key
+    sp = sequence_parallel
     prec = precision_for(hw, precision)
     if prec is None:
         wanted = precision or "bf16/fp16/fp32"
@@ -248,29 +253,30 @@ def _compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precisi
                          price_per_hour=price_per_hour, stack=stack, **(finetune_options or {}))
     spec = with_expert_parallel(spec, ep)
     if mode == "gpus":
-        option = best_at(spec, int(target), host_memory_per_device_gib=host)
+        option = best_at(spec, int(target), host_memory_per_device_gib=host, sequence_parallel=sp)
         if option is None:
             return DeviceVerdict(hw.key, name, None, f"does not fit on {int(target)} devices")
         return DeviceVerdict(hw.key, name, option, "", (option,))
     counts = device_counts(hw, max_devices)
-    fewest = next((n for n in counts if fits_anywhere(spec, n, host_memory_per_device_gib=host) is not None), None)
+    fewest = next((n for n in counts
+                   if fits_anywhere(spec, n, host_memory_per_device_gib=host, sequence_parallel=sp) is not None), None)
     if fewest is None:
         return DeviceVerdict(hw.key, name, None, f"does not fit on up to {max_devices} devices")
     ladder = [n for n in counts if n >= fewest]
     if mode == "fewest":
-        options = _options(spec, ladder[:max(1, pareto_multiples)], host)
+        options = _options(spec, ladder[:max(1, pareto_multiples)], host, sp)
         return DeviceVerdict(hw.key, name, options[0] if options else None, "" if options else "no layout fits",
                              tuple(options))
     if mode == "deadline":
         # time falls roughly as 1/devices: start near the count the fewest-devices time suggests
-        first = _options(spec, ladder[:1], host)
+        first = _options(spec, ladder[:1], host, sp)
         if not first:
             return DeviceVerdict(hw.key, name, None, "no layout fits")
         needed = fewest * first[0].days / target
         start = max([n for n in ladder if n <= needed], default=fewest)
         options = list(first)
         for n in (n for n in ladder if n >= start and n != fewest):
-            options.extend(_options(spec, [n], host))
+            options.extend(_options(spec, [n], host, sp))
             if options[-1].days <= target:
                 break
         meeting = [o for o in options if o.days <= target]
@@ -282,7 +288,7 @@ def _compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precisi
     # budget: the fastest count whose on-demand cost fits, trying more devices until one goes over
     options = []
     for n in ladder:
-        options.extend(_options(spec, [n], host))
+        options.extend(_options(spec, [n], host, sp))
         if not options[-1].priced or options[-1].on_demand_usd > target:
             break
     if not options[0].priced:
@@ -293,9 +299,9 @@ def _compare_one(hw, mode, target, model, tokens, seq_len, batch_tokens, precisi
     return DeviceVerdict(hw.key, name, min(within, key=lambda o: o.days), "", tuple(options))
 
 
-def _options(spec, counts: list[int], host: float | None) -> list[DeviceOption]:
+def _options(spec, counts: list[int], host: float | None, sequence_parallel: bool = True) -> list[DeviceOption]:
     """The best layout at each count (counts where nothing fits are left out)."""
-    found = (best_at(spec, n, host_memory_per_device_gib=host) for n in counts)
+    found = (best_at(spec, n, host_memory_per_device_gib=host, sequence_parallel=sequence_parallel) for n in counts)
     return [o for o in found if o is not None]
 
 

@@ -54,6 +54,7 @@ def compare_command(
     lora_rank: int = typer.Option(16, "--lora-rank", help="--finetune lora|qlora: adapter rank r."),
     lora_targets: str = typer.Option("all-linear", "--lora-targets", help="--finetune lora|qlora: all-linear|qkvo."),
     ep: int = typer.Option(1, "--ep", help="MoE: expert-parallel size held on every layout (see `flopwise plan --help`)."),
+    sequence_parallel: bool = typer.Option(True, "--sequence-parallel/--no-sequence-parallel", help="Plan tensor-parallel layouts with sequence parallelism (the default, as Megatron-Core and torchtitan recipes run them) or without it."),
 ) -> None:
     """Compare devices for one job: fewest devices that fit, best layout, time, energy, cost; Pareto front.
 
@@ -86,7 +87,8 @@ def compare_command(
     result = compare_devices(model, tokens, keys, gpus=gpus, budget_usd=budget_usd, deadline_days=deadline_days,
                              max_devices=max_devices, seq_len=seq_len, batch_tokens=batch_tokens, precision=precision,
                              optimizer=optimizer, price_per_hour=price_per_hour, global_batch=global_batch,
-                             host_memory_gib=host_memory_gib, finetune_options=tuning, stack=stack, ep=ep)
+                             host_memory_gib=host_memory_gib, finetune_options=tuning, stack=stack, ep=ep,
+                             sequence_parallel=sequence_parallel)
     written = write_outputs(result, out) if out is not None else []
     if as_json:
         data = result.to_dict()

@@ -468,16 +468,18 @@ def _distinct(plans: list[Plan], objective: str, top: int) -> list[Plan]:
 
 
 def fits_anywhere(spec: RunSpec, devices: int, tp_within_node: bool = True,
-                  host_memory_per_device_gib: float | None = None) -> Plan | None:
+                  host_memory_per_device_gib: float | None = None, sequence_parallel: bool = True) -> Plan | None:
     """The first layout on `devices` that `plan()` says fits, or None (a feasibility test)."""
     result = search_layouts(spec, devices, first_fit_only=True, tp_within_node=tp_within_node,
-                            host_memory_per_device_gib=host_memory_per_device_gib)
+                            host_memory_per_device_gib=host_memory_per_device_gib,
+                            sequence_parallel=sequence_parallel)
     return result.best
 
 
 def describe_layout(lay: Layout) -> str:
     """One short line naming a layout, in the `flopwise plan` option vocabulary."""
-    text = f"dp {lay.dp} tp {lay.tp} pp {lay.pp}" + (f" cp {lay.cp}" if lay.cp > 1 else "") \
+    sp = "+SP" if (lay.tp > 1 and lay.sequence_parallel) else ""
+    text = f"dp {lay.dp} tp {lay.tp}{sp} pp {lay.pp}" + (f" cp {lay.cp}" if lay.cp > 1 else "") \
         + (f" ep {lay.ep}" if lay.ep > 1 else "") \
         + f", micro-batch {lay.micro_batch_size} x {lay.grad_accum}, ZeRO-{lay.zero_stage}"
     if lay.recompute != "none":
