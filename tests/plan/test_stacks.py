@@ -408,3 +408,46 @@ def test_selective_recompute_means_what_the_stack_calls_selective():
     ranked = search_layouts(build_runspec(stack="torchtitan", model="llama3-8b", gpus=1, seq_len=8192,
                                           global_batch=16, precision="fp8"), 8, top=20).ranked
     assert ranked and all(p.spec.layout.recompute != "selective" for p in ranked)
+
+
+def test_fp8_gemms_gain_less_at_short_k_and_the_head_stays_16_bit():
+    """An fp8 GEMM's main loop runs twice as fast per K step but its tiles' fixed cost does not:
+    at K = 1,024 (a row-parallel projection of h 8,192 over tp 8) fp8 gains less over bf16 than at
+    K = 8,192. The LM head of an fp8 run is timed as a bf16 GEMM (every stack keeps it out of fp8)."""
+    from flopwise.catalog.hardware import get_hardware
+    from flopwise.plan.gemm import FP8_KERNEL_FACTOR_HOPPER, device_rates
+    from flopwise.plan.ops import end_times
+
+    hw = get_hardware("h100-sxm")
+    bf16 = device_rates(hw, "bf16", hw.peak_flops("bf16"))
+    fp8 = device_rates(hw, "fp8", hw.peak_flops("fp8"), kernel_fp8=True)
+
+    def gain(k):
+        return bf16.gemm_seconds(16384, 8192, k) / fp8.gemm_seconds(16384, 8192, k, dtype_bytes=1.0)
+
+    assert gain(1024) < gain(8192) * 0.93
+    assert 1.7 < gain(8192) < 2.0 * FP8_KERNEL_FACTOR_HOPPER
+    assert fp8.sixteen_bit().peak == hw.peak_flops("bf16") and bf16.sixteen_bit() is bf16
+    model = _plan(model="llama3-8b", hardware="h100-sxm", gpus=8, precision="bf16").spec.model
+    head_fp8 = end_times(model, 8192, 1, 1, False, "fp8", fp8).head
+    head_bf16 = end_times(model, 8192, 1, 1, False, "bf16", bf16).head
+    assert head_fp8 == pytest.approx(head_bf16, rel=0.02)  # not twice as fast
+
+
+def test_fp8_kernel_factor_is_what_the_kernel_benchmarks_give():
+    """FP8_KERNEL_FACTOR_HOPPER is derived, not fitted: `benchmarks/fp8_kernel_factor.py` from the
+    H200 micro-benchmark JSON (fast accumulation forward, split accumulation backward)."""
+    import importlib.util
+    from pathlib import Path
+
+    from flopwise.plan.gemm import FP8_K_LOOP, FP8_KERNEL_FACTOR_HOPPER, curve_for
+    from flopwise.catalog.hardware import get_hardware
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "fp8_kernel_factor.py"
+    spec = importlib.util.spec_from_file_location("fp8_kernel_factor", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    derived = module.derive()
+    assert FP8_KERNEL_FACTOR_HOPPER == pytest.approx(derived["training_factor"], abs=0.0015)
+    assert derived["fast_accumulation_median"] == pytest.approx(derived["fbgemm_h100_fast_accumulation_median"], abs=0.01)
+    assert module.K0_HOPPER == curve_for(get_hardware("h100-sxm")).k0 and FP8_K_LOOP == 2.0

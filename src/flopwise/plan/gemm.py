@@ -65,12 +65,14 @@ class DeviceCurve:
     source: str
     sustained: float = 1.0  # sustained-training / micro-benchmark ratio of compute-bound kernels
     sustained_source: str = ""
+    k_loop_speed: float = 1.0  # main-loop speed per K step over the 16-bit kernel's (fp8: 2, FP8_K_LOOP)
 
     @property
     def ceiling(self) -> float:
-        """Asymptotic fraction of peak, so that the curve equals the MAMF at its measured shape."""
+        """Asymptotic fraction of peak, so that the curve equals the MAMF (a 16-bit GEMM) at its
+        measured shape."""
         m, n, k = self.mamf_shape
-        return self.mamf_fraction / _shape_factor(self, m, n, k)
+        return self.mamf_fraction / _shape_factor(self, m, n, k, self.k0)
 
 
 FP8_FACTOR_HOPPER = 0.74
@@ -80,12 +82,25 @@ vendor micro-benchmark of fp8 training GEMMs sits in the sources; fitted on the 
 figure of published.md (MosaicML llm-foundry MPT-3b fp8 on 8 H100, 30,586 tokens/s/GPU), with
 the fp8 casts timed apart as memory-bound kernels (plan/ops.py)."""
 
-FP8_KERNEL_FACTOR_HOPPER = 0.96
-"""fp8 GEMM fraction of the doubled fp8 peak relative to the bf16 GEMM's of its own peak, from a
-kernel micro-benchmark, not a training run: FBGEMM PR #2546 (H100 500 W), fp8 GEMM alone over
-bf16 at 8192^3, 65536x8192x7168 and 65536x3584x8192: 1,125.5/585.2, 1,082.8/575.1, 1,141.4/546.3
-TFLOP/s = 1.92, 1.88, 2.09x; the median 1.92x is 0.96 of the 2x peak ratio. Casts are timed apart
-(plan/ops.py). Used for the named stacks (plan/stacks); the flopwise stack keeps FP8_FACTOR_HOPPER."""
+FP8_KERNEL_FACTOR_HOPPER = 0.946
+"""fp8 GEMM fraction of the doubled fp8 peak relative to the bf16 GEMM's of its own peak, beyond
+the K term (`FP8_K_LOOP`), from kernel micro-benchmarks, not training runs
+(`benchmarks/fp8_kernel_factor.py`): on an H200 (torch 2.11, `benchmarks/hopper_kernels.py`, 7
+transformer shapes) per-tensor-scaled fp8 over bf16 with fast accumulation gives a median 0.976,
+FBGEMM PR #2546's three H100 shapes give 0.976 as well, and split accumulation 0.932. Training
+runs its forward GEMM with fast accumulation and both backward GEMMs with split accumulation
+(Transformer Engine `use_split_accumulator` for dgrad and wgrad; torchao Float8Linear's
+`use_fast_accum` for the output only): one third at 0.976 and two thirds at 0.932 take the time
+of a uniform 0.946. Casts are timed apart (plan/ops.py); the LM head stays in 16 bits (ops.py).
+Used for the named stacks (plan/stacks); the flopwise stack keeps FP8_FACTOR_HOPPER."""
+
+FP8_K_LOOP = 2.0
+"""An fp8 GEMM's main loop runs twice as fast per K step as the 16-bit one (twice the tensor-core
+rate on the same tile) while a tile's prologue and epilogue take the same time, so the shape
+curve's K term k / (k + k0) becomes k / (k + 2·k0): short-K fp8 GEMMs (a row-parallel layer's
+K = h/tp) gain less than long ones. On the H200 this alone turns the fast-accumulation fp8/bf16
+ratios at K 2,048 / 4,096 / 8,192 (0.92 / 0.88-0.99 / 1.01 of 2x) into one factor (0.98 / 0.91-1.02
+/ 1.03), `benchmarks/fp8_kernel_factor.py`."""
 
 FP8_RECIPE_FACTOR = {"delayed": 1.0, "tensorwise": 1.0, "rowwise": 0.90, "mxfp8": 1.0}
 """fp8 GEMM rate of a scaling recipe relative to per-tensor scaling (delayed and tensorwise run the
@@ -190,8 +205,9 @@ def curve_for(hw: HardwareSpec) -> DeviceCurve:
     return _GENERIC
 
 
-def _shape_factor(curve: DeviceCurve, m: int, n: int, k: int) -> float:
-    """tile × wave × k-loop factor of the best tile shape (1.0 for an ideal, huge GEMM)."""
+def _shape_factor(curve: DeviceCurve, m: int, n: int, k: int, k0: float) -> float:
+    """tile × wave × k-loop factor of the best tile shape (1.0 for an ideal, huge GEMM); `k0` the
+    K at which a tile's fixed cost equals its main loop."""
     best = 0.0
     for tm, tn, speed in curve.tiles:
         rows, cols = -(-m // tm), -(-n // tn)
@@ -200,7 +216,7 @@ def _shape_factor(curve: DeviceCurve, m: int, n: int, k: int) -> float:
         waves = -(-tiles // curve.units)
         wave_eff = tiles / (waves * curve.units)
         best = max(best, speed * tile_eff * wave_eff)
-    return best * k / (k + curve.k0)
+    return best * k / (k + k0)
 
 
 ATTENTION_HALF_SEQ = 256.0
@@ -214,7 +230,7 @@ _CEILINGS: dict[str, float] = {}
 
 def gemm_fraction(curve: DeviceCurve, m: int, n: int, k: int) -> float:
     """Achievable fraction of the dense peak for an (M, N, K) GEMM on this family (cached)."""
-    key = (curve.family, curve.sustained, m, n, k)
+    key = (curve.family, curve.sustained, curve.k_loop_speed, m, n, k)
     value = _FRACTIONS.get(key)
     if value is None:
         if len(_FRACTIONS) > 200_000:
@@ -222,7 +238,8 @@ def gemm_fraction(curve: DeviceCurve, m: int, n: int, k: int) -> float:
         ceiling = _CEILINGS.get(curve.family)
         if ceiling is None:
             ceiling = _CEILINGS[curve.family] = curve.ceiling
-        value = _FRACTIONS[key] = ceiling * curve.sustained * _shape_factor(curve, m, n, k)
+        value = _FRACTIONS[key] = ceiling * curve.sustained * _shape_factor(curve, m, n, k,
+                                                                           curve.k0 * curve.k_loop_speed)
     return value
 
 
@@ -258,6 +275,21 @@ class DeviceRates:
         traffic = (m * k + k * n + m * n) * dtype_bytes / self.memory_bytes_per_s
         return count * (max(compute, traffic) + self.curve.kernel_seconds)
 
+    def sixteen_bit(self) -> DeviceRates:
+        """These rates for 16-bit GEMMs: an fp8 run's LM head, which the stacks keep out of fp8
+        (Megatron-Core's output layer is its own ColumnParallelLinear outside Transformer Engine,
+        torchtitan's float8 recipes set `filter_fqns = ["output"]`, MPT's head is the tied
+        embedding through F.linear). Itself for any other precision, a profile or a flat efficiency."""
+        if self.dtype != "fp8" or self.efficiency is not None or self.profile is not None:
+            return self
+        found = _SIXTEEN_BIT.get(self)
+        if found is None:
+            if len(_SIXTEEN_BIT) > 4096:
+                _SIXTEEN_BIT.clear()
+            found = _SIXTEEN_BIT[self] = dataclasses.replace(
+                self, peak=self.attention_peak, dtype="bf16", curve=dataclasses.replace(self.curve, k_loop_speed=1.0))
+        return found
+
     def memory_seconds(self, nbytes: float, kernels: float = 1.0) -> float:
         """Seconds for memory-bound kernels moving `nbytes` in all (reads + writes)."""
         if self.efficiency is not None:
@@ -288,6 +320,7 @@ class DeviceRates:
 
 
 _RATES: dict[tuple, tuple[object, DeviceRates]] = {}
+_SIXTEEN_BIT: dict[DeviceRates, DeviceRates] = {}
 
 
 def device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmProfile | None = None,
@@ -329,8 +362,10 @@ def _device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmPr
     # attention and everything else stay in bf16; fp8 GEMMs reach a lower fraction of their
     # (doubled) peak, folded into the peak the curve multiplies
     attention_peak = hw.peak_flops("bf16") or peak / 2.0
-    gemm_peak = peak if (efficiency is not None or profile is not None) else peak * curve.fp8_factor
-    return DeviceRates(gemm_peak, bandwidth, curve, precision, attention_peak, profile, efficiency)
+    if efficiency is not None or profile is not None:
+        return DeviceRates(peak, bandwidth, curve, precision, attention_peak, profile, efficiency)
+    curve = dataclasses.replace(curve, k_loop_speed=FP8_K_LOOP)
+    return DeviceRates(peak * curve.fp8_factor, bandwidth, curve, precision, attention_peak, profile, efficiency)
 
 
 def stack_curve(curve: DeviceCurve, attention_kernel: str | None, fp8_recipe: str | None,

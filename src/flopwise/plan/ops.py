@@ -306,7 +306,7 @@ def _end_times(model, s, b, tp, sp, precision, rates: DeviceRates, cross_entropy
     embedding = rates.memory_seconds(T * hs * e * 2, 1) + rates.memory_seconds(
         T * hs * e + 2 * v * h / tp * EMBEDDING_GRAD_BYTES, 2)
     vt = max(1, v // tp)
-    fw, dg, wg = _gemm_fwd_bwd(rates, T, vt, h, e)
+    fw, dg, wg = _gemm_fwd_bwd(rates.sixteen_bit(), T, vt, h, e)  # the head stays in 16 bits under fp8
     per_logit, kernels = CROSS_ENTROPY_BYTES_PER_LOGIT[cross_entropy]
     loss = rates.memory_seconds(T * vt * per_logit, kernels)
     final_norm = rates.memory_seconds(T * hs * e * 6, 2)
