@@ -208,3 +208,18 @@ def test_stack_flag_through_a_real_process():
     assert data["stack"] == "megatron-core" and data["fits"] and data["fits_with"] == ["bf16-grad-reduce"]
     bad = run("--stack", "paxml")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--stack" in bad.stderr + bad.stdout
+
+
+def test_recipe_short_names_plan_the_same_run():
+    """--mbs, --gbs, --vp and --seq-length (the names NeMo and Megatron recipes print) are the
+    long options, on the typer path and on the fast --json path alike."""
+    long = run("--model", "llama3-70b", "--stack", "nemo", "--gpus", "64", "--tp", "4", "--pp", "4",
+               "--virtual-stages", "5", "--micro-batch", "1", "--global-batch", "128", "--seq-len", "8192", "--json")
+    short = run("--model", "llama3-70b", "--stack", "nemo", "--gpus", "64", "--tp", "4", "--pp", "4",
+                "--vp", "5", "--mbs", "1", "--gbs", "128", "--seq-length", "8192", "--json")
+    assert long.returncode == 0 and short.returncode == 0, short.stderr
+    assert json.loads(short.stdout) == json.loads(long.stdout)
+    assert json.loads(short.stdout)["layout"]["grad_accum"] == 32
+    table = run("--model", "llama3-70b", "--stack", "nemo", "--gpus", "64", "--tp", "4", "--pp", "4",
+                "--vp", "5", "--mbs", "1", "--gbs", "128", "--seq-length", "8192")
+    assert table.returncode == 0 and "4+4+4+4+4,4+4+4+4+4" in table.stdout

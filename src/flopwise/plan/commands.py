@@ -121,7 +121,7 @@ def _typer_signature() -> inspect.Signature:
     for option in OPTIONS:
         annotation = Optional[option.type] if option.default is None else option.type
         parameters.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                                            default=typer.Option(option.default, option.flag,
+                                            default=typer.Option(option.default, option.flag, *option.aliases,
                                                                  help=option.help.replace("[default:", r"\[default:"))))
     return inspect.Signature(parameters, return_annotation=None)
 

@@ -20,6 +20,7 @@ class PlanOption:
     type: type
     default: object
     help: str
+    aliases: tuple[str, ...] = ()  # the short names NeMo / Megatron recipes use (mbs, gbs, vp)
 
 
 OPTIONS = (
@@ -34,10 +35,13 @@ OPTIONS = (
     PlanOption("ep", "--ep", int, None, "Expert-parallel size (MoE): each rank holds E/ep of the routed experts, "
                "tokens reach them by all-to-all; divides dp x cp (Megatron-Core --expert-model-parallel-size). "
                "[default: 1]"),
-    PlanOption("micro_batch", "--micro-batch", int, None, "Sequences per device per micro-step. [default: 1]"),
-    PlanOption("global_batch", "--global-batch", int, None, "Sequences per optimizer step. [default: batch-tokens / seq-len]"),
+    PlanOption("micro_batch", "--micro-batch", int, None, "Sequences per device per micro-step. [default: 1]",
+               ("--mbs",)),
+    PlanOption("global_batch", "--global-batch", int, None, "Sequences per optimizer step. [default: batch-tokens / seq-len]",
+               ("--gbs",)),
     PlanOption("batch_tokens", "--batch-tokens", str, None, "Tokens per optimizer step, e.g. 4M. [default: 4Mi]"),
-    PlanOption("seq_len", "--seq-len", int, None, "Training sequence length. [default: the model's]"),
+    PlanOption("seq_len", "--seq-len", int, None, "Training sequence length. [default: the model's]",
+               ("--seq-length",)),
     PlanOption("tokens", "--tokens", str, None, "Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T]"),
     PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8|bf16-true (pure bf16: no fp32 master, bf16 AdamW states, 8 bytes/param; "
                "updates below bf16's resolution are lost). [default: bf16]"),
@@ -64,7 +68,8 @@ OPTIONS = (
                "FSDP2 units of consecutive blocks up to this many MiB of parameters (the trainer's "
                "parallel.fsdp_unit_mb): fewer gathers, two larger units gathered at once. 0 = one per block."),
     PlanOption("schedule", "--schedule", str, "1f1b", "Pipeline schedule: 1f1b|gpipe|interleaved."),
-    PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]"),
+    PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]",
+               ("--vp",)),
     PlanOption("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", bool, None,
                "Megatron sequence parallelism with TP: norms, dropout and the activations between blocks "
                "split over the tp ranks. [default: on with tp > 1 for stacks whose recipes run it "
@@ -154,6 +159,8 @@ def parse_json_plan_args(argv: list[str], allow_search: bool = False, allow_tabl
     for option in OPTIONS:
         on, _, off = option.flag.partition("/")  # "--x/--no-x": a switch with a negative form
         by_flag[on] = (option, True)
+        for alias in option.aliases:
+            by_flag[alias] = (option, True)
         if off:
             by_flag[off] = (option, False)
     values = {option.name: option.default for option in OPTIONS}
