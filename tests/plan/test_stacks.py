@@ -126,8 +126,8 @@ def test_flopwise_stack_is_the_framework_conventions_unchanged():
 
 def test_fp8_recipe_and_attention_kernel_change_the_step():
     """rowwise-scaled fp8 GEMMs are slower than per-tensor ones (pytorch#147971), so the same
-    layout takes longer; Megatron-Core's cuDNN attention and kernel-level fp8 factor make its
-    fp8 step shorter than the flopwise stack's (FA2 attention, fp8 factor fitted on 2023 rows)."""
+    layout takes longer; Megatron-Core's cuDNN attention and faster kernels (`stack_speed`) make its
+    fp8 step shorter than the flopwise stack's (FA2 attention)."""
     from flopwise.plan.gemm import curve_for, stack_curve
     from flopwise.catalog.hardware import get_hardware
 
@@ -137,9 +137,9 @@ def test_fp8_recipe_and_attention_kernel_change_the_step():
     assert rowwise > tensorwise * 1.02
     assert _plan(stack="megatron-core", **layout).time.step_seconds < _plan(**layout).time.step_seconds
     hopper = curve_for(get_hardware("h100-sxm"))
-    assert stack_curve(hopper, "cudnn", None, False).attention_fraction[0] > hopper.attention_fraction[0] * 1.5
+    assert stack_curve(hopper, "cudnn", None).attention_fraction[0] > hopper.attention_fraction[0] * 1.5
     ampere = curve_for(get_hardware("a100-80gb"))
-    assert stack_curve(ampere, "fa3", None, True) is ampere  # no FlashAttention-3 / fp8 on Ampere
+    assert stack_curve(ampere, "fa3", None) is ampere  # no FlashAttention-3 on Ampere
 
 
 def test_unknown_fp8_recipe_is_one_line():
@@ -420,7 +420,7 @@ def test_fp8_gemms_gain_less_at_short_k_and_the_head_stays_16_bit():
 
     hw = get_hardware("h100-sxm")
     bf16 = device_rates(hw, "bf16", hw.peak_flops("bf16"))
-    fp8 = device_rates(hw, "fp8", hw.peak_flops("fp8"), kernel_fp8=True)
+    fp8 = device_rates(hw, "fp8", hw.peak_flops("fp8"))
 
     def gain(k):
         return bf16.gemm_seconds(16384, 8192, k) / fp8.gemm_seconds(16384, 8192, k, dtype_bytes=1.0)

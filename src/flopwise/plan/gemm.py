@@ -75,13 +75,6 @@ class DeviceCurve:
         return self.mamf_fraction / _shape_factor(self, m, n, k, self.k0)
 
 
-FP8_FACTOR_HOPPER = 0.74
-"""fp8 GEMMs on H100 reach this share of the bf16 GEMMs' fraction of their own (2x) dense peak:
-1,978.9 TFLOP/s (datasheet) x FP8_FACTOR x the bf16 shape curve x the sustained factor. No
-vendor micro-benchmark of fp8 training GEMMs sits in the sources; fitted on the one fp8 training
-figure of published.md (MosaicML llm-foundry MPT-3b fp8 on 8 H100, 30,586 tokens/s/GPU), with
-the fp8 casts timed apart as memory-bound kernels (plan/ops.py)."""
-
 FP8_KERNEL_FACTOR_HOPPER = 0.946
 """fp8 GEMM fraction of the doubled fp8 peak relative to the bf16 GEMM's of its own peak, beyond
 the K term (`FP8_K_LOOP`), from kernel micro-benchmarks, not training runs
@@ -92,7 +85,8 @@ runs its forward GEMM with fast accumulation and both backward GEMMs with split 
 (Transformer Engine `use_split_accumulator` for dgrad and wgrad; torchao Float8Linear's
 `use_fast_accum` for the output only): one third at 0.976 and two thirds at 0.932 take the time
 of a uniform 0.946. Casts are timed apart (plan/ops.py); the LM head stays in 16 bits (ops.py).
-Used for the named stacks (plan/stacks); the flopwise stack keeps FP8_FACTOR_HOPPER."""
+Every stack runs the same cuBLAS / CUTLASS fp8 GEMMs, so every stack takes it (its recipe then
+scales it, `FP8_RECIPE_FACTOR`)."""
 
 FP8_K_LOOP = 2.0
 """An fp8 GEMM's main loop runs twice as fast per K step as the 16-bit one (twice the tensor-core
@@ -146,12 +140,12 @@ _AMPERE_PCIE = DeviceCurve(
 )
 _HOPPER = DeviceCurve(
     "hopper", 0.801, (6144, 17920, 2816), ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 0.92), (64, 128, 0.78)),
-    132, 128.0, 0.90, 4e-6, (0.339, 0.295), FP8_FACTOR_HOPPER, 3350.0,
+    132, 128.0, 0.90, 4e-6, (0.339, 0.295), FP8_KERNEL_FACTOR_HOPPER, 3350.0,
     "H100 SXM MAMF 792.1 of 989 TFLOP/s (80.1 %) at 6144x17920x2816 (ml-engineering MAMF table); 132 SMs; "
     "attention: FlashAttention-2 on H100, causal, head dim 128, plateau 335 TFLOP/s forward (Shah et al. "
     "2024, Fig. 5) and 322 backward without mask (Fig. 6) x 335/370 for the mask (forward causal over "
     "non-causal at 16k) = 292, the kernels of the same software generation as the sustained factor below "
-    "(FlashAttention-3 / cuDNN reach 500-650: newer stacks are faster); fp8 GEMMs: see FP8_FACTOR_HOPPER",
+    "(FlashAttention-3 / cuDNN reach 500-650: newer stacks are faster); fp8 GEMMs: see FP8_KERNEL_FACTOR_HOPPER",
     sustained=0.67,
     sustained_source="flopwise.plan.fit sustained_hopper, fitted on every published source; was MosaicML "
                      "llm-foundry H100 BF16 rows: sustained training kernels run at "
@@ -325,20 +319,19 @@ _SIXTEEN_BIT: dict[DeviceRates, DeviceRates] = {}
 
 def device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmProfile | None = None,
                  efficiency: float | None = None, stack_speed: float = 1.0, attention_kernel: str | None = None,
-                 fp8_recipe: str | None = None, kernel_fp8: bool = False) -> DeviceRates:
+                 fp8_recipe: str | None = None) -> DeviceRates:
     """DeviceRates for a catalog entry: the family curve, achievable bandwidth, an optional profile (cached).
     `stack_speed` scales the sustained share of compute-bound kernels for the software stack
     (`flopwise.plan.fit.stack_speed`; 1 for PyTorch-native stacks).
 
     A stack's `attention_kernel` (fa2 | fa3 | cudnn) sets the Hopper attention fractions; an
-    `fp8_recipe` scales the fp8 GEMM factor (`FP8_RECIPE_FACTOR`); `kernel_fp8` takes the fp8
-    factor from the kernel micro-benchmark (`FP8_KERNEL_FACTOR_HOPPER`) instead of the curve's."""
+    `fp8_recipe` scales the fp8 GEMM factor (`FP8_RECIPE_FACTOR`)."""
     key = (hw.key, hw.memory_bandwidth_gbs, precision, peak, id(profile), efficiency, stack_speed, attention_kernel,
-           fp8_recipe, kernel_fp8)
+           fp8_recipe)
     hit = _RATES.get(key)
     if hit is not None and hit[0] is profile:
         return hit[1]
-    rates = _device_rates(hw, precision, peak, profile, efficiency, attention_kernel, fp8_recipe, kernel_fp8)
+    rates = _device_rates(hw, precision, peak, profile, efficiency, attention_kernel, fp8_recipe)
     if stack_speed != 1.0 and rates.curve.family not in ("cpu", "generic", "tpu"):
         rates = dataclasses.replace(rates, curve=dataclasses.replace(
             rates.curve, sustained=rates.curve.sustained * stack_speed))
@@ -349,9 +342,9 @@ def device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmPro
 
 
 def _device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmProfile | None,
-                  efficiency: float | None, attention_kernel: str | None = None, fp8_recipe: str | None = None,
-                  kernel_fp8: bool = False) -> DeviceRates:
-    curve = stack_curve(curve_for(hw), attention_kernel, fp8_recipe, kernel_fp8)
+                  efficiency: float | None, attention_kernel: str | None = None,
+                  fp8_recipe: str | None = None) -> DeviceRates:
+    curve = stack_curve(curve_for(hw), attention_kernel, fp8_recipe)
     if profile is not None and getattr(profile, "memory_bandwidth_bytes_per_s", None):
         bandwidth = float(profile.memory_bandwidth_bytes_per_s)
     else:
@@ -368,8 +361,7 @@ def _device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmPr
     return DeviceRates(peak * curve.fp8_factor, bandwidth, curve, precision, attention_peak, profile, efficiency)
 
 
-def stack_curve(curve: DeviceCurve, attention_kernel: str | None, fp8_recipe: str | None,
-                kernel_fp8: bool) -> DeviceCurve:
+def stack_curve(curve: DeviceCurve, attention_kernel: str | None, fp8_recipe: str | None) -> DeviceCurve:
     """The family curve with a stack's attention kernel and fp8 recipe applied (Hopper only for
     the attention kernel: FlashAttention-3 and cuDNN's Hopper kernels have no Ampere form here)."""
     import dataclasses
@@ -377,8 +369,7 @@ def stack_curve(curve: DeviceCurve, attention_kernel: str | None, fp8_recipe: st
     changes = {}
     if curve.family == "hopper" and attention_kernel in ATTENTION_KERNEL_FRACTION_HOPPER:
         changes["attention_fraction"] = ATTENTION_KERNEL_FRACTION_HOPPER[attention_kernel]
-    factor = FP8_KERNEL_FACTOR_HOPPER if (kernel_fp8 and curve.family == "hopper") else curve.fp8_factor
-    factor *= FP8_RECIPE_FACTOR.get(fp8_recipe or "tensorwise", 1.0)
+    factor = curve.fp8_factor * FP8_RECIPE_FACTOR.get(fp8_recipe or "tensorwise", 1.0)
     if factor != curve.fp8_factor:
         changes["fp8_factor"] = factor
     return dataclasses.replace(curve, **changes) if changes else curve

@@ -255,16 +255,16 @@ Megatron-Core's `--recompute-granularity full --recompute-method block --recompu
 recomputes N layers per stage (a quarter, a half, all), as `every:K` plans it."""
 
 
-def stack_rates(spec: RunSpec) -> tuple[str | None, str | None, bool]:
-    """(attention kernel, fp8 recipe, kernel-level fp8 factor) of the spec's stack, for
-    `gemm.device_rates`: the flopwise stack keeps the family curve unless a recipe is given."""
+def stack_rates(spec: RunSpec) -> tuple[str | None, str | None]:
+    """(attention kernel, fp8 recipe) of the spec's stack, for `gemm.device_rates`: the flopwise
+    stack keeps the family curve's attention unless a recipe is given."""
     recipe = spec.cluster.extra.get("fp8_recipe")
     from flopwise.plan.stacks import find_stack
 
     stack = None if spec.stack == "flopwise" else find_stack(spec.stack)
     if stack is None:
-        return None, recipe, False
-    return stack.attention_kernel, recipe, True
+        return None, recipe
+    return stack.attention_kernel, recipe
 
 
 def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:
