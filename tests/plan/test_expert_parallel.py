@@ -82,3 +82,28 @@ def test_cli_plans_and_searches_with_ep():
     wrong = subprocess.run([sys.executable, "-m", "flopwise", "plan", "--model", "llama2-7b", "--ep", "2", "--search"],
                            capture_output=True, text=True, env=env)
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "no experts" in wrong.stderr
+
+
+def test_token_shuffles_cost_memory_traffic_and_sorting_needs_several_local_experts():
+    """Megatron-Core's dispatcher gathers each token's k copies into expert order and sums them
+    back (permute / unpermute); with ep > 1 and more than one local expert it also sorts the
+    received chunks by expert and back. A dense layer pays none of it."""
+    from flopwise.catalog.hardware import get_hardware
+    from flopwise.catalog.models import get_model
+    from flopwise.plan.gemm import device_rates
+    from flopwise.plan.ops import layer_times, moe_dispatch_bytes
+
+    per_token, kernels = moe_dispatch_bytes(4096, 2, 2.0, sorts=False)
+    assert (per_token, kernels) == ((2 * 2 + 2 + 1) * 4096 * 2.0, 2)
+    sorted_bytes, _ = moe_dispatch_bytes(4096, 2, 2.0, sorts=True)
+    assert sorted_bytes - per_token == 2 * 2 * 2 * 4096 * 2.0
+
+    hw = get_hardware("h100-sxm")
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"))
+    model = get_model("mixtral-8x7b")
+    times = {ep: layer_times(model, 4096, 1, 1, False, True, False, "none", "bf16", rates, None, ep)
+             for ep in (2, 8)}  # 4 local experts (sorted) against 1 (no sort)
+    tokens = 4096
+    extra = 2 * 2 * 2 * 4096 * 2.0 * tokens * 3 / rates.memory_bytes_per_s  # forward + 2x backward
+    extra += (2 + 1.5 * 2) * rates.curve.kernel_seconds  # two more kernels forward, 1.5x that backward
+    assert times[2].memory_bound - times[8].memory_bound == pytest.approx(extra, rel=0.05)

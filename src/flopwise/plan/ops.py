@@ -172,6 +172,7 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     if experts > 1:
         per_expert = max(1, T * topk * ep // experts)  # tokens one local expert sees from the ep ranks
         local = float(experts // ep)
+        shapes += [(T, experts, h, 1.0)]  # the router's gating GEMM
         shapes += [(per_expert, up_width // tp, h, local), (per_expert, h, f // tp, local)]
         if model.shared_expert_ffn_hidden:
             sf = model.shared_expert_ffn_hidden
@@ -225,6 +226,10 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     if precision == "fp8":  # casts of each GEMM input to fp8 (read 16-bit, write 8-bit)
         per_token += (2 * h + a * d / tp + f / tp) * (2.0 + 1.0)
         kernels += 4
+    if experts > 1:
+        dispatch, dispatch_kernels = moe_dispatch_bytes(h, topk, e, sorts=ep > 1 and experts // ep > 1)
+        per_token += dispatch
+        kernels += dispatch_kernels
     mem_f = rates.memory_seconds(T * per_token, kernels)
     mem_b = rates.memory_seconds(2.0 * T * per_token, 1.5 * kernels)
     measured = _measured_elementwise(model, rates, T, hs, f * (topk if experts > 1 else 1) / tp, (a + g) * d / tp)
@@ -269,6 +274,23 @@ def _measured_elementwise(model, rates: DeviceRates, T: int, hs: float, act: flo
         elements["rope"] = rope
     both = {key: T * count * table[key] for key, count in elements.items()}
     return sum(both.values()), sum(seconds * share.get(key, 1.0 / 3.0) for key, seconds in both.items())
+
+
+def moe_dispatch_bytes(h: int, topk: int, e: float, sorts: bool) -> tuple[float, int]:
+    """(bytes per token, kernels) of one MoE layer's token shuffles in the forward, as
+    Megatron-Core's all-to-all dispatcher runs them (`moe/token_dispatcher.py`, `moe/moe_utils.py`):
+    `permute` gathers each token's k copies into expert order (read k·h, write k·h), `unpermute`
+    reads them back weighted by the router's probabilities and sums them into one (read k·h,
+    write h); with expert parallelism and several local experts, `sort_chunks_by_idxs` reorders
+    the received tokens by expert and back (read and write k·h, twice). Tokens are whole (h
+    wide): with tensor parallelism the dispatcher gathers the sequence-parallel shards first.
+    The backward runs the same shuffles in reverse (the op model's 2x of the forward)."""
+    per_token = (2 * topk + topk + 1) * h * e
+    kernels = 2
+    if sorts:
+        per_token += 2 * (2 * topk * h * e)
+        kernels += 2
+    return per_token, kernels
 
 
 def _elementwise_bytes(model, hs: float, act: float, rope: float, e: float) -> float:
