@@ -154,9 +154,15 @@ def test_sigterm_on_one_process_saves_and_its_own_retry_loop_continues_exactly(c
 
 
 @pytest.mark.slow
-def test_without_restarts_a_preempted_run_exits_75_and_the_next_command_continues(corpus, tmp_path, single_reference):
+def test_without_restarts_a_preempted_run_exits_75_and_the_next_command_continues(corpus, tmp_path):
+    # LONG_STEPS, as the test above: at STEPS the run could end before the signal landed
+    long = {"max_steps": LONG_STEPS, "eval_every": LONG_STEPS}
+    reference_dir = tmp_path / "reference"
+    reference_cfg = load_config(write(config(corpus, reference_dir, training=long), tmp_path / "reference.yaml"))
+    run_training(reference_cfg, init_distributed(reference_cfg.parallel))
+    long_reference = losses(reference_dir)
     run_dir = tmp_path / "run"
-    path = write(config(corpus, run_dir, checkpoint={"every_steps": 100}), tmp_path / "config.yaml")
+    path = write(config(corpus, run_dir, checkpoint={"every_steps": 1000}, training=long), tmp_path / "config.yaml")
     proc = train_cli(path)
     try:
         wait_for_step(proc, run_dir / "metrics.rank0.jsonl", 2)
@@ -170,7 +176,7 @@ def test_without_restarts_a_preempted_run_exits_75_and_the_next_command_continue
     rerun = train_cli(path)
     _, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, err[-3000:]
-    assert losses(run_dir) == single_reference
+    assert losses(run_dir) == long_reference
 
 
 def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(corpus, tmp_path, single_reference):
