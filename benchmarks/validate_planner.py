@@ -51,8 +51,6 @@ def mpt(size: str, seq: int = 2048):
     """MosaicML MPT shapes, the catalog's `mpt-*` entries (llm-foundry yamls: GELU 4h MLP, no
     biases, ALiBi, tied embeddings, vocab 50368); at sequences past 2,048 planned with learned
     positions as before (the positional scheme changes no FLOPs or memory the planner counts)."""
-    import dataclasses
-
     from flopwise.catalog.models import get_model
 
     model = get_model(f"mpt-{size}")

@@ -70,6 +70,12 @@ class ModelSpec:
     source: str = ""
 
 
+def norm_tensors(spec: ModelSpec) -> int:
+    """Parameter tensors of one norm, each of the hidden width: LayerNorm's weight and bias, or
+    a weight alone (RMSNorm, and MPT's LayerNorm without bias)."""
+    return 2 if (spec.norm == "layernorm" and spec.norm_bias) else 1
+
+
 # ---------------------------------------------------------------------------------------
 # The packaged catalog
 
@@ -517,13 +523,12 @@ def _read_mpt(cfg: _HFConfig) -> dict:
     ratio = cfg.get("expansion_ratio", 4)
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
         raise UserError(f"{cfg.path}: key 'expansion_ratio' must be a positive number, got {ratio!r}")
-    ffn_config = cfg.get("ffn_config", {})
-    ffn_type = ffn_config.get("ffn_type", "mptmlp") if isinstance(ffn_config, dict) else "mptmlp"
+    ffn_config, attn = (_mapping(cfg.get(key, {})) for key in ("ffn_config", "attn_config"))
+    ffn_type = ffn_config.get("ffn_type", "mptmlp")
     if ffn_type not in ("mptmlp", "te_ln_mlp", "mptglu"):
         raise UserError(f"{cfg.path}: MPT ffn_type '{ffn_type}' is not supported (mptmlp, mptglu, te_ln_mlp)")
-    ffn = ffn_config.get("ffn_hidden_size") if isinstance(ffn_config, dict) else None
-    attn = cfg.get("attn_config", {})
-    alibi = bool(attn.get("alibi", False)) if isinstance(attn, dict) else False
+    ffn = ffn_config.get("ffn_hidden_size")
+    alibi = bool(attn.get("alibi", False))
     positions = cfg.need("max_seq_len")
     no_bias = cfg.get_bool("no_bias", True)
     return dict(
@@ -545,10 +550,15 @@ def _read_mpt(cfg: _HFConfig) -> dict:
     )
 
 
-def _mpt_kv_heads(cfg: _HFConfig, attn: object) -> int:
+def _mapping(value: object) -> dict:
+    """A nested config section, or {} when it is absent or not a mapping."""
+    return value if isinstance(value, dict) else {}
+
+
+def _mpt_kv_heads(cfg: _HFConfig, attn: dict) -> int:
     """K/V heads by MPT's attn_type: its attn_config carries kv_n_heads 1 by default even for
     multi-head attention, so the count is read only for grouped-query attention."""
-    kind = attn.get("attn_type", "multihead_attention") if isinstance(attn, dict) else "multihead_attention"
+    kind = attn.get("attn_type", "multihead_attention")
     if kind == "multiquery_attention":
         return 1
     if kind == "grouped_query_attention":
@@ -560,28 +570,11 @@ def _mpt_kv_heads(cfg: _HFConfig, attn: object) -> int:
 
 
 def _read_nemotron(cfg: _HFConfig) -> dict:
-    """NVIDIA Nemotron (transformers' NemotronConfig): squared-ReLU MLP of two matrices
-    (planned as relu: same parameters and FLOPs), LayerNorm1P, partial RoPE, GQA, untied."""
-    hidden = cfg.need("hidden_size")
-    heads = cfg.need("num_attention_heads")
-    positions = cfg.need("max_position_embeddings")
-    return dict(
-        n_layers=cfg.need("num_hidden_layers"),
-        hidden=hidden,
-        n_heads=heads,
-        n_kv_heads=cfg.get_int("num_key_value_heads", heads),
-        head_dim=cfg.get_int("head_dim", 0),
-        ffn_hidden=cfg.need("intermediate_size"),
-        vocab_size=cfg.need("vocab_size"),
-        seq_len=positions,
-        max_positions=positions,
-        mlp="relu",
-        norm="layernorm",
-        position="rope",
-        tied_embeddings=cfg.get_bool("tie_word_embeddings", False),
-        attn_bias=cfg.get_bool("attention_bias", False),
-        mlp_bias=cfg.get_bool("mlp_bias", False),
-    )
+    """NVIDIA Nemotron (transformers' NemotronConfig): the llama shape keys, with a squared-ReLU
+    MLP of two matrices (planned as relu: same parameters and FLOPs) and LayerNorm1P."""
+    values = _llama_like(cfg, attn_bias_key="attention_bias", default_attn_bias=False)
+    values.update(mlp="relu", norm="layernorm", mlp_bias=cfg.get_bool("mlp_bias", False))
+    return values
 
 
 _READERS = {

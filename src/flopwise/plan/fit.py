@@ -125,6 +125,7 @@ def apply(values: dict[str, float]) -> None:
     gemm._FRACTIONS.clear()
     gemm._CEILINGS.clear()
     gemm._RATES.clear()
+    gemm._SIXTEEN_BIT.clear()
     ops._LAYER_CACHE.clear()
     ops._END_CACHE.clear()
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from flopwise.catalog.models import ModelSpec
+from flopwise.catalog.models import ModelSpec, norm_tensors
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _count_params(spec: ModelSpec) -> ParamCount:
         return ParamCount(n, n, 0, 0, 0, 0, 0, 0, 0, n, n, 0)
 
     h = spec.hidden
-    norm_size = 2 * h if (spec.norm == "layernorm" and spec.norm_bias) else h
+    norm_size = norm_tensors(spec) * h
 
     embedding = spec.vocab_size * h + spec.type_vocab_size * h
     if spec.position == "learned":

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flopwise.catalog.models import norm_tensors
 from flopwise.plan import comm as cm
 from flopwise.plan.params import ParamCount
 
@@ -96,7 +97,7 @@ def layer_tensors(model) -> int:
     and each norm's weight (and bias for LayerNorm)."""
     linears = 4
     biases = 2 * int(bool(model.attn_bias)) + 2 * int(bool(model.mlp_bias))
-    norms = model.norms_per_layer * (2 if (model.norm == "layernorm" and getattr(model, "norm_bias", True)) else 1)
+    norms = model.norms_per_layer * norm_tensors(model)
     return linears + biases + norms
 
 

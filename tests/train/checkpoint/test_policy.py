@@ -127,17 +127,22 @@ def test_kill_9_at_a_random_step_then_rerun_gives_the_same_losses(corpus, tmp_pa
 
 
 LONG_STEPS = 400  # a one-process step of this tiny model takes milliseconds: give the signal a run to land in
+LONG = {"max_steps": LONG_STEPS, "eval_every": LONG_STEPS}
+
+
+def long_reference(corpus: Path, tmp_path: Path) -> list[float]:
+    """The losses of an uninterrupted one-process run of LONG_STEPS."""
+    reference_dir = tmp_path / "reference"
+    reference_cfg = load_config(write(config(corpus, reference_dir, training=LONG), tmp_path / "reference.yaml"))
+    run_training(reference_cfg, init_distributed(reference_cfg.parallel))
+    return losses(reference_dir)
 
 
 def test_sigterm_on_one_process_saves_and_its_own_retry_loop_continues_exactly(corpus, tmp_path):
-    long = {"max_steps": LONG_STEPS, "eval_every": LONG_STEPS}
-    reference_dir = tmp_path / "reference"
-    reference_cfg = load_config(write(config(corpus, reference_dir, training=long), tmp_path / "reference.yaml"))
-    run_training(reference_cfg, init_distributed(reference_cfg.parallel))
-    single_reference = losses(reference_dir)
+    single_reference = long_reference(corpus, tmp_path)
     run_dir = tmp_path / "run"
     cfg = config(corpus, run_dir, checkpoint={"every_steps": 1000, "grace_seconds": 60}, parallel={"max_restarts": 1},
-                 training=long)
+                 training=LONG)
     proc = train_cli(write(cfg, tmp_path / "config.yaml"))
     try:
         wait_for_step(proc, run_dir / "metrics.rank0.jsonl", 3)
@@ -156,13 +161,9 @@ def test_sigterm_on_one_process_saves_and_its_own_retry_loop_continues_exactly(c
 @pytest.mark.slow
 def test_without_restarts_a_preempted_run_exits_75_and_the_next_command_continues(corpus, tmp_path):
     # LONG_STEPS, as the test above: at STEPS the run could end before the signal landed
-    long = {"max_steps": LONG_STEPS, "eval_every": LONG_STEPS}
-    reference_dir = tmp_path / "reference"
-    reference_cfg = load_config(write(config(corpus, reference_dir, training=long), tmp_path / "reference.yaml"))
-    run_training(reference_cfg, init_distributed(reference_cfg.parallel))
-    long_reference = losses(reference_dir)
+    reference = long_reference(corpus, tmp_path)
     run_dir = tmp_path / "run"
-    path = write(config(corpus, run_dir, checkpoint={"every_steps": 1000}, training=long), tmp_path / "config.yaml")
+    path = write(config(corpus, run_dir, checkpoint={"every_steps": 1000}, training=LONG), tmp_path / "config.yaml")
     proc = train_cli(path)
     try:
         wait_for_step(proc, run_dir / "metrics.rank0.jsonl", 2)
@@ -176,7 +177,7 @@ def test_without_restarts_a_preempted_run_exits_75_and_the_next_command_continue
     rerun = train_cli(path)
     _, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, err[-3000:]
-    assert losses(run_dir) == long_reference
+    assert losses(run_dir) == reference
 
 
 def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(corpus, tmp_path, single_reference):
