@@ -171,7 +171,10 @@ def test_ascend_cluster_claim_verdict_carries_the_arithmetic():
     ("alias", "key"),
     [("h100-80gb", "h100-sxm"), ("H100-SXM5", "h100-sxm"), (" A100-80GB-SXM ", "a100-80gb"), ("a100-80gb", "a100-80gb"),
      ("910b3", "ascend-910b3"), ("4090", "rtx4090"), ("v5p", "tpu-v5p"), ("MI300X", "mi300x"), ("mi300", "mi300x"),
-     ("ascend910", "ascend-910"), ("h20", "h200"), ("gaudi", None)],
+     ("ascend910", "ascend-910"), ("h20", "h200"), ("gaudi", None),
+     # full names as papers and vendors print them: every word must match, the SXM generation aside
+     ("A100 80GB", "a100-80gb"), ("a100-sxm4-80gb", "a100-80gb"), ("A100-SXM4-40GB", "a100-40gb"),
+     ("NVIDIA H100 SXM5 80GB", "h100-sxm"), ("h100_pcie", "h100-pcie"), ("TPU v4", "tpu-v4")],
 )
 def test_keys_aliases_and_unique_prefixes_resolve(alias, key):
     if key is None:  # gaudi2 and gaudi3
@@ -184,6 +187,7 @@ def test_keys_aliases_and_unique_prefixes_resolve(alias, key):
 @pytest.mark.parametrize(
     ("name", "listed"),
     [("a100", "a100-40gb, a100-80gb, a100-80gb-pcie"), ("A100-SXM", "a100-40gb, a100-80gb"),
+     ("NVIDIA A100 SXM4", "a100-40gb, a100-80gb"),
      ("h100", "h100-sxm, h100-pcie"), ("v100", "v100-32gb, v100-32gb-pcie"), ("910b", "ascend-910b2, ascend-910b3, ascend-910b4")],
 )
 def test_a_name_shared_by_several_parts_lists_them(name, listed):

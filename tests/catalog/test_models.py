@@ -50,9 +50,27 @@ def test_get_model_is_case_insensitive():
     assert get_model("  MIXTRAL-8x7B ").n_experts == 8
 
 
+@pytest.mark.parametrize(("name", "key"), [
+    ("Llama-2-7B", "llama2-7b"), ("llama-3-8b", "llama3-8b"), ("Llama 3.1 405B", "llama3.1-405b"),
+    ("meta-llama/Llama-2-7b-hf", "llama2-7b"), ("meta-llama/Meta-Llama-3-70B", "llama3-70b"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama3.1-8b"), ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"),
+    ("GPT-3 175B", "gpt3-175b"), ("gpt3-xl", "gpt3-1.3b"), ("gpt2", "gpt2-124m"), ("gpt2-xl", "gpt2-1.5b"),
+    ("Nemotron-4-340B", "nemotron4-340b"), ("mosaicml/mpt-7b", "mpt-7b"), ("bigscience/bloom", "bloom-176b"),
+    ("Qwen/Qwen2.5-7B", "qwen2.5-7b")])
+def test_a_model_as_papers_and_the_hub_name_it_resolves(name, key):
+    assert get_model(name).key == key
+
+
 def test_unknown_key_suggests_close_matches():
     with pytest.raises(UserError, match="did you mean: .*llama3-8b"):
-        get_model("llama-3-8b")
+        get_model("llama-3-8B-turbo")
+    with pytest.raises(UserError, match="did you mean: qwen2.5-7b"):  # Qwen2 7B is another model
+        get_model("qwen2-7b")
+
+
+def test_a_hub_id_the_catalog_does_not_hold_is_a_missing_path():
+    with pytest.raises(UserError, match="nope/nothing: no such file or folder"):
+        get_model("nope/nothing")
 
 
 def test_missing_path_is_a_user_error(tmp_path):

@@ -223,3 +223,15 @@ def test_recipe_short_names_plan_the_same_run():
     table = run("--model", "llama3-70b", "--stack", "nemo", "--gpus", "64", "--tp", "4", "--pp", "4",
                 "--vp", "5", "--mbs", "1", "--gbs", "128", "--seq-length", "8192")
     assert table.returncode == 0 and "4+4+4+4+4,4+4+4+4+4" in table.stdout
+
+
+def test_a_run_typed_as_its_source_states_it_plans_as_the_canonical_names():
+    """MosaicML's table row "MPT-7B, H100-80GB, 8 GPUs, 1 x 2, act. ckpt yes" typed with the
+    table's own words plans exactly as the catalog's keys and `--recompute full` do."""
+    source = run("--model", "MPT-7B", "--hardware", "H100 SXM5 80GB", "--stack", "MosaicML", "--gpus", "8",
+                 "--mbs", "1", "--gbs", "16", "--seq-length", "65536", "--recompute", "yes", "--json")
+    canonical = run("--model", "mpt-7b", "--hardware", "h100-sxm", "--stack", "composer", "--gpus", "8",
+                    "--mbs", "1", "--gbs", "16", "--seq-length", "65536", "--recompute", "full", "--json")
+    assert source.returncode == 0 and canonical.returncode == 0, source.stderr
+    assert json.loads(source.stdout) == json.loads(canonical.stdout)
+    assert json.loads(source.stdout)["layout"]["recompute"] == "full"

@@ -16,6 +16,16 @@ def test_agreed_names_and_aliases():
     assert RunSpec.__dataclass_fields__["stack"].default == "flopwise"
 
 
+@pytest.mark.parametrize(("spelled", "name"), [
+    ("NeMo", "megatron-core"), ("Megatron Bridge", "megatron-core"), ("MosaicML", "composer"),
+    ("LLM-Foundry", "composer"), ("flash_attn", "flash-attn"), ("flash-attention", "flash-attn"),
+    ("GPT-NeoX", "megatron-deepspeed"), ("TorchTitan", "torchtitan"), (" deepspeed ", "deepspeed")])
+def test_a_stack_as_its_source_spells_it_resolves(spelled, name):
+    assert get_stack(spelled).name == name
+    # and the plan records the canonical name, which the conventions are looked up by
+    assert build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, stack=spelled).stack == name
+
+
 def test_every_stack_is_complete_and_cites_sources():
     for name in STACK_NAMES:
         stack = get_stack(name)

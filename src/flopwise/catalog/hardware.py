@@ -384,10 +384,10 @@ def get_hardware(name: str) -> HardwareSpec:
     model fits. An unknown name suggests close matches.
     """
     catalog = load_catalog()
-    wanted = name.strip().lower()
+    wanted = "-".join(name.strip().lower().replace("_", " ").split())  # "A100 80GB" -> "a100-80gb"
     if wanted in catalog.devices:
         return catalog.devices[wanted]
-    matching = matching_devices(wanted)
+    matching = matching_devices(wanted) or devices_with_tokens(wanted)
     if len(matching) == 1:
         return catalog.devices[matching[0]]
     if matching:
@@ -401,6 +401,30 @@ def get_hardware(name: str) -> HardwareSpec:
     close = difflib.get_close_matches(wanted, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(catalog.devices)}"
     raise UserError(f"unknown hardware '{name}'; {hint} (see `flopwise hardware`)")
+
+
+_FORM_FACTOR = {"sxm2": "sxm", "sxm4": "sxm", "sxm5": "sxm"}
+_VENDOR_WORDS = {"nvidia", "amd", "google", "intel", "huawei", "hygon", "cambricon", "tesla", "gpu"}
+
+
+def _tokens(name: str) -> set[str]:
+    return {_FORM_FACTOR.get(t, t) for t in name.split("-") if t and t not in _VENDOR_WORDS}
+
+
+def devices_with_tokens(wanted: str) -> list[str]:
+    """Keys of every device whose key and aliases together carry each word of `wanted`, the
+    form factor's generation aside ("h100-sxm5-80gb", "nvidia-a100-sxm4-80gb"): the full names
+    vendors and papers print. Every word must match, so "a100-sxm4-80gb" never reads as a 40 GB part."""
+    words = _tokens(wanted)
+    if not words:
+        return []
+    catalog = load_catalog()
+    found = []
+    for key, spec in catalog.devices.items():
+        known = _tokens(key).union(*(_tokens(alias) for alias in spec.aliases))
+        if words <= known:
+            found.append(key)
+    return found
 
 
 def matching_devices(wanted: str) -> list[str]:

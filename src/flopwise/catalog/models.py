@@ -202,11 +202,58 @@ def get_model(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path).expanduser()
     if path.exists():
         return from_hf_config(path)
+    spelled = catalog_key(name_or_path)
+    if spelled is not None:
+        return catalog[spelled]
     if "/" in name_or_path or "\\" in name_or_path or key.endswith(".json"):
         raise UserError(f"{name_or_path}: no such file or folder (expected a HuggingFace config.json)")
     close = difflib.get_close_matches(key, list(catalog), n=4, cutoff=0.5)
     hint = f"did you mean: {', '.join(close)}?" if close else "see `flopwise models` for the list"
     raise UserError(f"unknown model '{name_or_path}': not a catalog key or a path; {hint}")
+
+
+NAMES = {
+    # the Hub's names for GPT-2 (openai-community/gpt2 ...) and the GPT-3 paper's (Brown et al. 2020,
+    # Table 2.1: Small ... XL); Llama 3's 405B was released as 3.1 only
+    "gpt2": "gpt2-124m", "gpt2-medium": "gpt2-355m", "gpt2-large": "gpt2-774m", "gpt2-xl": "gpt2-1.5b",
+    "gpt3-small": "gpt3-125m", "gpt3-medium": "gpt3-350m", "gpt3-large": "gpt3-760m", "gpt3-xl": "gpt3-1.3b",
+    "llama3-405b": "llama3.1-405b", "bloom": "bloom-176b",
+}
+"""Names the sources use for catalog models that the catalog's key does not spell."""
+
+_SUFFIXES = ("-hf", "-base", "-instruct", "-chat", "-v0.1", "-v0.2", "-v0.3")
+"""Hub repository suffixes that name the same architecture (weights format, tuned variants)."""
+
+
+def _squashed(name: str) -> str:
+    """A model name without its Hub organisation, tuned-variant suffixes, the "meta-" of Meta's
+    repositories and separators: "meta-llama/Llama-2-7b-hf", "Llama 2 7B" and "llama2-7b" agree."""
+    text = "-".join(name.strip().lower().replace("_", " ").split()).rsplit("/", 1)[-1]
+    trimmed = True
+    while trimmed:
+        trimmed = False
+        for suffix in _SUFFIXES:
+            if text.endswith(suffix):
+                text, trimmed = text[: -len(suffix)], True
+    text = text.removeprefix("meta-")
+    return NAMES.get(text, text).replace("-", "")
+
+
+@lru_cache(maxsize=1)
+def _squashed_index() -> dict[str, str]:
+    index: dict[str, str | None] = {}
+    for key in load_models():
+        squashed = _squashed(key)
+        index[squashed] = None if index.get(squashed, key) != key else key  # two keys alike: neither
+    for name, key in NAMES.items():
+        index[_squashed(name)] = key
+    return {name: key for name, key in index.items() if key is not None}
+
+
+def catalog_key(name: str) -> str | None:
+    """The catalog key a model's name as papers and the Hub print it stands for ("Llama-2-7B",
+    "meta-llama/Meta-Llama-3-70B", "GPT-3 175B", "gpt2-xl"), or None."""
+    return _squashed_index().get(_squashed(name))
 
 
 def _first_line(err: Exception) -> str:

@@ -60,7 +60,7 @@ OPTIONS = (
     PlanOption("recompute", "--recompute", str, None,
                "Activation recompute: none|selective (Megatron: attention core; --stack torchtitan: its per-op "
                "policy, op)|op (per-op: every second "
-               "matmul)|full|every:K (full on one block in K)|blocks:F (full on a share F of the blocks). "
+               "matmul)|full (or yes)|every:K (full on one block in K)|blocks:F (full on a share F of the blocks). "
                "[default: none; full for a --finetune that "
                "does not fit without it]"),
     PlanOption("offload", "--offload", str, "none", "none|optimizer|params (params needs --zero 3)."),

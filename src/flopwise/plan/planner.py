@@ -510,6 +510,12 @@ def parse_count(text: str | float | int, option: str = "--tokens") -> float:
     return value
 
 
+RECOMPUTE_WORDS = {"true": "full", "yes": "full", "on": "full", "ckpt": "full",
+                   "false": "none", "no": "none", "off": "none"}
+"""--recompute as a source's "activation checkpointing: yes / no" puts it: a whole block's forward
+again (llm-foundry's `activation_checkpointing: true`, FSDP's checkpoint wrapper) or nothing."""
+
+
 def build_runspec(
     model: str | None = None,
     hardware: str | None = None,
@@ -587,6 +593,8 @@ def build_runspec(
                             f"(or {', '.join(FP8_RECIPE_ALIASES)})")
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
     stack_selective = None
+    if recompute is not None:  # "activation checkpointing: yes" as a source states it
+        recompute = RECOMPUTE_WORDS.get(recompute.strip().lower(), recompute.strip().lower())
     if recompute == "selective" and stack_spec.selective_recompute != "selective":
         recompute = stack_spec.selective_recompute  # what "selective" means on this stack
         stack_selective = (f"recompute {recompute}: {stack}'s selective activation checkpointing as its configs "

@@ -17,20 +17,31 @@ _STACKS = {module.STACK.name: module.STACK for module in (
     flopwise, megatron_core, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn, jax)}
 STACK_NAMES = tuple(_STACKS)
 ALIASES = {"nemo": "megatron-core", "megatron-bridge": "megatron-core", "llm-foundry": "composer",
-           "mcore": "megatron-core", "gpt-neox": "megatron-deepspeed"}
+           "mcore": "megatron-core", "gpt-neox": "megatron-deepspeed",
+           # the names the sources print: MosaicML's tables, flash-attention's repository, NVIDIA's TE
+           "mosaicml": "composer", "flash-attention": "flash-attn", "transformer-engine": "megatron-core",
+           "deepspeed-megatron": "megatron-deepspeed"}
 
 __all__ = ["ALIASES", "FP8_RECIPE_ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack", "find_stack", "get_stack"]
+
+
+def _key(name: str) -> str:
+    """A stack name as the modules spell it: case, spaces and underscores do not matter
+    ("NeMo", "flash_attn", "Megatron Bridge")."""
+    spelled = "-".join(name.strip().lower().replace("_", " ").split())
+    return ALIASES.get(spelled, spelled)
 
 
 def find_stack(name: str) -> Stack | None:
     """The stack called `name` (or an alias), None for a name no module describes (a RunSpec
     built directly may name a stack the planner has no conventions for; it plans as flopwise)."""
-    return _STACKS.get(ALIASES.get(name, name))
+    found = _STACKS.get(name)
+    return found if found is not None else _STACKS.get(_key(name))
 
 
 def get_stack(name: str) -> Stack:
     """The stack called `name` (or one of its aliases); one-line error for an unknown name."""
-    key = ALIASES.get(name, name)
+    key = _key(name)
     if key not in _STACKS:
         raise UserError(f"--stack {name!r} is not one of: {', '.join(STACK_NAMES + tuple(ALIASES))}")
     return _STACKS[key]
