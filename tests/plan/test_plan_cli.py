@@ -259,3 +259,14 @@ def test_an_unknown_precision_still_names_the_choices():
     bad = run("--precision", "fp9", "--json")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: --precision 'fp9' is not one of fp32, tf32, bf16, fp16, fp8, bf16-true"
+
+
+def test_choices_in_any_case_plan_as_the_lower_case_ones():
+    from flopwise.plan.planner import build_runspec
+
+    typed = build_runspec(pp=2, schedule="Interleaved", optimizer="AdamW", framework="Megatron")
+    plain = build_runspec(pp=2, schedule="interleaved", optimizer="adamw", framework="megatron")
+    assert typed == plain and typed.layout.pipeline_schedule == "interleaved"
+    lora = build_runspec(finetune="LoRA", lora_targets="QKVO")
+    assert lora == build_runspec(finetune="lora", lora_targets="qkvo")
+    assert build_runspec(optimizer="adam").workload.optimizer == "adamw"  # the same states and step

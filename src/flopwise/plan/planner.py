@@ -592,6 +592,12 @@ def build_runspec(
     HardwareSpec (a profiled CPU); `profile`, a measured device profile, times the stages and
     splits the defaults compare, as `plan(spec, profile)` times the plan.
     """
+    # choices in any case, as sources print them ("1F1B", "AdamW", "Megatron", "LoRA"); Adam plans as AdamW
+    schedule, offload, framework, finetune, lora_targets = (
+        word.strip().lower() if isinstance(word, str) else word
+        for word in (schedule, offload, framework, finetune, lora_targets))
+    if isinstance(optimizer, str):
+        optimizer = {"adam": "adamw"}.get(optimizer.strip().lower(), optimizer.strip().lower())
     options = dict(locals())
     from flopwise.catalog.hardware import get_hardware
     from flopwise.catalog.models import get_model
