@@ -171,7 +171,7 @@ def test_ascend_cluster_claim_verdict_carries_the_arithmetic():
     ("alias", "key"),
     [("h100-80gb", "h100-sxm"), ("H100-SXM5", "h100-sxm"), (" A100-80GB-SXM ", "a100-80gb"), ("a100-80gb", "a100-80gb"),
      ("910b3", "ascend-910b3"), ("4090", "rtx4090"), ("v5p", "tpu-v5p"), ("MI300X", "mi300x"), ("mi300", "mi300x"),
-     ("ascend910", "ascend-910"), ("h20", "h200"), ("gaudi", None),
+     ("ascend910", "ascend-910"), ("h200-s", "h200"), ("gaudi", None),
      # full names as papers and vendors print them: every word must match, the SXM generation aside
      ("A100 80GB", "a100-80gb"), ("a100-sxm4-80gb", "a100-80gb"), ("A100-SXM4-40GB", "a100-40gb"),
      ("NVIDIA H100 SXM5 80GB", "h100-sxm"), ("h100_pcie", "h100-pcie"), ("TPU v4", "tpu-v4")],
@@ -290,3 +290,19 @@ def test_importing_the_catalog_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name", ["h20", "a10", "l4"])
+def test_a_prefix_never_cuts_a_model_number_short(name):
+    """NVIDIA's H20, A10 and L4 are other parts than the H200, A100 and L40S: no prefix match."""
+    with pytest.raises(UserError, match=rf"unknown hardware '{name}'"):
+        get_hardware(name)
+
+
+def test_the_device_page_lists_only_aliases_that_name_it():
+    from flopwise.catalog.hardware import names_of
+
+    assert names_of("h100-sxm") == ["h100-80gb", "h100-sxm5"]  # "h100" is the PCIe card's too
+    done = subprocess.run([sys.executable, "-m", "flopwise", "hardware", "h100-sxm"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0 and "(aliases: h100-80gb, h100-sxm5)" in done.stdout

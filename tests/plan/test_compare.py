@@ -105,6 +105,8 @@ def test_cli_writes_png_json_csv(tmp_path):
     (("--model", "llama2-7b", "--hardware", "h100-sxm", "--ep", "8"), "error: --ep 8: llama2-7b has no experts"),
     (("--model", "mixtral-8x7b", "--hardware", "rtx4090", "--gpus", "4", "--local", "--ep", "2"),
      "error: --ep is not taken with --local"),
+    (("--model", "gpt3-125m", "--hardware", "h100-sxm", "--precision", "fp9"),
+     "error: --precision 'fp9' is not one of fp32, tf32, bf16, fp16, fp8, bf16-true"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, args, message):
     out = run_compare(*args, "--max-devices", "64", "--out", str(tmp_path))
@@ -160,3 +162,15 @@ def test_compare_without_sequence_parallelism_plans_every_tp_layout_without_it()
     assert done.returncode == 0, done.stderr
     chosen = json.loads(done.stdout)["devices"][0]["chosen"]
     assert chosen["plan"]["layout"]["sequence_parallel"] is False and "+SP" not in chosen["layout"]
+
+
+def test_pure_bf16_and_a_precision_as_sources_spell_it_are_compared_at_the_bf16_peak():
+    """bf16-true (no fp32 master) computes in bf16, so every device with a bf16 peak is compared;
+    "BF16" is bf16. Before, both read as "no published peak" on every device."""
+    pure = compare_devices("gpt3-1.3b", "10B", ["a100-80gb", "h100-sxm"], gpus=8, precision="bf16-true")
+    assert [v.chosen.plan.spec.workload.precision for v in pure.verdicts] == ["bf16-true", "bf16-true"]
+    mixed = compare_devices("gpt3-1.3b", "10B", ["a100-80gb", "h100-sxm"], gpus=8, precision="BF16")
+    assert [v.chosen.plan.spec.workload.precision for v in mixed.verdicts] == ["bf16", "bf16"]
+    # no fp32 master copy and bf16 Adam states: less memory per device than mixed precision
+    assert all(p.chosen.plan.memory.total_bytes < m.chosen.plan.memory.total_bytes
+               for p, m in zip(pure.verdicts, mixed.verdicts))

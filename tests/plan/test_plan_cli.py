@@ -235,3 +235,38 @@ def test_a_run_typed_as_its_source_states_it_plans_as_the_canonical_names():
     assert source.returncode == 0 and canonical.returncode == 0, source.stderr
     assert json.loads(source.stdout) == json.loads(canonical.stdout)
     assert json.loads(source.stdout)["layout"]["recompute"] == "full"
+
+
+@pytest.mark.parametrize(("typed", "precision"), [
+    ("FP8", "fp8"), ("BF16", "bf16"), ("bf16-mixed", "bf16"), ("amp_bf16", "bf16"), ("16-mixed", "fp16"),
+    ("amp_fp8", "fp8"), ("Bf16-True", "bf16-true")])
+def test_precision_as_trainers_and_papers_spell_it(typed, precision):
+    from flopwise.plan.planner import build_runspec
+
+    assert build_runspec(precision=typed).workload.precision == precision
+
+
+@pytest.mark.parametrize(("typed", "recipe"), [
+    ("Row-wise", "rowwise"), ("current scaling", "tensorwise"), ("MXFP8", "mxfp8"), ("delayed scaling", "delayed"),
+    ("Tensor-wise", "tensorwise"), ("hybrid", "delayed")])
+def test_fp8_recipe_as_sources_spell_it(typed, recipe):
+    from flopwise.plan.planner import build_runspec
+
+    assert build_runspec(precision="fp8", fp8_recipe=typed).cluster.extra["fp8_recipe"] == recipe
+
+
+def test_an_unknown_precision_still_names_the_choices():
+    bad = run("--precision", "fp9", "--json")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: --precision 'fp9' is not one of fp32, tf32, bf16, fp16, fp8, bf16-true"
+
+
+def test_choices_in_any_case_plan_as_the_lower_case_ones():
+    from flopwise.plan.planner import build_runspec
+
+    typed = build_runspec(pp=2, schedule="Interleaved", optimizer="AdamW", framework="Megatron")
+    plain = build_runspec(pp=2, schedule="interleaved", optimizer="adamw", framework="megatron")
+    assert typed == plain and typed.layout.pipeline_schedule == "interleaved"
+    lora = build_runspec(finetune="LoRA", lora_targets="QKVO")
+    assert lora == build_runspec(finetune="lora", lora_targets="qkvo")
+    assert build_runspec(optimizer="adam").workload.optimizer == "adamw"  # the same states and step

@@ -427,10 +427,32 @@ def devices_with_tokens(wanted: str) -> list[str]:
     return found
 
 
+def _prefix_of(wanted: str, name: str) -> bool:
+    """`wanted` starts `name` and does not cut a model number short: "h20" is NVIDIA's H20, not
+    a prefix of "h200", as "a10" is the A10 and "l4" the L4 (different parts, a few times apart)."""
+    if not name.startswith(wanted):
+        return False
+    rest = name[len(wanted):]
+    return not (rest and wanted and rest[0].isdigit() and wanted[-1].isdigit())
+
+
 def matching_devices(wanted: str) -> list[str]:
     """Keys of every device whose key or an alias starts with `wanted` (lower case), in catalog order."""
     catalog = load_catalog()
     return [
         key for key, spec in catalog.devices.items()
-        if key.startswith(wanted) or any(alias.startswith(wanted) for alias in spec.aliases)
+        if _prefix_of(wanted, key) or any(_prefix_of(wanted, alias) for alias in spec.aliases)
     ]
+
+
+def names_of(key: str) -> list[str]:
+    """The aliases that name this device alone (`get_hardware` answers them with it); an alias two
+    parts share ("h100": the SXM and PCIe cards) stays for matching a device's reported name."""
+    names = []
+    for alias in load_catalog().devices[key].aliases:
+        try:
+            if get_hardware(alias).key == key:
+                names.append(alias)
+        except UserError:
+            pass
+    return names

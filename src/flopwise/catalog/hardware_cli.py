@@ -121,7 +121,10 @@ def _print_device(spec: HardwareSpec) -> None:
     from rich.table import Table
 
     console = Console()
-    aliases = f"  (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
+    from flopwise.catalog.hardware import names_of
+
+    names = names_of(spec.key)
+    aliases = f"  (aliases: {', '.join(names)})" if names else ""
     console.print(f"[bold]{spec.name}[/bold]  key: {spec.key}{aliases}")
     figures = Table(title="figures", show_lines=False)
     for column in ("figure", "value", "confidence", "source", "note"):

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from flopwise.catalog.hardware import HardwareSpec, get_hardware, load_hardware
 from flopwise.catalog.models import get_model
 from flopwise.errors import UserError
-from flopwise.plan.planner import Plan, build_runspec
+from flopwise.plan.memory import compute_dtype
+from flopwise.plan.planner import Plan, build_runspec, spelled_precision
+from flopwise.plan.spec import PRECISIONS
 from flopwise.plan.search import describe_layout, fits_anywhere, search_layouts, with_expert_parallel
 
 SECONDS_PER_DAY = 86_400.0
@@ -124,8 +126,8 @@ def device_counts(hw: HardwareSpec, max_devices: int, minimum: int = 1) -> list[
 
 def precision_for(hw: HardwareSpec, wanted: str | None) -> str | None:
     """The asked precision if the device has a peak for it, else the first of bf16, fp16, fp32 it has."""
-    if wanted is not None:
-        return wanted if hw.peak_flops(wanted) is not None else None
+    if wanted is not None:  # bf16-true computes in bf16: the device's bf16 peak
+        return wanted if hw.peak_flops(compute_dtype(wanted)) is not None else None
     return next((p for p in PRECISION_PREFERENCE if hw.peak_flops(p) is not None), None)
 
 
@@ -196,6 +198,10 @@ def compare_devices(
         raise UserError(f"--budget-usd must be > 0, got {budget_usd}")
     if deadline_days is not None and deadline_days <= 0:
         raise UserError(f"--deadline-days must be > 0, got {deadline_days}")
+    if precision is not None:
+        precision = spelled_precision(precision)
+        if precision not in PRECISIONS:  # else every device would read "no published peak"
+            raise UserError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     mode = "gpus" if gpus else "budget" if budget_usd else "deadline" if deadline_days else "fewest"
     target = gpus or budget_usd or deadline_days
     devices = [get_hardware(h) for h in hardware] if hardware else list(load_hardware().values())

@@ -510,6 +510,23 @@ def parse_count(text: str | float | int, option: str = "--tokens") -> float:
     return value
 
 
+PRECISION_WORDS = {
+    # PyTorch Lightning's and Composer's names (Trainer(precision=...), `precision: amp_bf16`)
+    "bf16-mixed": "bf16", "amp-bf16": "bf16", "16-mixed": "fp16", "fp16-mixed": "fp16", "amp-fp16": "fp16",
+    "16": "fp16", "32": "fp32", "32-true": "fp32", "fp32-true": "fp32", "amp-fp8": "fp8", "float8": "fp8",
+    "bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
+}
+"""--precision as the trainers and papers spell it; the mixed-precision names keep an fp32 master
+copy, which is what bf16 / fp16 plan (bf16-true is the pure-bf16 one)."""
+
+
+def spelled_precision(text: str) -> str:
+    """A precision in any case, with `_` or spaces ("BF16", "amp_bf16", "bf16-mixed"), as its
+    canonical name; an unknown one is returned as typed, for the check that names the choices."""
+    word = "-".join(text.strip().lower().replace("_", " ").split())
+    return PRECISION_WORDS.get(word, word) if word else text
+
+
 RECOMPUTE_WORDS = {"true": "full", "yes": "full", "on": "full", "ckpt": "full",
                    "false": "none", "no": "none", "off": "none"}
 """--recompute as a source's "activation checkpointing: yes / no" puts it: a whole block's forward
@@ -575,6 +592,12 @@ def build_runspec(
     HardwareSpec (a profiled CPU); `profile`, a measured device profile, times the stages and
     splits the defaults compare, as `plan(spec, profile)` times the plan.
     """
+    # choices in any case, as sources print them ("1F1B", "AdamW", "Megatron", "LoRA"); Adam plans as AdamW
+    schedule, offload, framework, finetune, lora_targets = (
+        word.strip().lower() if isinstance(word, str) else word
+        for word in (schedule, offload, framework, finetune, lora_targets))
+    if isinstance(optimizer, str):
+        optimizer = {"adam": "adamw"}.get(optimizer.strip().lower(), optimizer.strip().lower())
     options = dict(locals())
     from flopwise.catalog.hardware import get_hardware
     from flopwise.catalog.models import get_model
@@ -586,8 +609,12 @@ def build_runspec(
         framework = stack_spec.framework  # a named stack brings its framework's conventions
     if allocator_reserve is None:
         allocator_reserve = stack_spec.allocator_reserve
+    if precision is not None:
+        precision = spelled_precision(precision)
     if fp8_recipe is not None:
-        fp8_recipe = FP8_RECIPE_ALIASES.get(fp8_recipe.lower(), fp8_recipe.lower())
+        # "Row-wise", "current scaling", "MXFP8": the recipe's name as a source prints it
+        fp8_recipe = "".join(fp8_recipe.lower().replace("scaling", " ").replace("_", " ").replace("-", " ").split())
+        fp8_recipe = FP8_RECIPE_ALIASES.get(fp8_recipe, fp8_recipe)
         if fp8_recipe not in FP8_RECIPES:
             raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)} "
                             f"(or {', '.join(FP8_RECIPE_ALIASES)})")
