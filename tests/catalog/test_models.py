@@ -140,6 +140,15 @@ HF_CASES = {
         dict(SMALL, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=80,
              num_experts=6, num_experts_per_tok=2, num_key_value_heads=2),
     ),
+    # qwen3: per-head q/k RMSNorms and a head_dim apart from hidden / heads (Qwen3-30B-A3B's 128 at hidden 2048)
+    "qwen3": ("Qwen3Config", dict(SMALL, intermediate_size=96, num_key_value_heads=2, head_dim=24)),
+    "qwen3-tied-bias": ("Qwen3Config", dict(SMALL, intermediate_size=96, num_key_value_heads=2,
+                                            tie_word_embeddings=True, attention_bias=True)),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(SMALL, intermediate_size=96, moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2,
+             num_key_value_heads=2, head_dim=24),
+    ),
     "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=211, n_positions=96)),
     "gpt_neox": ("GPTNeoXConfig", dict(SMALL, intermediate_size=160, max_position_embeddings=96)),
     "bert": ("BertConfig", dict(SMALL, intermediate_size=128, max_position_embeddings=96, type_vocab_size=3)),

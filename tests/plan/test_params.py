@@ -174,3 +174,20 @@ def test_plan_params_never_imports_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_qwen3_counts_its_per_head_qk_norms_and_they_cost_memory_and_time():
+    """Qwen3's q_norm and k_norm (one head_dim weight each per block) are parameters; the norms
+    keep their inputs for the backward and read + write q and k: more activation memory and a
+    longer step than the same shapes without them."""
+    from flopwise.plan.planner import build_runspec, plan
+
+    qwen3 = get_model("qwen3-8b")
+    plain = dataclasses.replace(qwen3, qk_norm=False)
+    assert count_params(qwen3).total - count_params(plain).total == 36 * 2 * 128
+    assert count_params(qwen3).non_embedding == pytest.approx(6.95e9, rel=2e-3)  # the report's 6.95B
+    spec = build_runspec(model="qwen3-8b", hardware="h100-sxm", gpus=8, seq_len=4096, micro_batch=1,
+                         global_batch=64)
+    with_norms, without = plan(spec), plan(dataclasses.replace(spec, model=plain))
+    assert with_norms.memory.activations > without.memory.activations
+    assert with_norms.time.memory_bound_seconds > without.time.memory_bound_seconds

@@ -64,6 +64,7 @@ class ModelSpec:
     norms_per_layer: int = 2  # norms inside each block (falcon-7b's parallel block has 1)
     parallel_block: bool = False  # attention and MLP read the same input and are summed (GPT-J, NeoX, PaLM)
     shared_expert_ffn_hidden: int = 0  # MoE: an always-active shared expert (qwen2_moe)
+    qk_norm: bool = False  # RMSNorm over each head's q and k (qwen3): two head_dim weights per layer
     reported_params: float = 0.0  # the size the source publishes (often rounded), for comparison
     params: int = 0  # CNN: total parameters (decoders/encoders derive it)
     flops_per_sample: float = 0.0  # CNN: forward FLOPs per sample
@@ -415,6 +416,30 @@ def _read_qwen2_moe(cfg: _HFConfig) -> dict:
     return values
 
 
+def _read_qwen3(cfg: _HFConfig) -> dict:
+    # Qwen3Attention: q/k/v/o with `attention_bias` on all four (default none), head_dim from the
+    # config (128 in every released size), an RMSNorm over each head's q and k (q_norm, k_norm)
+    values = _llama_like(cfg, attn_bias_key="attention_bias", default_attn_bias=False)
+    values["qk_norm"] = True
+    return values
+
+
+def _read_qwen3_moe(cfg: _HFConfig) -> dict:
+    values = _read_qwen3(cfg)
+    if cfg.get_int("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers", []):
+        raise UserError(
+            f"{cfg.path}: qwen3_moe with dense layers (decoder_sparse_step != 1 or mlp_only_layers)"
+            " is not supported; only all-MoE stacks are"
+        )
+    values.update(  # no shared expert (Qwen3MoeSparseMoeBlock: a router and the experts)
+        ffn_hidden=cfg.need("moe_intermediate_size"),
+        # the Hub's configs say num_experts; transformers 5 writes num_local_experts
+        n_experts=cfg.need("num_experts", "num_local_experts"),
+        experts_per_token=cfg.need("num_experts_per_tok"),
+    )
+    return values
+
+
 def _read_gpt2(cfg: _HFConfig) -> dict:
     hidden = cfg.need("n_embd", "hidden_size")
     if cfg.get("add_cross_attention", False):
@@ -630,6 +655,8 @@ _READERS = {
     "mixtral": _read_mixtral,
     "qwen2": _read_qwen2,
     "qwen2_moe": _read_qwen2_moe,
+    "qwen3": _read_qwen3,
+    "qwen3_moe": _read_qwen3_moe,
     "gpt2": _read_gpt2,
     "gpt_neox": _read_gpt_neox,
     "bert": _read_bert,

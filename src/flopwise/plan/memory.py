@@ -188,6 +188,7 @@ def activation_terms(
                  [+ as²b mask + e·as²b dropout out]
       MLP gelu:  e·sbh (input) + 2·e·sbf (GELU input, fc2 input) [+ sbh mask]
       MLP swiglu: e·sbh + 4·e·sbf (gate out, SiLU out, up out, product)
+      qk norms:  (qwen3) e·sb(d+k), and the normalised copy as for the norms below
       norms:     e·sbh each (input), `norms_per_layer` of them; an eager `torch.nn.RMSNorm`
                  also saves the normalised tensor (2·e·sbh; measured, torch 2.13), which
                  `rmsnorm_saves_normalized=False` drops for fused kernels
@@ -218,6 +219,8 @@ def activation_terms(
     replicated += spec.norms_per_layer * per_norm * e * sb * h  # norm inputs (+ normalised)
 
     sharded = e * sb * (d + 2 * k) + g * sb * d  # Q, K, V + out-proj input
+    if getattr(spec, "qk_norm", False):  # qwen3's per-head norms on q and k keep their inputs (+ normalised)
+        sharded += per_norm * e * sb * (d + k)
     if spec.mlp == "swiglu" and fused_swiglu:
         sharded += 2.0 * (e if act_input_bytes is None else act_input_bytes) * sb * f + g * sb * f
     else:

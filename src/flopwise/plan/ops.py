@@ -220,6 +220,9 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     if model.position == "rope":
         per_token += 2 * (a + g) * d / tp * e
         kernels += 2
+    if getattr(model, "qk_norm", False):  # qwen3: an RMSNorm over each head's q and k, read + write
+        per_token += 2 * (a + g) * d / tp * e
+        kernels += 2
     if dropout:
         per_token += 2 * (2 * hs * e + hs)
         kernels += 2

@@ -106,6 +106,8 @@ def _count_params(spec: ModelSpec) -> ParamCount:
     else:
         mlp = mlp_active = expert
     norms = spec.norms_per_layer * norm_size
+    if spec.qk_norm:  # qwen3: q_norm and k_norm, one head_dim weight each, shared by the heads
+        norms += 2 * (spec.head_dim or h // spec.n_heads)
 
     has_final_norm = spec.final_norm if spec.final_norm is not None else spec.arch != "encoder"
     final_norm = norm_size if has_final_norm else 0

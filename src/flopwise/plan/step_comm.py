@@ -97,7 +97,7 @@ def layer_tensors(model) -> int:
     and each norm's weight (and bias for LayerNorm)."""
     linears = 4
     biases = 2 * int(bool(model.attn_bias)) + 2 * int(bool(model.mlp_bias))
-    norms = model.norms_per_layer * norm_tensors(model)
+    norms = model.norms_per_layer * norm_tensors(model) + 2 * int(bool(getattr(model, "qk_norm", False)))
     return linears + biases + norms
 
 
