@@ -223,6 +223,8 @@ def test_recipe_short_names_plan_the_same_run():
     table = run("--model", "llama3-70b", "--stack", "nemo", "--gpus", "64", "--tp", "4", "--pp", "4",
                 "--vp", "5", "--mbs", "1", "--gbs", "128", "--seq-length", "8192")
     assert table.returncode == 0 and "4+4+4+4+4,4+4+4+4+4" in table.stdout
+    # the header names the layout as the recipe states it: sequence parallelism and the chunks
+    assert "(dp 4, tp 4+SP, pp 4 interleaved x5)" in table.stdout.replace("\n", " ")
 
 
 def test_a_run_typed_as_its_source_states_it_plans_as_the_canonical_names():

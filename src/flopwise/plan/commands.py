@@ -240,6 +240,19 @@ def _interruption_rows(est) -> list[tuple[str, str]]:
     ]
 
 
+def _layout_words(lay) -> str:
+    """The parallel layout as the header names it: sequence parallelism and an interleaved
+    schedule's chunks are part of the layout a recipe states ("tp 4+SP", "pp 4 interleaved x5")."""
+    sp = "+SP" if lay.tp > 1 and lay.sequence_parallel else ""
+    pp = f"pp {lay.pp}"
+    if lay.pp > 1 and lay.pipeline_schedule == "interleaved":
+        pp += f" interleaved x{lay.virtual_stages}"
+    elif lay.pp > 1 and lay.pipeline_schedule != "1f1b":
+        pp += f" {lay.pipeline_schedule}"
+    return ", ".join([f"dp {lay.dp}", f"tp {lay.tp}{sp}", pp] + ([f"cp {lay.cp}"] if lay.cp > 1 else [])
+                     + ([f"ep {lay.ep}"] if lay.ep > 1 else []))
+
+
 def print_plan(result) -> None:
     """Print a Plan as rich tables: parameters, FLOPs, memory, time, energy and cost."""
     from rich.console import Console
@@ -250,7 +263,7 @@ def print_plan(result) -> None:
     console = Console()
     console.print(
         f"[bold]{spec.model.name or spec.model.key}[/bold] on {lay.devices} x {hw.name or hw.key} "
-        f"(dp {lay.dp}, tp {lay.tp}, pp {lay.pp}{f', cp {lay.cp}' if lay.cp > 1 else ''}{f', ep {lay.ep}' if lay.ep > 1 else ''}); {work.precision}, {work.optimizer}, ZeRO-{lay.zero_stage}, "
+        f"({_layout_words(lay)}); {work.precision}, {work.optimizer}, ZeRO-{lay.zero_stage}, "
         f"recompute {lay.recompute}, offload {lay.offload}{', torch.compile' if lay.compiled else ''}; micro-batch {lay.micro_batch_size} x accum "
         f"{lay.grad_accum} = {lay.global_batch_size} per step"
         + ("" if spec.model.arch == "cnn" else f", seq {work.seq_len}")
