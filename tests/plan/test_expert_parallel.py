@@ -55,7 +55,8 @@ def test_expert_gemms_are_fewer_and_larger_with_the_same_flops():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(model="llama2-7b", gpus=8, ep=2), "has no experts"),
     (dict(model="mixtral-8x7b", gpus=8, ep=3), "does not divide mixtral-8x7b's 8 experts"),
-    (dict(model="mixtral-8x7b", gpus=8, tp=4, ep=4), "must divide the data-parallel ranks dp x cp = 2"),
+    # ep 8 exceeds dp x cp x tp = 4: not even folding the experts over the tp ranks makes room
+    (dict(model="mixtral-8x7b", gpus=8, tp=4, pp=2, ep=8), "must divide the data-parallel ranks dp x cp = 1"),
 ])
 def test_an_impossible_ep_is_one_line(kwargs, message):
     with pytest.raises(UserError, match=message):
@@ -107,3 +108,44 @@ def test_token_shuffles_cost_memory_traffic_and_sorting_needs_several_local_expe
     extra = 2 * 2 * 2 * 4096 * 2.0 * tokens * 3 / rates.memory_bytes_per_s  # forward + 2x backward
     extra += (2 + 1.5 * 2) * rates.curve.kernel_seconds  # two more kernels forward, 1.5x that backward
     assert times[2].memory_bound - times[8].memory_bound == pytest.approx(extra, rel=0.05)
+
+
+# --------------------------------------------------------------------------- expert tensor parallelism
+
+QWEN3_235B = dict(model="qwen3-235b-a22b", stack="nemo", gpus=256, tp=2, pp=8, ep=32, virtual_stages=4,
+                  micro_batch=1, global_batch=2048, seq_len=4096)
+
+
+def test_nemo_qwen3_235b_layout_folds_its_experts_over_the_tensor_parallel_ranks():
+    """NeMo's H100 recipe (tp 2, pp 8, ep 32, etp 1 on 256 GPUs) has dp x cp = 16 < ep: the only
+    layout that runs is Megatron-Core's MoE parallel folding, and the plan says so."""
+    spec = build_runspec(**QWEN3_235B)
+    assert (spec.layout.ep, spec.layout.expert_tp, spec.layout.expert_shard_group) == (32, 1, 1)
+    assert any(d.startswith("etp 1: --ep 32 spans the tensor-parallel ranks") for d in spec.cluster.extra["defaults"])
+    result = plan(spec)
+    assert result.fits and result.time.ep_exposed_seconds > 0
+    assert spec.layout == build_runspec(**QWEN3_235B, etp=1).layout  # stated or inferred, the same layout
+
+
+def test_folded_experts_hold_whole_experts_with_the_same_flops():
+    """Mixtral 8x7B, tp 2, ep 8 on 64 GPUs runs either way: with etp 1 a rank holds its 1/8 of the
+    experts whole instead of half of each, and runs them on the tokens of both tp ranks."""
+    layout = dict(MIXTRAL, tp=2, pp=1, ep=8)
+    split, folded = (plan(build_runspec(**layout, etp=etp)) for etp in (2, 1))
+    pc = count_params(split.spec.model)
+    extra = pc.n_layers * pc.experts_per_layer / 8 * (1 - 1 / 2) * 2  # bf16 bytes of the other halves
+    assert folded.memory.weights - split.memory.weights == pytest.approx(extra, rel=1e-9)
+    assert folded.time.mfu == pytest.approx(split.time.mfu, rel=0.15)  # same FLOPs, other GEMM shapes
+    assert folded.time.gemm_seconds != split.time.gemm_seconds
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(model="mixtral-8x7b", gpus=64, tp=2, ep=8, etp=3), "--etp 3 must divide --tp 2"),
+    (dict(model="llama2-7b", gpus=8, tp=2, etp=1), "--etp 1: llama2-7b has no experts"),
+    (dict(model="mixtral-8x7b", gpus=16, tp=2, pp=4, ep=8, etp=2), "--ep 8 must divide the data-parallel ranks"),
+    (dict(model="mixtral-8x7b", gpus=16, tp=8, ep=8, etp=4), "--ep 8 x --etp 4 must divide dp x cp x tp = 16"),
+])
+def test_an_expert_layout_no_run_could_have_is_one_line(kwargs, message):
+    with pytest.raises(UserError, match=message) as err:
+        build_runspec(**kwargs)
+    assert "\n" not in str(err.value)

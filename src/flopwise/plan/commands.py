@@ -250,7 +250,8 @@ def _layout_words(lay) -> str:
     elif lay.pp > 1 and lay.pipeline_schedule != "1f1b":
         pp += f" {lay.pipeline_schedule}"
     return ", ".join([f"dp {lay.dp}", f"tp {lay.tp}{sp}", pp] + ([f"cp {lay.cp}"] if lay.cp > 1 else [])
-                     + ([f"ep {lay.ep}"] if lay.ep > 1 else []))
+                     + ([f"ep {lay.ep}" + (f" etp {lay.expert_tp}" if lay.expert_tp != lay.tp else "")]
+                        if lay.ep > 1 else []))
 
 
 def print_plan(result) -> None:

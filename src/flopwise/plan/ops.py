@@ -123,17 +123,18 @@ def _gemm_fwd_bwd(rates: DeviceRates, m: int, n: int, k: int, e: float, count: f
 def layer_times(
     model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool, flash: bool,
     dropout: bool, recompute: str, precision: str, rates: DeviceRates, kv_len: int | None = None,
-    ep: int = 1,
+    ep: int = 1, etp: int = 0,
 ) -> LayerTimes:
     """Compute seconds of one layer per micro-batch on one rank (cached by every argument).
 
     `seq_len` is the rank's tokens of a sequence; `kv_len` the keys each query attends over when
     that differs (context parallelism: a cp-th of the queries against the whole sequence); `ep`
     the expert-parallel size (a rank runs E/ep experts on the tokens the ep ranks route to them:
-    the same FLOPs in ep times fewer, larger GEMMs)."""
+    the same FLOPs in ep times fewer, larger GEMMs); `etp` the experts' own tensor-parallel width
+    (0: tp; below tp a rank runs whole experts on the tokens of tp / etp sequence-parallel ranks)."""
     return _cached(_LAYER_CACHE, _layer_times, model,
                    seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates,
-                   kv_len, ep)
+                   kv_len, ep, etp or tp)
 
 
 def _cached(cache: dict, compute, model: ModelSpec, *args):
@@ -154,7 +155,7 @@ def _cached(cache: dict, compute, model: ModelSpec, *args):
 
 
 def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rates: DeviceRates,
-                 kv_len: int | None = None, ep: int = 1) -> LayerTimes:
+                 kv_len: int | None = None, ep: int = 1, etp: int = 0) -> LayerTimes:
     e = 4.0 if precision in ("fp32", "tf32") else 2.0
     kv = kv_len or s  # keys per query row
     ge = 1.0 if precision == "fp8" else e  # bytes of a GEMM operand
@@ -170,10 +171,11 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     fwd_g = dgrad_g = wgrad_g = 0.0
     shapes = [(T, (a + 2 * g) * d // tp, h, 1.0), (T, h, a * d // tp, 1.0)]
     if experts > 1:
-        per_expert = max(1, T * topk * ep // experts)  # tokens one local expert sees from the ep ranks
+        etp = etp or tp  # folded experts (etp < tp) see the tokens of tp / etp sequence-parallel ranks, whole
+        per_expert = max(1, T * etp // tp * topk * ep // experts)  # tokens one local expert sees from the ep ranks
         local = float(experts // ep)
         shapes += [(T, experts, h, 1.0)]  # the router's gating GEMM
-        shapes += [(per_expert, up_width // tp, h, local), (per_expert, h, f // tp, local)]
+        shapes += [(per_expert, up_width // etp, h, local), (per_expert, h, f // etp, local)]
         if model.shared_expert_ffn_hidden:
             sf = model.shared_expert_ffn_hidden
             shapes += [(T, (2 if model.mlp == "swiglu" else 1) * sf // tp, h, 1.0), (T, h, sf // tp, 1.0)]

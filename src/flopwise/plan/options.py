@@ -35,6 +35,10 @@ OPTIONS = (
     PlanOption("ep", "--ep", int, None, "Expert-parallel size (MoE): each rank holds E/ep of the routed experts, "
                "tokens reach them by all-to-all; divides dp x cp (Megatron-Core --expert-model-parallel-size). "
                "[default: 1]"),
+    PlanOption("etp", "--etp", int, None, "Expert tensor-parallel size (MoE): the routed experts' own tp width; "
+               "below --tp the experts fold over the tensor-parallel ranks and ep x etp divides dp x cp x tp "
+               "(Megatron-Core --expert-tensor-parallel-size). [default: tp, or 1 when --ep needs the "
+               "tensor-parallel ranks]"),
     PlanOption("micro_batch", "--micro-batch", int, None, "Sequences per device per micro-step. [default: 1]",
                ("--mbs",)),
     PlanOption("global_batch", "--global-batch", int, None, "Sequences per optimizer step. [default: batch-tokens / seq-len]",
@@ -127,7 +131,7 @@ RUNSPEC_OPTIONS = (
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
-    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb", "compiled", "cp", "ep",
+    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb", "compiled", "cp", "ep", "etp",
     "fsdp_sync_every_micro_step", "interruptions_per_device_day", "restart_seconds", "host_copy_gbps",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
@@ -141,7 +145,8 @@ def search_devices_and_base(values: dict) -> tuple[int, dict]:
     o = dict(values)
     cp = o["cp"] or 1
     devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1) * cp) if o["dp"] else 8)
-    o.update(gpus=cp, dp=None, tp=None, pp=None, zero=None, micro_batch=None, ep=None, search_ep=o.get("ep") or 1)
+    o.update(gpus=cp, dp=None, tp=None, pp=None, zero=None, micro_batch=None, ep=None, etp=None,
+             search_ep=o.get("ep") or 1)
     return devices, o
 
 

@@ -108,7 +108,7 @@ class Plan:
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "micro_batch": lay.micro_batch_size,
                        "grad_accum": lay.grad_accum, "zero": lay.zero_stage, "framework": lay.framework,
                        "recompute": lay.recompute, "compiled": lay.compiled, "cp": lay.cp, "ep": lay.ep,
-                       "sequence_parallel": lay.sequence_parallel},
+                       "etp": lay.expert_tp, "sequence_parallel": lay.sequence_parallel},
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
@@ -167,9 +167,17 @@ def validate(spec: RunSpec) -> None:
     _choice("optimizer", work.optimizer, OPTIMIZERS)
     if lay.ep > 1:
         check_expert_parallel(model, lay.ep)
-        if lay.gradient_group % lay.ep:
+    if lay.etp and model.n_experts <= 1:
+        raise UserError(f"--etp {lay.etp}: {model.key} has no experts (expert tensor parallelism is for MoE models)")
+    if lay.etp < 0 or (lay.etp and lay.tp % lay.etp):
+        raise UserError(f"--etp {lay.etp} must divide --tp {lay.tp}")
+    if lay.ep > 1 and (lay.gradient_group * lay.tp) % (lay.ep * lay.expert_tp):
+        if lay.expert_tp == lay.tp:
             raise UserError(f"--ep {lay.ep} must divide the data-parallel ranks dp x cp = {lay.gradient_group} "
-                            "(the expert-parallel ranks are data-parallel ranks for the rest of the model)")
+                            "(the expert-parallel ranks are data-parallel ranks for the rest of the model; with "
+                            "--etp below --tp they may span the tensor-parallel ranks too)")
+        raise UserError(f"--ep {lay.ep} x --etp {lay.expert_tp} must divide dp x cp x tp = "
+                        f"{lay.gradient_group * lay.tp}")
     if not mem.is_recompute_policy(lay.recompute):
         raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)}, "
                         "every:K or blocks:F")
@@ -352,7 +360,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     # Memory
     memory = _memory(spec, pc, warnings)
     sb = mem.state_bytes(work.precision, work.optimizer)
-    psi = (pc.total - pc.n_layers * pc.experts_elsewhere_per_layer(lay.ep)) / (lay.tp * lay.pp)
+    experts = pc.n_layers * pc.experts_per_layer  # routed experts: 1/(ep x etp) of them per device
+    psi = (pc.total - experts) / (lay.tp * lay.pp) + experts / (lay.ep * lay.expert_tp * lay.pp)
     e = mem.activation_dtype_bytes(work.precision)
 
     # Communication and time: the operator model (ops.py, gemm.py, comm.py, timing.py)
@@ -557,6 +566,7 @@ def build_runspec(
     compiled: bool = False,
     cp: int | None = None,
     ep: int | None = None,
+    etp: int | None = None,
     fsdp_sync_every_micro_step: bool = False,
     dropout: bool = False,
     tp_comm_overlap: bool = False,
@@ -734,11 +744,18 @@ def build_runspec(
                              *tuning.default_notes(tokens is None,
                                                    options["batch_tokens"] is None and options["global_batch"] is None))
 
+    if ep and ep > 1 and etp is None and tp > 1 and (dp * cp) % ep and (dp * cp * tp) % ep == 0:
+        # the only layout that runs: Megatron-Core's MoE parallel folding, as NeMo's MoE recipes set it
+        etp = 1
+        extra["defaults"] = (*extra.get("defaults", ()),
+                             f"etp 1: --ep {ep} spans the tensor-parallel ranks (dp x cp = {dp * cp}), so the experts "
+                             "fold: each rank holds whole experts (Megatron-Core --expert-tensor-parallel-size 1)")
     layout = Layout(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
         sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
-        compiled=compiled, cp=cp, ep=ep or 1, fsdp_sync_every_micro_step=fsdp_sync_every_micro_step,
+        compiled=compiled, cp=cp, ep=ep or 1, etp=0 if etp is None or etp == tp else etp,
+        fsdp_sync_every_micro_step=fsdp_sync_every_micro_step,
         tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
         framework=framework,
     )

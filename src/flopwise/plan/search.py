@@ -480,7 +480,7 @@ def describe_layout(lay: Layout) -> str:
     """One short line naming a layout, in the `flopwise plan` option vocabulary."""
     sp = "+SP" if (lay.tp > 1 and lay.sequence_parallel) else ""
     text = f"dp {lay.dp} tp {lay.tp}{sp} pp {lay.pp}" + (f" cp {lay.cp}" if lay.cp > 1 else "") \
-        + (f" ep {lay.ep}" if lay.ep > 1 else "") \
+        + (f" ep {lay.ep}" + (f" etp {lay.expert_tp}" if lay.expert_tp != lay.tp else "") if lay.ep > 1 else "") \
         + f", micro-batch {lay.micro_batch_size} x {lay.grad_accum}, ZeRO-{lay.zero_stage}"
     if lay.recompute != "none":
         text += f", recompute {lay.recompute}"

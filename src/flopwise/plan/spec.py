@@ -67,6 +67,16 @@ class Layout:
     # data-parallel ranks for everything else, so ep divides dp x cp and the experts' gradients reduce
     # and ZeRO shards over dp x cp / ep
     ep: int = 1
+    # expert tensor parallelism: the routed experts' own tensor-parallel width (Megatron-Core
+    # `--expert-tensor-parallel-size`, 0 = tp, its default). Below tp the experts "fold" (Megatron-
+    # Core's MoE parallel folding, the layout NeMo's MoE recipes run with etp 1): a rank holds whole
+    # experts, the ep group spans the tensor-parallel ranks too, so ep x etp divides dp x cp x tp
+    etp: int = 0
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel width of the routed experts: `etp`, or tp when it is not set."""
+        return self.etp or self.tp
 
     @property
     def shard_group(self) -> int:
@@ -75,8 +85,9 @@ class Layout:
 
     @property
     def expert_shard_group(self) -> int:
-        """Devices holding the same experts, that reduce and ZeRO-shard their states: dp × cp / ep."""
-        return max(1, self.shard_group // self.ep)
+        """Devices holding the same experts, that reduce and ZeRO-shard their states: dp × cp / ep,
+        × tp / etp when the experts fold over the tensor-parallel ranks."""
+        return max(1, self.shard_group * self.tp // (self.ep * self.expert_tp))
 
     @property
     def gradient_group(self) -> int:

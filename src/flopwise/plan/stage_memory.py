@@ -210,8 +210,10 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         # the stack keeps the whole fp32 master on every rank and steps a view of its partition
         unit = dataclasses.replace(unit, master_weights=sb.master)
     # expert parallelism: a rank holds 1/ep of the routed experts, whose states shard over dp x cp / ep
-    expert_unit = unit if lay.ep == 1 else _states_per_param(sb, lay.zero_stage, lay.expert_shard_group, lay.offload)
-    if lay.ep > 1 and conv.master_unsharded and lay.offload == "none":
+    experts_apart = lay.ep > 1 or lay.expert_tp != lay.tp  # the experts' own layout (ep, etp)
+    expert_unit = unit if not experts_apart else _states_per_param(sb, lay.zero_stage, lay.expert_shard_group,
+                                                                   lay.offload)
+    if experts_apart and conv.master_unsharded and lay.offload == "none":
         expert_unit = dataclasses.replace(expert_unit, master_weights=sb.master)
     # FSDP2 inside a pipeline stage: torch's schedule turns off resharding after backward and
     # gradient sync for every micro-batch but the last (`PipelineStage.backward_maybe_with_nosync`),
@@ -245,9 +247,9 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         n = layers[i]
         params = _stage_params(pc, n, i == 0, i == lay.pp - 1, model.tied_embeddings, lay.pp) / lay.tp
         experts = 0.0  # this device's share of the routed experts, under expert parallelism
-        if lay.ep > 1:
-            experts = n * pc.experts_per_layer / lay.tp / lay.ep
-            params -= n * pc.experts_elsewhere_per_layer(lay.ep) / lay.tp  # the parameters this device holds
+        if experts_apart:  # 1/(ep x etp) of them, in place of the tp-th `params` counted
+            experts = n * pc.experts_per_layer / (lay.expert_tp * lay.ep)
+            params += experts - n * pc.experts_per_layer / lay.tp  # the parameters this device holds
         if cnn:
             activations = logits = inflight = 0.0
         else:

@@ -188,7 +188,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     sp = lay.sequence_parallel and tp > 1
     layer = finetune.layer_times(ops.layer_times(model, s, b, tp, sp, lay.flash_attention, work.dropout,
                                                  lay.recompute, work.precision, rates,
-                                                 work.seq_len if cp > 1 else None, lay.ep), spec, rates)
+                                                 work.seq_len if cp > 1 else None, lay.ep, lay.expert_tp),
+                                 spec, rates)
     ends = finetune.end_times(ops.end_times(model, s, b, tp, sp, work.precision, rates, stack_cross_entropy(spec)),
                               spec, rates)
     per_node = links.devices_per_node
@@ -255,7 +256,10 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     zero = lay.zero_stage
     psi = inputs.params_per_rank
     if pp > 1:
-        psi = max(sc.device_params(pc, split, dev, model.tied_embeddings, lay.ep) for dev in range(pp)) / tp
+        # the experts a device holds are an (ep x etp)-th of its blocks', not an ep x tp-th
+        folded = pc.experts_per_layer / lay.ep * (1.0 / lay.expert_tp - 1.0 / tp)
+        psi = max(sc.device_params(pc, split, dev, model.tied_embeddings, lay.ep) / tp + sum(split[dev]) * folded
+                  for dev in range(pp))
         psi *= inputs.trainable_fraction
     grads = psi * inputs.grad_bytes
     weights = psi * inputs.weight_bytes
@@ -427,7 +431,10 @@ def ep_layer_seconds(lay, links: Links, model, tokens: float, e: float) -> float
     sp = lay.sequence_parallel and lay.tp > 1
     routed = tokens / (lay.tp if sp else 1) * max(1, model.experts_per_token) * model.hidden * e
     sent = routed * (lay.ep - 1) / lay.ep
-    members, nodes = cm.group_shape(lay.ep, lay.tp * lay.cp, links.devices_per_node)
+    # Megatron-Core orders ranks tp-cp-ep-dp: the ep ranks sit tp x cp apart; folded (etp < tp), the
+    # experts' own order etp-ep-dp puts them etp apart, the tensor-parallel ranks of a node first
+    stride = lay.expert_tp if lay.expert_tp != lay.tp else lay.tp * lay.cp
+    members, nodes = cm.group_shape(lay.ep, stride, links.devices_per_node)
     if nodes == 1:
         one = sent / links.node_bps + cm.INTRA_LATENCY_S
     else:
@@ -574,7 +581,8 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
     s = local_seq_len(spec)  # a rank's tokens of a sequence, as `step_time` times them
     layer = finetune.layer_times(ops.layer_times(model, s, lay.micro_batch_size, tp, sp, lay.flash_attention,
                                                  work.dropout, lay.recompute, work.precision, rates,
-                                                 work.seq_len if lay.cp > 1 else None, lay.ep), spec, rates)
+                                                 work.seq_len if lay.cp > 1 else None, lay.ep, lay.expert_tp),
+                                 spec, rates)
     ends = finetune.end_times(ops.end_times(model, s, lay.micro_batch_size, tp, sp, work.precision, rates,
                                             stack_cross_entropy(spec)), spec, rates)
     smallest_stage = (model.n_layers // (pp * v)) * v
