@@ -695,3 +695,11 @@ def test_plan_cli_plans_the_nemo_lora_layout():
                              text=True, env=env, timeout=60)
     assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
 
+
+def test_layout_search_tries_tp_and_pp_for_megatron_lora_only():
+    from flopwise.plan.search import parallel_shapes
+
+    spec = build_runspec(**NEMO_70B_LORA, precision="bf16")
+    assert (2, 4) in parallel_shapes(spec, 8)[0]
+    assert parallel_shapes(with_workload(spec, finetune="qlora"), 8)[0] == [(1, 1)]
+    assert parallel_shapes(dataclasses.replace(spec, stack="flopwise"), 8)[0] == [(1, 1)]
