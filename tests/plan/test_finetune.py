@@ -562,3 +562,144 @@ def test_hf_llama_saved_bytes_under_a_fine_tune_are_the_planned_bytes(mode, dtyp
     assert measured == pytest.approx(planned["blocks_and_embedding"] + planned["head"], rel=0.01)
     # and the plan is tight enough that a missing term shows: the head's end alone is 20 % of it
     assert run["head"] > 0.2 * measured
+
+
+# --------------------------------------------------------------------------- LoRA under Megatron-Core's TP / PP
+
+NEMO_70B_LORA = dict(model="llama3-70b", hardware="h100-sxm", gpus=8, tp=2, pp=4, schedule="interleaved",
+                     virtual_stages=20, micro_batch=1, global_batch=32, seq_len=4096, stack="nemo", finetune="lora")
+"""NeMo's H100 recommended LoRA layout for Llama 3 70B (scripts/performance/recommended_model_configs/
+model_configs_h100.csv): tp 2, pp 4, virtual pipeline 20, micro-batch 1, global batch 32, seq 4096."""
+
+
+def test_megatron_lora_is_one_adapter_per_fused_linear():
+    llama3 = get_model("llama3-70b")
+    h, f = llama3.hidden, llama3.ffn_hidden
+    d = llama3.head_dim or h // llama3.n_heads
+    qkv = (llama3.n_heads + 2 * llama3.n_kv_heads) * d
+    per_layer = 16 * ((h + qkv) + (llama3.n_heads * d + h) + (h + 2 * f) + (f + h))  # qkv, proj, fc1, fc2
+    assert ft.adapter_params_per_layer(llama3, 16, "all-linear", fused=True) == per_layer == 2_195_456
+    split = ft.split_of(build_runspec(**NEMO_70B_LORA, precision="bf16"))
+    assert split.adapters == "megatron" and split.trainable_params == 80 * per_layer
+    # PEFT puts an A on each of q, k, v and of gate, up: three r x h matrices more per block
+    assert ft.adapter_params_per_layer(llama3, 16, "all-linear") - per_layer == 3 * 16 * h
+    assert [m.name for m in ft.target_matrices(llama3, "qkvo", fused=True)] == ["qkv", "o"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_nemo_llama3_70b_lora_layout_plans_and_fits_on_8_h100(precision):
+    p = plan(build_runspec(**NEMO_70B_LORA, precision=precision))
+    lay, pc = p.spec.layout, count_params(p.spec.model)
+    assert (lay.tp, lay.pp, lay.virtual_stages, lay.grad_accum) == (2, 4, 20, 32)
+    assert p.memory.fits and p.time.step_seconds > 0
+    split = ft.split_of(p.spec)
+    stages = p.memory.stages  # the plan lists the stages that can be the busiest: the first and the last
+    assert [s.stage for s in stages] == [0, 3]
+    per_device = pc.total / (2 * 4)  # 70.55B base parameters over tp x pp
+    # under fp8 it fits with TE's fp8 parameters (1 byte) and bf16 main grads, Megatron-Core's memory options
+    assert p.memory.fits_with == (() if precision == "bf16" else ("bf16-grad-reduce", "fp8-params"))
+    weight_bytes, grad_bytes = (2.0, 4.0) if precision == "bf16" else (1.0, 2.0)
+    for s in stages:
+        adapters = split.adapters_per_layer * s.layers / 2  # a tp-th of each adapter of the stage's blocks
+        # the stage's frozen base (its blocks, the embedding or the head) plus its bf16 adapters
+        assert s.weights == pytest.approx(s.params * weight_bytes + adapters * 2.0)
+        assert s.weights == pytest.approx(per_device * weight_bytes, rel=0.04)  # the embedding / head aside
+        assert s.gradients == pytest.approx(adapters * grad_bytes)  # main_grad for the adapters only
+        assert s.optimizer_states == pytest.approx(adapters * 8.0)  # dp 1: Adam's m and v, unsharded
+    full = plan(build_runspec(**{**NEMO_70B_LORA, "finetune": "full"}, precision=precision))
+    assert not full.memory.fits  # full fine-tuning at this layout would need ~200 GiB per device
+    assert p.time.step_seconds < full.time.step_seconds  # no weight-gradient GEMMs for the frozen base
+    assert p.flops.model_per_unit < full.flops.model_per_unit
+
+
+def test_lora_under_tp_2_holds_less_per_device_than_under_tp_1():
+    tp2 = plan(build_runspec(**NEMO_70B_LORA, precision="bf16", recompute="none"))
+    tp1 = plan(build_runspec(**{**NEMO_70B_LORA, "tp": 1}, precision="bf16", recompute="none"))  # dp 2
+    assert tp2.spec.layout.dp == 1 and tp1.spec.layout.dp == 2
+    assert tp2.memory.weights == pytest.approx(tp1.memory.weights / 2, rel=0.01)
+    assert tp2.memory.activations < tp1.memory.activations  # sequence parallelism shards the block inputs
+    assert tp2.memory.total_bytes < tp1.memory.total_bytes
+    assert tp1.time.tp_exposed_seconds == 0 < tp2.time.tp_exposed_seconds
+
+
+def test_adapter_gemms_split_over_tp_and_the_frozen_base_loses_its_weight_gradients():
+    from flopwise.plan.gemm import device_rates
+    from flopwise.plan.ops import layer_times as base_layer_times
+
+    spec = build_runspec(**NEMO_70B_LORA, precision="bf16", recompute="none")
+    hw, model = spec.cluster.hardware, spec.model
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None)
+    adapter_gemms = {}
+    for tp in (1, 2):
+        at = with_layout(spec, tp=tp, sequence_parallel=tp > 1)
+        base = base_layer_times(model, 4096, 1, tp, tp > 1, True, False, "none", "bf16", rates)
+        lora = ft.layer_times(base, at, rates)
+        assert lora.backward < base.backward - 0.8 * base.wgrad  # the base's wgrad GEMMs are gone
+        assert lora.forward > base.forward  # the frozen base still runs its forward, plus the adapters
+        adapter_gemms[tp] = lora.gemm - (base.gemm - base.wgrad)
+    # each adapter GEMM has one dimension split over tp (ParallelLinearAdapter): about half the time
+    assert adapter_gemms[2] < 0.75 * adapter_gemms[1]
+
+
+def test_megatron_adapter_collectives_gather_the_row_parallel_outputs():
+    spec = build_runspec(**NEMO_70B_LORA, precision="bf16")
+    T, h, r, e = 4096, 8192, 16, 2.0
+    forward, backward = ft.adapter_tp_collectives(spec, e)
+    # proj and fc2: A's partial T x r all-reduced, B's T x h/t output all-gathered; qkv and fc1: A's T x r/t gathered
+    assert sorted(forward) == sorted([("all_reduce", T * r * e), ("all_gather", T * h * e)] * 2
+                                     + [("all_gather", T * r * e)] * 2)
+    # B's input gradients all-reduced (4), the scattered outputs' gradients all-gathered (2, sequence parallel)
+    assert sorted(backward) == sorted([("all_reduce", T * r * e)] * 4 + [("all_gather", T * h * e)] * 2)
+    assert ft.adapter_tp_collectives(with_layout(spec, tp=1, dp=2), e) == ((), ())
+    lora, full = plan(spec), plan(build_runspec(**{**NEMO_70B_LORA, "finetune": "full"}, precision="bf16"))
+    assert lora.time.tp_exposed_seconds > full.time.tp_exposed_seconds  # outside TE's userbuffers: exposed
+    assert lora.comm.tp_bytes > full.comm.tp_bytes
+
+
+def test_megatron_lora_block_activations_under_sequence_parallelism():
+    spec = build_runspec(**NEMO_70B_LORA, precision="bf16", recompute="none")
+    split = ft.split_of(spec)
+    T, h, r, e = 4096, 8192, 16, 2.0
+    # four adapters keep their rank-r intermediate whole; the qkv and fc1 adapters keep the norm's output
+    # gathered over the sequence (e·T·h) where full training keeps its tp-th; TE's fused norms and bf16
+    # adapters keep nothing more
+    delta = ft.block_activation_delta_bytes(spec, split, T, e, None, fused_norm=True)
+    assert delta == 4 * e * T * r + 2 * (e * T * h - e * T * h / 2)
+    # under fp8 full training keeps TE's fp8 copy of each GEMM input (1 byte), the adapters the bf16 output
+    fp8 = ft.block_activation_delta_bytes(spec, split, T, e, 1.0, fused_norm=True)
+    assert fp8 == 4 * e * T * r + 2 * (e * T * h - T * h / 2) + (e - 1.0) * T * 28672 / 2
+
+
+def test_model_parallel_refusals_are_one_line():
+    with pytest.raises(UserError, match="--stack nemo") as lora:
+        build_runspec(model="llama3-70b", gpus=8, tp=2, finetune="lora")
+    with pytest.raises(UserError, match="qlora is planned with data parallelism only") as qlora:
+        build_runspec(**{**NEMO_70B_LORA, "finetune": "qlora"})
+    with pytest.raises(UserError, match="qlora"):
+        build_runspec(**{**NEMO_70B_LORA, "finetune": "qlora", "tp": 1})  # pp 4 alone
+    for err in (lora, qlora):
+        assert len(str(err.value).splitlines()) == 1
+    assert ft.model_parallel_refusal("lora", "megatron-bridge") is None  # NeMo's own engine, by another name
+
+
+def test_plan_cli_plans_the_nemo_lora_layout():
+    env = {**os.environ, "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "flopwise", "plan", "--model", "llama3-70b", "--stack", "nemo", "--finetune",
+            "lora", "--gpus", "8", "--tp", "2", "--pp", "4", "--vp", "20", "--mbs", "1", "--gbs", "32",
+            "--seq-length", "4096", "--precision", "bf16", "--hardware", "h100-sxm"]
+    out = subprocess.run(argv + ["--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["fits"] is True and data["finetune"]["adapters"] == "megatron"
+    refused = subprocess.run(argv[:argv.index("--stack")] + argv[argv.index("--stack") + 2:], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_layout_search_tries_tp_and_pp_for_megatron_lora_only():
+    from flopwise.plan.search import parallel_shapes
+
+    spec = build_runspec(**NEMO_70B_LORA, precision="bf16")
+    assert (2, 4) in parallel_shapes(spec, 8)[0]
+    assert parallel_shapes(with_workload(spec, finetune="qlora"), 8)[0] == [(1, 1)]
+    assert parallel_shapes(dataclasses.replace(spec, stack="flopwise"), 8)[0] == [(1, 1)]

@@ -31,6 +31,39 @@ and 2 backward (input gradient only) for the frozen base — 4·N, not 6·N — 
 parameter (forward, input and weight gradients); attention as in full training (its backward
 needs dQ, dK, dV either way); recompute adds a forward. The first block's input gradient,
 which no adapter below needs, is counted too (1/L of the base backward; autograd skips it).
+
+Which stacks run what, and so what is planned:
+- PEFT (Hugging Face), torchtune, flopwise's trainer: LoRA and QLoRA on one device, DDP or FSDP2
+  (FSDP-QLoRA); no tensor or pipeline parallelism (adapters "peft").
+- Megatron-Core as NeMo 2 and Megatron-Bridge run LoRA (`--stack nemo`, alias of megatron-core):
+  LoRA under tensor, pipeline and data parallelism (adapters "megatron"; below).
+- QLoRA under tensor or pipeline parallelism: no stack. NeMo's NF4 wrappers replace the TE linears
+  and say "Tensor Parallel is not supported" (nemo/collections/nlp/modules/common/megatron/adapters/
+  qlora.py, `NF4LinearWrapper`); bitsandbytes and torchao train NF4 bases under DDP/FSDP only.
+
+Megatron-Core's LoRA (NeMo `nemo/collections/llm/peft/lora.py`, Megatron-Bridge `peft/utils.py`
+`ParallelLinearAdapter`, `get_adapter_attributes_from_linear`), as planned:
+- the frozen base is split over tp and pp exactly as full training splits it (`stage_memory`), in the
+  stack's weight dtype (bf16; under fp8 Transformer Engine's cached fp8 copy and transpose of every
+  weight as in full training); it has no gradient, master or optimizer state;
+- one adapter per Megatron linear: the fused `linear_qkv` and `linear_fc1` get one A each
+  (r·(h + (a+2g)·d) and r·(h + 2f) parameters, not three and two), `linear_proj` and `linear_fc2`
+  one each (`LoRA`; `CanonicalLoRA` would split them as PEFT does);
+- both factors are split over tp: on a column-parallel base (qkv, fc1) A is a ColumnParallelLinear
+  over the rank (r/t rows, output all-gathered) and B a ColumnParallelLinear (d_out/t rows); on a
+  row-parallel base (proj, fc2) A is a RowParallelLinear (d_in/t columns, output all-reduced) and B a
+  ColumnParallelLinear whose output is all-gathered, then scattered to the sequence shard under
+  sequence parallelism. A rank holds 1/t of every adapter and runs 1/t of its FLOPs;
+- adapters are bf16 parameters (`self.bfloat16()` under bf16 mixed precision) trained with the
+  stack's mixed precision: fp32 `main_grad`, fp32 master and Adam states, sharded over dp by the
+  distributed optimizer; their gradients are reduced over dp only (tp ranks hold different shards);
+- under sequence parallelism the adapter on a column-parallel base reads the norm's output gathered
+  over the sequence (TE `return_layernorm_output_gathered`) and keeps it whole for A's weight
+  gradient, while a frozen TE linear keeps no input (TE 2: `backward_needs_input = is_grad_enabled and
+  weight.requires_grad`); TE's fused RMSNorm keeps no fp32 copy of its input;
+- the adapters' collectives (`adapter_tp_collectives`) are plain NCCL calls outside TE's userbuffers:
+  exposed. The base's own collectives are full training's;
+- adapter GEMMs run in 16 bits under fp8: Megatron-Core's own parallel linears, outside TE.
 """
 
 from __future__ import annotations
@@ -108,22 +141,47 @@ def routed_share(spec: ModelSpec, matrix: TargetMatrix) -> float:
     return 1.0
 
 
-def target_matrices(spec: ModelSpec, targets: str) -> tuple[TargetMatrix, ...]:
-    """The block linears that get an adapter: all of them, or q, k, v, o."""
+FUSED_PROJECTIONS = {"qkv": ("q", "k", "v"), "fc1": ("gate", "up"), "shared_fc1": ("shared_gate", "shared_up")}
+"""Megatron-Core's fused linears, each adapted by one LoRA (`linear_qkv`, `linear_fc1`)."""
+COLUMN_PARALLEL = {"q", "k", "v", "gate", "up", "shared_gate", "shared_up", *FUSED_PROJECTIONS}
+"""Linears tensor parallelism splits by output (column-parallel); o and down are row-parallel (Shoeybi et al. 2019)."""
+ATTENTION_TARGETS = {"q", "k", "v", "o", "qkv"}
+
+
+def target_matrices(spec: ModelSpec, targets: str, fused: bool = False) -> tuple[TargetMatrix, ...]:
+    """The block linears that get an adapter: all of them, or q, k, v, o; `fused`: q, k, v as one
+    qkv and gate, up as one fc1, as Megatron-Core builds them (one adapter on each)."""
     linears = block_linears(spec)
+    if fused:
+        merged = []
+        for m in linears:
+            name = next((f for f, parts in FUSED_PROJECTIONS.items() if m.name in parts), None)
+            if name is None:
+                merged.append(m)
+            elif merged and merged[-1].name == name:
+                merged[-1] = dataclasses.replace(merged[-1], d_out=merged[-1].d_out + m.d_out)
+            else:
+                merged.append(TargetMatrix(name, m.d_in, m.d_out, m.count))
+        linears = tuple(merged)
     if targets == "qkvo":
-        return tuple(m for m in linears if m.name in ("q", "k", "v", "o"))
+        return tuple(m for m in linears if m.name in ATTENTION_TARGETS)
     return linears
 
 
-def adapter_params_per_layer(spec: ModelSpec, rank: int, targets: str) -> int:
+def split_targets(spec: ModelSpec, split: "FinetuneSplit") -> tuple[TargetMatrix, ...]:
+    """The adapted matrices of a split, fused as its stack builds them."""
+    return target_matrices(spec, split.targets, split.adapters == "megatron")
+
+
+def adapter_params_per_layer(spec: ModelSpec, rank: int, targets: str, fused: bool = False) -> int:
     """Trainable parameters of one block: r·(d_in + d_out) per adapted matrix (Hu et al. 2021 §4.1)."""
-    return sum(rank * (m.d_in + m.d_out) * m.count for m in target_matrices(spec, targets))
+    return sum(rank * (m.d_in + m.d_out) * m.count for m in target_matrices(spec, targets, fused))
 
 
-def active_adapter_params_per_layer(spec: ModelSpec, rank: int, targets: str) -> float:
+def active_adapter_params_per_layer(spec: ModelSpec, rank: int, targets: str, fused: bool = False) -> float:
     """Adapter parameters one token passes through in a block (an MoE token visits k experts' adapters)."""
-    return sum(rank * (m.d_in + m.d_out) * m.count * routed_share(spec, m) for m in target_matrices(spec, targets))
+    return sum(rank * (m.d_in + m.d_out) * m.count * routed_share(spec, m)
+               for m in target_matrices(spec, targets, fused))
 
 
 def quantized_params_per_layer(spec: ModelSpec) -> int:
@@ -159,6 +217,7 @@ class FinetuneSplit:
     largest_dequantized_bytes: float
     adapters_per_layer: float
     quantized_per_layer: float
+    adapters: str = "peft"  # how the stack builds them: "peft" (one per linear) or "megatron" (module docstring)
 
     @property
     def trainable_share(self) -> float:
@@ -174,18 +233,28 @@ class FinetuneSplit:
         return out
 
 
+def adapter_style(stack: str) -> str:
+    """How `stack` builds adapters: "megatron" for Megatron-Core (NeMo 2, Megatron-Bridge), else "peft"."""
+    from flopwise.plan.stacks import find_stack
+
+    found = find_stack(stack)
+    return "megatron" if found is not None and found.name == "megatron-core" else "peft"
+
+
 def finetune_split(spec: ModelSpec, pc: ParamCount, method: str, rank: int, targets: str,
-                   precision: str) -> FinetuneSplit:
-    """The split of a `method` fine-tune; `full` trains everything (no adapters, nothing frozen)."""
+                   precision: str, adapters: str = "peft") -> FinetuneSplit:
+    """The split of a `method` fine-tune; `full` trains everything (no adapters, nothing frozen).
+    `adapters`: "megatron" fuses the q, k, v and gate, up adapters as Megatron-Core does."""
     if method == "full":
         return FinetuneSplit("full", 0, targets, float(pc.total), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    adapters = adapter_params_per_layer(spec, rank, targets)
+    adapters_per_layer = adapter_params_per_layer(spec, rank, targets, adapters == "megatron")
     quantized = quantized_params_per_layer(spec) if method == "qlora" else 0
     base = frozen_weight_bytes(precision)
     frozen_bytes = (pc.total - pc.n_layers * quantized) * base + pc.n_layers * quantized * NF4_BYTES_PER_PARAM
     largest = largest_linear_params(spec) * base if method == "qlora" else 0.0
-    return FinetuneSplit(method, rank, targets, float(pc.n_layers * adapters), float(pc.total),
-                         float(pc.n_layers * quantized), frozen_bytes, largest, float(adapters), float(quantized))
+    return FinetuneSplit(method, rank, targets, float(pc.n_layers * adapters_per_layer), float(pc.total),
+                         float(pc.n_layers * quantized), frozen_bytes, largest, float(adapters_per_layer),
+                         float(quantized), adapters)
 
 
 def split_of(spec) -> FinetuneSplit | None:
@@ -195,7 +264,7 @@ def split_of(spec) -> FinetuneSplit | None:
     if method == "full" or spec.model.arch == "cnn":
         return None
     return finetune_split(spec.model, count_params(spec.model), method, work.lora_rank, work.lora_targets,
-                          work.precision)
+                          work.precision, adapter_style(spec.stack))
 
 
 # --------------------------------------------------------------------------- memory
@@ -213,15 +282,23 @@ def stage_states(split: FinetuneSplit, spec, params: float, layers: int, sb: mem
                  zero_stage: int, shard: int, offload: str) -> tuple[float, float, float, float, float]:
     """(weights, gradients, optimizer states, fp32 masters, CPU bytes) of one stage's rank.
 
-    `params` are the stage's base parameters on this rank (already / tp), `layers` its blocks.
-    Frozen base: in its dtype, the blocks' linears in NF4 for QLoRA, sharded by ZeRO-3 (FSDP2 of
-    the base, as FSDP-QLoRA does), offloaded with `params`. Adapters: every model state in
-    `adapter_state_bytes` (fp32 under mixed precision, not the base's `sb`), by the ZeRO stage."""
-    sb = adapter_state_bytes(spec.workload.precision, spec.workload.optimizer)
+    `params` are the stage's base parameters on this rank (already / tp, the embedding on the first
+    stage and the head on the last, as full training places them), `layers` its blocks; `sb` the
+    stack's bytes per parameter for full training. Frozen base: in its dtype, the blocks' linears in
+    NF4 for QLoRA, sharded by ZeRO-3 (FSDP2 of the base, as FSDP-QLoRA does), offloaded with `params`.
+    Adapters, a tp-th of each on a rank (both factors split, `ParallelLinearAdapter`): PEFT's in
+    `adapter_state_bytes` (fp32 under mixed precision), Megatron-Core's in the stack's own `sb` (fp32
+    main_grad, master and Adam) with 16-bit weights, each sharded by the ZeRO stage (the distributed
+    optimizer's, over dp); Megatron-Core's frozen base in `sb.weight` (1 byte with TE's fp8 parameters,
+    which leave the adapters, Megatron-Core's own linears, in 16 bits)."""
     tp = max(1, spec.layout.tp)
     adapters = split.adapters_per_layer * layers / tp
     quantized = split.quantized_per_layer * layers / tp
     base = frozen_weight_bytes(spec.workload.precision)
+    if split.adapters == "megatron":  # TE's fp8 parameters are the base's; the adapters stay 16-bit
+        base, sb = sb.weight, dataclasses.replace(sb, weight=base)
+    else:
+        sb = adapter_state_bytes(spec.workload.precision, spec.workload.optimizer)
     frozen = (params - quantized) * base + quantized * NF4_BYTES_PER_PARAM
     if zero_stage >= 3:
         frozen /= shard
@@ -249,52 +326,78 @@ def dropout_mask_bytes(hardware, dtype_bytes: float) -> float:
 def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, micro_batch: int,
                            dtype_bytes: float, lora_dropout: float, tp: int = 1,
                            mask_bytes: float = DROPOUT_MASK_BYTES, attn_output_copy: bool = False,
-                           input_copy_bytes: float = 0.0) -> float:
+                           input_copy_bytes: float = 0.0, sequence_parallel: bool = False,
+                           gemm_input_bytes: float | None = None, normalised_kept: bool = True) -> float:
     """What one block of a fine-tune keeps for backward beyond full training's activations
     (`memory.activation_terms`), per micro-batch and TP rank; negative terms are what it keeps less.
 
     A frozen linear keeps only its weight, not its input (torch's autograd saves `mm`'s input only
-    for the weight gradient), so an input is kept only by an adapter's A reading it unchanged:
-    - per adapted matrix: the rank-r intermediate (B's input, e·T·r); with LoRA dropout, the
-      dropped copy A reads (e·T·d_in) and the dropout's mask, and then nobody keeps the
-      linear's own input;
+    for the weight gradient; TE likewise), so an input is kept only by an adapter's A reading it:
+    - per adapted matrix: the rank-r intermediate (B's input, e·T·r, whole on every TP rank: A's output
+      is gathered or all-reduced before B); with LoRA dropout, the dropped copy A reads and the
+      dropout's mask (whole for a column-parallel base, a tp-th of d_in for a row-parallel one), and
+      then nobody keeps the linear's own input;
     - `input_copy_bytes` > 0: adapters that cast their input keep their own copy of it, of that
       many bytes per element, and their rank-r intermediate in that dtype (PEFT's default keeps
       fp32 adapters on a 16-bit base and casts each input to fp32, `autocast_adapter_dtype=True`:
       4; under bf16 autocast the fp32 copy is cast back for the matmul: 2). 0 (the plan's
       default): adapters compute in the activation dtype and read their input as it is (PEFT
-      with `autocast_adapter_dtype=False`, torchtune);
-    - inputs full training counts that nobody keeps: the attention input (q, k, v), the MLP
-      input (gate/up, or the GELU MLP's first linear) and the down projection's input, each
-      when no adapter reads it undropped (− e·T·h, − e·T·h, − e·T·f); the out-projection's
-      input too where it is a copy of the attention output (`attn_output_copy`, torch's CPU
-      flash kernel; on CUDA it is the kernel's own output, which attention keeps anyway);
+      with `autocast_adapter_dtype=False`, torchtune, Megatron-Core);
+    - the inputs of the q, k, v (qkv) and gate, up (fc1) linears, which full training keeps as
+      `gemm_input_bytes` (g: e, or 1 under TE's fp8) per element, a tp-th of the sequence under
+      `sequence_parallel`: an adapter reading one undropped keeps it whole in e instead (the norm's
+      output, gathered over the sequence for a column-parallel linear: + e·T·h − g·T·h/t); else it is
+      not kept (− g·T·h/t). The down projection's input likewise (+ (e − g)·T·f/t, or − g·T·f/t); the
+      out-projection's input is the attention kernel's output, which attention keeps anyway, except
+      where it is a copy (`attn_output_copy`, torch's CPU flash kernel: − e·T·a·d/t when not read);
     - frozen RMSNorm weights: the norm keeps its input and statistics but not the normalised
-      tensor, which only the weight's gradient needs (− e·T·h per norm).
+      tensor, which only the weight's gradient needs (− e·T·h per norm, /t under sequence parallelism),
+      where full training counts it (`normalised_kept`; fused norms never keep it).
     Checked against saved-tensor bytes of a real LoRA'd llama block on a CPU (tests/plan/test_finetune.py)."""
     tokens = float(seq_len) * micro_batch
     e = dtype_bytes
+    g = e if gemm_input_bytes is None else gemm_input_bytes
+    shard = tp if sequence_parallel else 1  # what sequence parallelism divides full training's block inputs by
     kept = 0.0
-    targets = target_matrices(spec, split.targets)
+    targets = split_targets(spec, split)
     adapter_e = input_copy_bytes or e
     for m in targets:
         seen = m.count * routed_share(spec, m) * tokens  # tokens through all copies (k per token for experts)
         kept += adapter_e * seen * split.rank
         if lora_dropout > 0 or input_copy_bytes:
-            kept += (adapter_e + (mask_bytes if lora_dropout > 0 else 0.0)) * seen * m.d_in / tp
+            width = m.d_in if m.name in COLUMN_PARALLEL else m.d_in / tp
+            kept += (adapter_e + (mask_bytes if lora_dropout > 0 else 0.0)) * seen * width
     read_whole = {m.name for m in targets} if lora_dropout == 0 and not input_copy_bytes else set()
     experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
-    if not read_whole & {"q", "k", "v"}:
-        kept -= e * tokens * spec.hidden
-    if not read_whole & {"gate", "up"}:
-        kept -= e * tokens * spec.hidden
-    if "down" not in read_whole:
-        kept -= e * tokens * (spec.ffn_hidden or 4 * spec.hidden) * experts / tp
+    f = (spec.ffn_hidden or 4 * spec.hidden) * experts
+    for group in ({"q", "k", "v", "qkv"}, {"gate", "up", "fc1"}):
+        kept += (e if read_whole & group else 0.0) * tokens * spec.hidden - g * tokens * spec.hidden / shard
+    kept += ((e if "down" in read_whole else 0.0) - g) * tokens * f / tp
     if attn_output_copy and "o" not in read_whole:
         kept -= e * tokens * spec.n_heads * (spec.head_dim or spec.hidden // spec.n_heads) / tp
-    if spec.norm == "rmsnorm":
-        kept -= spec.norms_per_layer * e * tokens * spec.hidden
+    if spec.norm == "rmsnorm" and normalised_kept:
+        kept -= spec.norms_per_layer * e * tokens * spec.hidden / shard
     return kept
+
+
+def block_activation_delta_bytes(spec, split: FinetuneSplit, seq_len: int, dtype_bytes: float,
+                                 gemm_input_bytes: float | None, fused_norm: bool) -> float:
+    """`activation_delta_bytes` of a RunSpec's block as its stack runs the adapters, plus what PEFT's fp32
+    adapters (`adapter_cast_bytes`) and Hugging Face's upcasting RMSNorms (`norm_upcast_bytes`, unless the
+    stack's norms are fused kernels) keep, per micro-batch and TP rank."""
+    lay, work, model = spec.layout, spec.workload, spec.model
+    mb = lay.micro_batch_size
+    peft = split.adapters == "peft"
+    delta = activation_delta_bytes(model, split, seq_len, mb, dtype_bytes, work.lora_dropout, lay.tp,
+                                   dropout_mask_bytes(spec.cluster.hardware, dtype_bytes),
+                                   input_copy_bytes=adapter_input_copy_bytes(work.precision) if peft else 0.0,
+                                   sequence_parallel=lay.sequence_parallel and lay.tp > 1,
+                                   gemm_input_bytes=gemm_input_bytes, normalised_kept=not fused_norm)
+    if peft:
+        delta += adapter_cast_bytes(model, split, seq_len, mb, work.precision)
+    if not fused_norm:
+        delta += model.norms_per_layer * norm_upcast_bytes(model, seq_len, mb, dtype_bytes)
+    return delta
 
 
 FROZEN_HEAD_INPUT_COPIES = 1.0
@@ -304,13 +407,17 @@ gradient reads, and the frozen head keeps no input, its input gradient reading t
 (measured: benchmarks/saved_tensors_hf_block.py). Full training keeps 2 (`stage_memory`)."""
 
 
-def first_block_saving(spec: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: float) -> float:
+def first_block_saving(spec: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: float,
+                       upcast: bool = True, shard: int = 1) -> float:
     """Bytes the first block of a fine-tune keeps less than the others, without recompute: its input
     comes from a frozen embedding and needs no gradient, so its first norm (a frozen weight too)
-    keeps nothing, not its input (e·T·h, fp32 for an upcasting RMSNorm). Measured on an HF llama
+    keeps nothing, not its input (e·T·h/`shard`, a sequence-parallel shard; fp32 for an upcasting
+    RMSNorm unless `upcast` is False, a fused norm). Measured on an HF llama
     (benchmarks/saved_tensors_hf_block.py); the frozen embedding itself keeps no token ids (`stage_memory`)."""
-    return dtype_bytes * float(seq_len) * micro_batch * spec.hidden + norm_upcast_bytes(spec, seq_len, micro_batch,
-                                                                                         dtype_bytes)
+    saved = dtype_bytes * float(seq_len) * micro_batch * spec.hidden
+    if upcast:
+        saved += norm_upcast_bytes(spec, seq_len, micro_batch, dtype_bytes)
+    return saved / shard
 
 
 UPCAST_NORM_INPUT_BYTES = 4.0
@@ -352,9 +459,10 @@ def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_st
                              blocks_per_unit: int = 1) -> float:
     """Communication buffers of a fine-tune plus QLoRA's transient bf16 weight.
 
-    DDP buckets only the adapters' gradients (at most its two 25 MiB buckets); ZeRO-3 of the base
-    gathers two units (current + prefetched) in their stored format (NF4 blocks for QLoRA:
-    FSDP2 gathers `NF4Tensor`'s inner tensors, torchao `fsdp_pre_all_gather`); a unit is
+    DDP buckets only the adapters' gradients (at most its two 25 MiB buckets); Megatron-Core's buckets
+    are views into its contiguous main_grad buffer, which the gradients count (`memory.comm_buffer_bytes`);
+    ZeRO-3 of the base gathers two units (current + prefetched) in their stored format (NF4 blocks for
+    QLoRA: FSDP2 gathers `NF4Tensor`'s inner tensors, torchao `fsdp_pre_all_gather`); a unit is
     `blocks_per_unit` blocks under `parallel.fsdp_unit_mb`."""
     lay, work = spec.layout, spec.workload
     tp = max(1, lay.tp)
@@ -365,7 +473,7 @@ def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_st
                        + split.quantized_per_layer * (NF4_BYTES_PER_PARAM if split.method == "qlora" else base))
         ends = max(pc.embedding, pc.output_head) * base
         buffers = 2.0 * max(layer_bytes * blocks_per_unit, ends) / tp
-    elif lay.dp > 1:
+    elif lay.dp > 1 and split.adapters != "megatron":
         grads = split.trainable_params / tp * adapter_state_bytes(work.precision, work.optimizer).grad
         buffers = min(2.0 * mem.DDP_BUCKET_BYTES, grads)
     return buffers + split.largest_dequantized_bytes / tp
@@ -382,7 +490,8 @@ def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_le
     )
 
     n = matmul_params(spec, pc)
-    adapters = spec.n_layers * active_adapter_params_per_layer(spec, split.rank, split.targets)
+    adapters = spec.n_layers * active_adapter_params_per_layer(spec, split.rank, split.targets,
+                                                                split.adapters == "megatron")
     attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec))
     dense = 4.0 * n + 6.0 * adapters
     model = dense + 3.0 * attn_fwd
@@ -400,34 +509,46 @@ def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_le
 
 
 def layer_times(layer, spec, rates):
-    """One layer's times for a fine-tune: the base's weight-gradient GEMMs dropped, the adapters'
-    own GEMMs and element-wise work added, and QLoRA's dequantisation (read NF4, write bf16) once
-    per forward, backward and recompute of each base linear, as memory-bound work (torchao
-    `LinearNF4`). A fine-tune runs without tensor parallelism (`validate_workload`)."""
+    """One layer's times for a fine-tune: the base's weight-gradient GEMMs dropped (the base's forward
+    and input-gradient GEMMs stay, at their tensor-parallel shapes), the adapters' own GEMMs and
+    element-wise work added, and QLoRA's dequantisation (read NF4, write bf16) once per forward,
+    backward and recompute of each base linear, as memory-bound work (torchao `LinearNF4`).
+
+    Under tensor parallelism each adapter GEMM has one dimension split over t, as
+    `ParallelLinearAdapter` splits the factors (module docstring): on a column-parallel base
+    x·Aᵀ is T × r/t × d_in and its product with Bᵀ T × d_out/t × r; on a row-parallel base
+    T × r × d_in/t and T × d_out/t × r. Megatron-Core's adapters run in 16 bits under fp8."""
     split = split_of(spec)
     if split is None:
         return layer
     from flopwise.plan.ops import full_recompute_share
 
     lay, work, model = spec.layout, spec.workload, spec.model
+    tp = max(1, lay.tp)
     tokens = local_seq_len(spec) * lay.micro_batch_size  # a rank's tokens (context parallelism splits them)
     e = 4.0 if work.precision in ("fp32", "tf32") else 2.0
+    adapter_rates = rates.sixteen_bit() if split.adapters == "megatron" else rates
     r = split.rank
     fwd = dgrad = wgrad = 0.0
     elementwise_fwd = elementwise_bwd = 0.0
-    for m in target_matrices(model, split.targets):
+    targets = split_targets(model, split)
+    for m in targets:
         rows = max(1, round(tokens * routed_share(model, m)))  # tokens through one copy (an expert: T·k/E)
-        for n, k in ((r, m.d_in), (m.d_out, r)):  # x·Aᵀ (T × r), then its product with Bᵀ (T × d_out)
-            fwd += rates.gemm_seconds(rows, n, k, float(m.count), e)
-            dgrad += rates.gemm_seconds(rows, k, n, float(m.count), e)
-            wgrad += rates.gemm_seconds(k, n, rows, float(m.count), e)
+        d_out = max(1, m.d_out // tp)
+        if m.name in COLUMN_PARALLEL:
+            a_shape = (max(1, -(-r // tp)), m.d_in)
+        else:
+            a_shape = (r, max(1, m.d_in // tp))
+        for n, k in (a_shape, (d_out, r)):  # x·Aᵀ (T × r), then its product with Bᵀ (T × d_out)
+            fwd += adapter_rates.gemm_seconds(rows, n, k, float(m.count), e)
+            dgrad += adapter_rates.gemm_seconds(rows, k, n, float(m.count), e)
+            wgrad += adapter_rates.gemm_seconds(k, n, rows, float(m.count), e)
         # forward: the scaling (read, write) and the add into the base output (read 2, write 1);
         # backward: the scaling of the incoming gradient (read, write)
-        elementwise_fwd += m.count * rows * m.d_out * e * 5.0
-        elementwise_bwd += m.count * rows * m.d_out * e * 2.0
-    targets = len(target_matrices(model, split.targets))
-    adapters_fwd = fwd + rates.memory_seconds(elementwise_fwd, 2 * targets)
-    adapters_bwd = dgrad + wgrad + rates.memory_seconds(elementwise_bwd, targets)
+        elementwise_fwd += m.count * rows * d_out * e * 5.0
+        elementwise_bwd += m.count * rows * d_out * e * 2.0
+    adapters_fwd = fwd + rates.memory_seconds(elementwise_fwd, 2 * len(targets))
+    adapters_bwd = dgrad + wgrad + rates.memory_seconds(elementwise_bwd, len(targets))
     dequant = 0.0
     if split.method == "qlora":
         written = frozen_weight_bytes(work.precision)  # the copy in the compute dtype (bf16: 2 bytes)
@@ -445,6 +566,42 @@ def layer_times(layer, spec, rates):
         wgrad=wgrad,
         forward_gemm=layer.forward_gemm + fwd,
     )
+
+
+def adapter_tp_collectives(spec, dtype_bytes: float) -> tuple[tuple, tuple]:
+    """(forward, backward) collectives the adapters of one block add per micro-batch on a TP rank, as
+    (kind, full-buffer bytes) for `timing`; none without tensor parallelism.
+
+    `ParallelLinearAdapter` (module docstring): on a column-parallel base, A's T × r/t output is
+    all-gathered in the forward and B's input gradient (T × r, partial on each rank) all-reduced in the
+    backward; A's own input gradient joins the norm output's gradient, which TE reduce-scatters with the
+    base's under sequence parallelism and which is all-reduced alone without it (T × h). On a
+    row-parallel base A's partial T × r output is all-reduced, B's T × h/t output all-gathered (the
+    forward), B's input gradient all-reduced and, under sequence parallelism, the gradient of the
+    scattered output all-gathered (the backward). Routed experts' adapters (the token dispatcher's
+    business) are left out."""
+    split = split_of(spec)
+    lay = spec.layout
+    if split is None or lay.tp <= 1:
+        return (), ()
+    sp = lay.sequence_parallel
+    tokens = local_seq_len(spec) * lay.micro_batch_size
+    low_rank = ("all_reduce", tokens * split.rank * dtype_bytes)
+    forward, backward = [], []
+    for m in split_targets(spec.model, split):
+        if m.count > 1:
+            continue
+        if m.name in COLUMN_PARALLEL:
+            forward.append(("all_gather", tokens * split.rank * dtype_bytes))
+            backward.append(low_rank)
+            if not sp:
+                backward.append(("all_reduce", tokens * m.d_in * dtype_bytes))
+        else:
+            forward += [low_rank, ("all_gather", tokens * m.d_out * dtype_bytes)]
+            backward.append(low_rank)
+            if sp:
+                backward.append(("all_gather", tokens * m.d_out * dtype_bytes))
+    return tuple(forward), tuple(backward)
 
 
 EAGER_NF4_DEQUANT_FACTOR = 23.8
@@ -528,6 +685,9 @@ def summary_rows(split: FinetuneSplit, memory) -> list[tuple[str, str]]:
                 "embeddings, norms and head in bf16)" if split.method == "qlora" else "")),
             ("FLOPs / token counted", "4N + 6·adapters + attention (no base weight gradients)"),
             ("fits", "yes" if memory.fits else "no")]
+    if split.adapters == "megatron":
+        rows.insert(1, ("adapters", "Megatron-Core ParallelLinearAdapter: one on the fused qkv and fc1, "
+                                    "A and B split over tp, bf16 with fp32 main grads"))
     if split.method == "qlora":
         rows.insert(3, ("dequantised bf16 weight (transient)", f"{split.largest_dequantized_bytes / gib:,.3f} GiB"))
     return rows
@@ -546,9 +706,22 @@ def default_tokens(method: str, pretraining_default: float | str) -> float | str
     return pretraining_default if method == "full" else DEFAULT_FINETUNE_TOKENS
 
 
-def validate_workload(work, layout=None, model: ModelSpec | None = None) -> None:
+def model_parallel_refusal(method: str, stack: str) -> str | None:
+    """Why a `method` fine-tune under `stack` cannot be planned with tensor or pipeline parallelism, or
+    None where a stack runs it (module docstring: Megatron-Core's LoRA; no stack's QLoRA)."""
+    if method == "qlora":
+        return ("--finetune qlora is planned with data parallelism only (bitsandbytes, torchao and NeMo store "
+                "NF4 bases unsplit: NeMo's NF4LinearWrapper does not support tensor parallelism): drop --tp/--pp")
+    if method == "lora" and adapter_style(stack) != "megatron":
+        return (f"--finetune lora under --tp/--pp is planned as Megatron-Core runs it (--stack nemo); the {stack} "
+                "stack trains adapters with data parallelism only (single, DDP or FSDP2): drop --tp/--pp or "
+                "give --stack nemo")
+    return None
+
+
+def validate_workload(work, layout=None, model: ModelSpec | None = None, stack: str = "flopwise") -> None:
     """One line for a fine-tune no run could have: unknown method or targets, rank < 1, dropout outside
-    [0, 1), or tensor/pipeline parallelism (PEFT's adapters train under single, DDP and FSDP2 here)."""
+    [0, 1), or tensor/pipeline parallelism where no stack runs it (`model_parallel_refusal`)."""
     from flopwise.errors import UserError
 
     method = getattr(work, "finetune", "full")
@@ -559,8 +732,9 @@ def validate_workload(work, layout=None, model: ModelSpec | None = None) -> None
     if model is not None and model.arch == "cnn":
         raise UserError(f"--finetune {method}: LoRA/QLoRA adapters are planned for transformers, not {model.key}")
     if layout is not None and (layout.tp > 1 or layout.pp > 1):
-        raise UserError(f"--finetune {method} is planned with data parallelism only (single, DDP or FSDP2, as "
-                        "LoRA/QLoRA runs train): drop --tp/--pp")
+        refusal = model_parallel_refusal(method, stack)
+        if refusal:
+            raise UserError(refusal)
     if work.lora_targets not in LORA_TARGETS:
         raise UserError(f"--lora-targets '{work.lora_targets}' is not one of {', '.join(LORA_TARGETS)}")
     if work.lora_rank < 1:

@@ -182,7 +182,7 @@ def validate(spec: RunSpec) -> None:
         raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)}, "
                         "every:K or blocks:F")
     _choice("framework", lay.framework, FRAMEWORKS)
-    tuning.validate_workload(work, lay, model)
+    tuning.validate_workload(work, lay, model, spec.stack)
     if not 0 <= spec.cluster.allocator_reserve < 1:
         raise UserError(f"--allocator-reserve must be in [0, 1), got {spec.cluster.allocator_reserve}")
     _choice("offload", lay.offload, OFFLOAD)

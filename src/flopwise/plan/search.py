@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass, field
 
 from flopwise.errors import UserError
+from flopwise.plan.finetune import model_parallel_refusal
 from flopwise.plan.planner import GIB, Plan, _framework, check_expert_parallel, plan, plan_memory, stack_rates
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
 from flopwise.plan.fit import stack_speed
@@ -174,7 +175,9 @@ def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) ->
     """(tp, pp) pairs whose product divides `devices` and that the model allows, plus rejection counts."""
     model = spec.model
     rejected = {"tp_heads": 0, "tp_node": 0, "pp_layers": 0}
-    if model.arch == "cnn" or spec.workload.finetune != "full":  # LoRA/QLoRA: single, DDP, FSDP2 (finetune.py)
+    # LoRA/QLoRA: single, DDP, FSDP2, except Megatron-Core's LoRA (finetune.model_parallel_refusal)
+    if model.arch == "cnn" or (spec.workload.finetune != "full"
+                               and model_parallel_refusal(spec.workload.finetune, spec.stack)):
         return [(1, 1)], rejected
     per_node = spec.cluster.devices_per_node or spec.cluster.hardware.devices_per_node or 8
     kv = model.n_kv_heads or model.n_heads

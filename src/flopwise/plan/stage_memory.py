@@ -196,11 +196,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, sharded, "none")
     tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths
     if tuned is not None:
-        adapter = finetune.activation_delta_bytes(model, tuned, seq, lay.micro_batch_size, e,
-                                                  work.lora_dropout, lay.tp, finetune.dropout_mask_bytes(hw, e),
-                                                  input_copy_bytes=finetune.adapter_input_copy_bytes(work.precision))
-        adapter += finetune.adapter_cast_bytes(model, tuned, seq, lay.micro_batch_size, work.precision)
-        adapter += model.norms_per_layer * finetune.norm_upcast_bytes(model, seq, lay.micro_batch_size, e)
+        adapter = finetune.block_activation_delta_bytes(spec, tuned, seq, e, conv.gemm_input_bytes, conv.fused_norm)
         per_layer += adapter * (1.0 - mem.recompute_forward_fraction(lay.recompute))
         rebuilt += adapter if rebuilt else 0.0
         buffers = finetune.comm_and_transient_bytes(tuned, spec, pc, lay.zero_stage, lay.shard_group, per_unit)
@@ -254,7 +250,8 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
             activations = logits = inflight = 0.0
         else:
             activations, logits, inflight, loss_transient = _stage_activations(
-                spec, e, terms, per_layer, rebuilt, i, n, conv.loss_bytes_per_logit, tuned is not None)
+                spec, e, terms, per_layer, rebuilt, i, n, conv.loss_bytes_per_logit, tuned is not None,
+                not conv.fused_norm)
             if tuned is not None:  # a fine-tune's transients are `other`, beside QLoRA's dequantised weight
                 logits -= loss_transient
                 # the loss's backward frees what the head's end keeps before the last block is
@@ -351,13 +348,14 @@ def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bo
 
 def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_layer: float, rebuilt: float,
                        stage: int, layers: int, loss_bytes_per_logit: float | None = None,
-                       frozen_base: bool = False) -> tuple[float, float, float, float]:
+                       frozen_base: bool = False, upcast_norms: bool = True) -> tuple[float, float, float, float]:
     """(layer activations + embedding's token ids, head inputs + logits, in-flight layers, the part of
     the logits that is the loss's transient peak rather than kept for backward) of one stage.
 
     `frozen_base` (LoRA / QLoRA): the frozen embedding keeps no token ids, the first block's first
     norm nothing (`finetune.first_block_saving`), the head's end one copy of the last hidden state
-    (`finetune.FROZEN_HEAD_INPUT_COPIES`)."""
+    (`finetune.FROZEN_HEAD_INPUT_COPIES`), in fp32 for an upcasting RMSNorm (`upcast_norms`: not a
+    stack's fused norm)."""
     model, lay, work = spec.model, spec.layout, spec.workload
     seq = local_seq_len(spec)
     chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages,
@@ -373,7 +371,8 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         per_mb = tokens * (ids + (model.hidden / (lay.tp if lay.sequence_parallel else 1)
                                   if work.dropout else 0.0))
         if frozen_base and lay.recompute == "none" and layers:
-            per_mb -= finetune.first_block_saving(model, seq, lay.micro_batch_size, e)
+            per_mb -= finetune.first_block_saving(model, seq, lay.micro_batch_size, e, upcast_norms,
+                                                  lay.tp if lay.sequence_parallel else 1)
         activations += per_mb * chunks
     logits = 0.0
     if stage == lay.pp - 1:
@@ -390,8 +389,8 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
             kept = min(kept, loss_bytes_per_logit)
         head_inputs = 2 * terms.layer_input
         if frozen_base:  # the frozen final norm's input alone, fp32 for an upcasting RMSNorm
-            head_inputs = finetune.FROZEN_HEAD_INPUT_COPIES * terms.layer_input + finetune.norm_upcast_bytes(
-                model, seq, lay.micro_batch_size, e)
+            head_inputs = finetune.FROZEN_HEAD_INPUT_COPIES * terms.layer_input + (finetune.norm_upcast_bytes(
+                model, seq, lay.micro_batch_size, e) if upcast_norms else 0.0)
         transient = (per_element - kept) * elements
         logits = held * (head_inputs + kept * elements) + transient
         return activations, logits, inflight, transient

@@ -14,6 +14,9 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
   Forward ones are exposed; in the backward the input-gradient collective overlaps the
   weight-gradient GEMM (Megatron's async TP all-reduce). With `tp_comm_overlap` both
   directions hide behind the GEMMs they are chunked with (Transformer Engine userbuffers).
+  A LoRA under Megatron-Core adds its adapters' own collectives, exposed
+  (`finetune.adapter_tp_collectives`); its frozen base has only the adapters' small
+  weight-gradient GEMMs to hide a backward collective behind.
 - data parallel: gradients are reduced in buckets while the last micro-batch's backward
   runs; what is exposed is what does not fit in that backward, and at least the last
   bucket (`last_bucket_share`: 25 MB for DDP/FSDP, Megatron's bucket or its embedding),
@@ -197,6 +200,13 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     # tensor parallel, per layer and micro-batch
     message = float(s * b * model.hidden * e)
     one, n_coll, tp_wire, tp_layer = tp_layer_seconds(lay, layer, links, message, model)
+    # a fine-tune's adapters add their own collectives, none hidden (`finetune.adapter_tp_collectives`)
+    adapter_fwd, adapter_bwd = finetune.adapter_tp_collectives(spec, e)
+    rerun = ops.full_recompute_share(lay.recompute)
+    adapter_tp = ((1.0 + rerun) * _collective_seconds(links, tp, adapter_fwd)
+                  + _collective_seconds(links, tp, adapter_bwd))
+    tp_wire += adapter_tp
+    tp_layer += adapter_tp
 
     # context parallelism's ring: each rank passes its K/V chunk cp - 1 times in the forward and K/V
     # and their gradients in the backward, overlapped with the attention blocks it computes meanwhile
@@ -229,8 +239,10 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     tp_bytes = 0.0
     if tp > 1:
         norm_reductions = m if inputs.framework == "fsdp" else 1
+        adapter_sent = ((1.0 + rerun) * sc.tp_collective_bytes(tp, adapter_fwd)
+                        + sc.tp_collective_bytes(tp, adapter_bwd))
         for dev, chunks in enumerate(split):
-            sent = m * sum(chunks) * n_coll * cm.ring_all_reduce_bytes(tp, message)
+            sent = m * sum(chunks) * (n_coll * cm.ring_all_reduce_bytes(tp, message) + adapter_sent)
             norms = sum(chunks) * pc.norms_per_layer
             if dev == 0:
                 sent += m * sc.tp_collective_bytes(tp, ends_comm.embedding)
@@ -378,7 +390,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     )
     comm = CommEstimate(
         dp_bytes, tp_bytes, pp_bytes,
-        dp_wire, n_coll * one * mb_layers + ends_tp, pp_wire,
+        dp_wire, (n_coll * one + adapter_tp) * mb_layers + ends_tp, pp_wire,
         cm.link_name(links, dp, tp), cm.link_name(links, tp, 1), cm.link_name(links, pp, tp * dp),
         cm.LINK_EFFICIENCY,
     )
