@@ -580,7 +580,8 @@ def test_megatron_lora_is_one_adapter_per_fused_linear():
     per_layer = 16 * ((h + qkv) + (llama3.n_heads * d + h) + (h + 2 * f) + (f + h))  # qkv, proj, fc1, fc2
     assert ft.adapter_params_per_layer(llama3, 16, "all-linear", fused=True) == per_layer == 2_195_456
     split = ft.split_of(build_runspec(**NEMO_70B_LORA, precision="bf16"))
-    assert split.adapters == "megatron" and split.trainable_params == 80 * per_layer
+    # --stack nemo plans NeMo's own default rank, 32 (nemo/collections/llm/peft/lora.py, dim 32)
+    assert split.adapters == "megatron" and split.rank == 32 and split.trainable_params == 80 * 2 * per_layer
     # PEFT puts an A on each of q, k, v and of gate, up: three r x h matrices more per block
     assert ft.adapter_params_per_layer(llama3, 16, "all-linear") - per_layer == 3 * 16 * h
     assert [m.name for m in ft.target_matrices(llama3, "qkvo", fused=True)] == ["qkv", "o"]
@@ -643,7 +644,7 @@ def test_adapter_gemms_split_over_tp_and_the_frozen_base_loses_its_weight_gradie
 
 def test_megatron_adapter_collectives_gather_the_row_parallel_outputs():
     spec = build_runspec(**NEMO_70B_LORA, precision="bf16")
-    T, h, r, e = 4096, 8192, 16, 2.0
+    T, h, r, e = 4096, 8192, 32, 2.0  # NeMo's default rank
     forward, backward = ft.adapter_tp_collectives(spec, e)
     # proj and fc2: A's partial T x r all-reduced, B's T x h/t output all-gathered; qkv and fc1: A's T x r/t gathered
     assert sorted(forward) == sorted([("all_reduce", T * r * e), ("all_gather", T * h * e)] * 2
@@ -659,7 +660,7 @@ def test_megatron_adapter_collectives_gather_the_row_parallel_outputs():
 def test_megatron_lora_block_activations_under_sequence_parallelism():
     spec = build_runspec(**NEMO_70B_LORA, precision="bf16", recompute="none")
     split = ft.split_of(spec)
-    T, h, r, e = 4096, 8192, 16, 2.0
+    T, h, r, e = 4096, 8192, 32, 2.0  # NeMo's default rank
     # four adapters keep their rank-r intermediate whole; the qkv and fc1 adapters keep the norm's output
     # gathered over the sequence (e·T·h) where full training keeps its tp-th; TE's fused norms and bf16
     # adapters keep nothing more

@@ -93,7 +93,8 @@ OPTIONS = (
     PlanOption("finetune", "--finetune", str, "full",
                "full|lora|qlora: train every weight, or LoRA adapters on a frozen base (qlora: base in NF4). "
                "A fine-tune defaults to 1B tokens and 128Ki-token batches."),
-    PlanOption("lora_rank", "--lora-rank", int, 16, "--finetune lora|qlora: adapter rank r."),
+    PlanOption("lora_rank", "--lora-rank", int, None, "--finetune lora|qlora: adapter rank r. [default: 16; 32 "
+               "with --stack nemo, NeMo's LoRA default]"),
     PlanOption("lora_targets", "--lora-targets", str, "all-linear",
                "--finetune lora|qlora: all-linear (every linear of the blocks) | qkvo (attention projections)."),
     PlanOption("lora_dropout", "--lora-dropout", float, 0.0,

@@ -583,7 +583,7 @@ def build_runspec(
     stack: str = "flopwise",
     fp8_recipe: str | None = None,
     finetune: str = "full",
-    lora_rank: int = tuning.DEFAULT_LORA_RANK,
+    lora_rank: int | None = None,
     lora_targets: str = "all-linear",
     lora_dropout: float = 0.0,
     fsdp_unit_mb: float = 0.0,
@@ -735,6 +735,10 @@ def build_runspec(
         extra["defaults"] = (stack_default_zero,)
     if stack_selective:
         extra["defaults"] = (*extra.get("defaults", ()), stack_selective)
+    if lora_rank is None:  # the stack's own LoRA default (NeMo: 32), else flopwise's
+        lora_rank = stack_spec.lora_rank if stack != "flopwise" else tuning.DEFAULT_LORA_RANK
+        if finetune in ("lora", "qlora") and lora_rank != tuning.DEFAULT_LORA_RANK:
+            extra["defaults"] = (*extra.get("defaults", ()), f"lora rank {lora_rank}: {stack}'s LoRA default")
     if stack != "flopwise":
         extra["fp8_recipe"] = fp8_recipe or stack_spec.fp8_recipe
     elif fp8_recipe is not None:

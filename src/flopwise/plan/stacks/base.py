@@ -66,5 +66,6 @@ class Stack:
     # what the stack's users mean by "selective" recompute: Megatron's attention core (Korthikanti et al.
     # 2022), or another policy the stack names so (torchtitan: per-op, "op")
     selective_recompute: str = "selective"
+    lora_rank: int = 16  # the adapter rank its LoRA recipes default to (PEFT / torchtune / flopwise: 8-16)
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

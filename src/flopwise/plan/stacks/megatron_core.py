@@ -36,6 +36,7 @@ STACK = Stack(
     # overlap_p2p_comm on, forced off for non-interleaved schedules; schedules.py then posts the
     # next chunk's isend/irecv before computing and waits after
     overlap_p2p_comm=True,
+    lora_rank=32,  # NeMo nemo/collections/llm/peft/lora.py LoRA: dim 32, alpha 32, the four linears of a block
     memory_options=("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "recompute"),
     sources=("NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py",
              "NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py (bucket_size: max(40M, "
