@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flopwise.catalog.models import ModelSpec
+from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan.params import ParamCount
 from flopwise.plan.step_comm import zero3_collectives
 
@@ -189,6 +189,12 @@ def activation_terms(
       MLP gelu:  e·sbh (input) + 2·e·sbf (GELU input, fc2 input) [+ sbh mask]
       MLP swiglu: e·sbh + 4·e·sbf (gate out, SiLU out, up out, product)
       qk norms:  (qwen3) e·sb(d+k), and the normalised copy as for the norms below
+      MLA:       (DeepSeek-V2/V3) Q and K are a·d_qk wide, V and the out-proj input a·d_v
+                 (K and V expanded to every head: training saves no less than MHA would);
+                 the latents r_q and r_kv are kept as their RMSNorms' inputs (+ normalised)
+                 and as the q_b / kv_b inputs: (per-norm·e + e)·sb(r_q + r_kv), plus e·sbr
+                 (the KV norm's input is a view of kv_a's whole output, its rope part too),
+                 replicated, since Megatron-Core's down projections are not split over TP
       norms:     e·sbh each (input), `norms_per_layer` of them; an eager `torch.nn.RMSNorm`
                  also saves the normalised tensor (2·e·sbh; measured, torch 2.13), which
                  `rmsnorm_saves_normalized=False` drops for fused kernels
@@ -204,9 +210,10 @@ def activation_terms(
     e = dtype_bytes
     sb = float(seq_len) * micro_batch
     h = spec.hidden
-    head_dim = spec.head_dim or h // spec.n_heads
-    d = spec.n_heads * head_dim
-    k = d if kv_repeated else (spec.n_kv_heads or spec.n_heads) * head_dim
+    d = spec.n_heads * query_key_head_dim(spec)  # Q (and, under MLA, K)
+    k = d if kv_repeated or is_mla(spec) else kv_heads(spec) * query_key_head_dim(spec)
+    v = spec.n_heads * value_head_dim(spec) if is_mla(spec) else k  # V
+    out = spec.n_heads * value_head_dim(spec)  # the attention output, the out-proj's input
     f = spec.ffn_hidden or 4 * h
     mask = 1.0 if dropout else 0.0
     g = e if gemm_input_bytes is None else gemm_input_bytes
@@ -217,8 +224,11 @@ def activation_terms(
     replicated += mask * sb * h  # MLP output dropout mask
     per_norm = 2.0 if (spec.norm == "rmsnorm" and rmsnorm_saves_normalized) else 1.0
     replicated += spec.norms_per_layer * per_norm * e * sb * h  # norm inputs (+ normalised)
+    latents = spec.q_lora_rank + spec.kv_lora_rank  # MLA: norm inputs (+ normalised), q_b / kv_b inputs
+    replicated += (per_norm * e + g) * sb * latents
+    replicated += e * sb * spec.qk_rope_head_dim  # the KV norm's input is a view of kv_a's output, rope part too
 
-    sharded = e * sb * (d + 2 * k) + g * sb * d  # Q, K, V + out-proj input
+    sharded = e * sb * (d + k + v) + g * sb * out  # Q, K, V + out-proj input
     if getattr(spec, "qk_norm", False):  # qwen3's per-head norms on q and k keep their inputs (+ normalised)
         sharded += per_norm * e * sb * (d + k)
     if spec.mlp == "swiglu" and fused_swiglu:
@@ -231,13 +241,23 @@ def activation_terms(
         scores = 0.0
         flash_stats = 4.0 * a * seq_len * micro_batch  # fp32 log-sum-exp per row
         if attn_output_copy:
-            sharded += e * sb * d
+            sharded += e * sb * out
     else:
         scores = (e + (1.0 + e) * mask) * a * seq_len * sb
         flash_stats = 0.0
     mlp_out = (2.0 if spec.mlp == "swiglu" else 1.0) * f
-    matmul_outputs = e * sb * ((d + 2 * k) + h + mlp_out + h)  # QKV, out-proj, MLP up(/gate), down
-    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * d)
+    matmul_outputs = e * sb * (attention_matmul_outputs(spec, d, k) + h + mlp_out + h)  # + MLP up(/gate), down
+    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * out)
+
+
+def attention_matmul_outputs(spec: ModelSpec, q_width: float, kv_width: float) -> float:
+    """Elements per token the attention's projections write: fused QKV and out-proj, or MLA's
+    q_a, q_b (or q), kv_a, kv_b and out-proj."""
+    h = spec.hidden
+    if not is_mla(spec):
+        return q_width + 2 * kv_width + h
+    kv_b = spec.n_heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+    return spec.q_lora_rank + q_width + spec.kv_lora_rank + spec.qk_rope_head_dim + kv_b + h
 
 
 RECOMPUTE_POLICIES = ("none", "selective", "op", "full")
@@ -594,9 +614,13 @@ def largest_module_params(spec: ModelSpec, params: ParamCount, tp: int) -> float
     rank: what DeepSpeed's ZeRO-3 gathers at a time, since it fetches parameters module by
     module (`runtime/zero/partitioned_param_coordinator.py`), not a whole block."""
     h = spec.hidden
-    head_dim = spec.head_dim or h // spec.n_heads
-    qkv = h * (spec.n_heads + 2 * (spec.n_kv_heads or spec.n_heads)) * head_dim
-    mlp = h * (spec.ffn_hidden or 4 * h)
+    qkv = h * (spec.n_heads + 2 * kv_heads(spec)) * query_key_head_dim(spec)
+    if is_mla(spec):  # the widest of its projections (q_b or q, kv_b, o)
+        qkv = max(
+            (spec.q_lora_rank or h) * spec.n_heads * query_key_head_dim(spec),
+            spec.kv_lora_rank * spec.n_heads * (spec.qk_nope_head_dim + spec.v_head_dim),
+            spec.n_heads * spec.v_head_dim * h)
+    mlp = h * max(spec.ffn_hidden or 4 * h, spec.dense_ffn_hidden)
     return max(qkv / tp, mlp / tp, params.embedding / tp, params.output_head / tp)
 
 

@@ -352,7 +352,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     # Memory
     memory = _memory(spec, pc, warnings)
     sb = mem.state_bytes(work.precision, work.optimizer)
-    psi = (pc.total - pc.n_layers * pc.experts_elsewhere_per_layer(lay.ep)) / (lay.tp * lay.pp)
+    psi = (pc.total - pc.moe_layers * pc.experts_elsewhere_per_layer(lay.ep)) / (lay.tp * lay.pp)
     e = mem.activation_dtype_bytes(work.precision)
 
     # Communication and time: the operator model (ops.py, gemm.py, comm.py, timing.py)
