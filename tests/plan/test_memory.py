@@ -440,3 +440,26 @@ def test_mla_narrows_its_latent_not_the_k_and_v_that_training_keeps():
     # V and the out-projection input are a·128 in both; Q and K grow from a·128 to a·192
     assert keeps["mla"] - keeps["mha"] == e * tokens * 128 * (192 - 128) * 2
     assert ops.rotary_width(v3, 1) == (128 + 1) * 64 < ops.rotary_width(mha, 1) == 2 * 128 * 128
+
+
+def test_moe_keeps_the_width_its_experts_pass_and_each_tokens_routed_copies():
+    """A token passes through k experts and the shared one: DeepSeek-V3's 8 x 2048 + 2048 is the
+    18432 of its dense blocks, so the MLP keeps what the dense MLP would; on top, the k routed copies
+    of each token (the experts' input, and their output before the router's weighting), whole on
+    every tensor-parallel rank."""
+    import dataclasses
+
+    from flopwise.catalog.models import get_model
+
+    v3 = get_model("deepseek-v3")
+    dense = dataclasses.replace(v3, n_experts=1, experts_per_token=1, shared_expert_ffn_hidden=0, ffn_hidden=18432,
+                                dense_layers=0, dense_ffn_hidden=0)
+    assert mem.mlp_width_per_token(v3) == 18432 == mem.mlp_width_per_token(dense)
+    moe, flat = (mem.activation_terms(spec, 4096, 1, dropout=False, flash_attention=True) for spec in (v3, dense))
+    assert (moe.replicated, moe.sharded) == (flat.replicated, flat.sharded)
+    assert moe.routed_copies == 2 * 2.0 * 4096 * 8 * 7168 and flat.routed_copies == 0
+    for tp, sp in ((1, False), (8, True)):
+        extra = (mem.activation_bytes_per_layer(moe, tp, sp, "selective")
+                 - mem.activation_bytes_per_layer(flat, tp, sp, "selective"))
+        assert extra == moe.routed_copies
+    assert mem.activation_bytes_per_layer(moe, 8, True, "full") == mem.activation_bytes_per_layer(flat, 8, True, "full")

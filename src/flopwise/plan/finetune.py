@@ -315,13 +315,12 @@ def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, 
         if lora_dropout > 0 or input_copy_bytes:
             kept += (adapter_e + (mask_bytes if lora_dropout > 0 else 0.0)) * seen * m.d_in / tp
     read_whole = {m.name for m in targets} if lora_dropout == 0 and not input_copy_bytes else set()
-    experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
     if not read_whole & set(ATTENTION_INPUT_READERS):
         kept -= e * tokens * spec.hidden
     if not read_whole & {"gate", "up"}:
         kept -= e * tokens * spec.hidden
     if "down" not in read_whole:
-        kept -= e * tokens * (spec.ffn_hidden or 4 * spec.hidden) * experts / tp
+        kept -= e * tokens * mem.mlp_width_per_token(spec) / tp
     if attn_output_copy and "o" not in read_whole:
         kept -= e * tokens * spec.n_heads * value_head_dim(spec) / tp
     if spec.norm == "rmsnorm":

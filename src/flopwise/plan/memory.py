@@ -146,6 +146,8 @@ class ActivationTerms:
     of the residual path); `sharded` is split over t ranks (Q, K, V, MLP intermediates);
     `scores` is the s×s attention part (sharded over heads), dropped by selective
     recompute and by flash attention. `flash_stats` is flash attention's fp32 log-sum-exp.
+    `routed_copies` is an MoE's tokens as the experts see them, whole on every TP rank even
+    with sequence parallelism (the dispatcher gathers the shards first).
     """
 
     replicated: float
@@ -155,6 +157,7 @@ class ActivationTerms:
     layer_input: float
     matmul_outputs: float = 0.0
     attention_output: float = 0.0
+    routed_copies: float = 0.0
 
 
 def activation_terms(
@@ -188,6 +191,11 @@ def activation_terms(
                  [+ as²b mask + e·as²b dropout out]
       MLP gelu:  e·sbh (input) + 2·e·sbf (GELU input, fc2 input) [+ sbh mask]
       MLP swiglu: e·sbh + 4·e·sbf (gate out, SiLU out, up out, product)
+      MoE:       f is the width a token passes through, k experts of f plus any shared
+                 expert (DeepSeek-V3: 8 x 2048 + 2048); and each token's k routed copies twice,
+                 2·e·sb·k·h: the experts' grouped GEMM keeps its input and the unpermute
+                 keeps their outputs to weight them by the router's probabilities
+                 (Megatron-Core `moe/experts.py`, `moe/moe_utils.py` `unpermute`)
       qk norms:  (qwen3) e·sb(d+k), and the normalised copy as for the norms below
       MLA:       (DeepSeek-V2/V3) Q and K are a·d_qk wide, V and the out-proj input a·d_v
                  (K and V expanded to every head: training saves no less than MHA would);
@@ -214,7 +222,7 @@ def activation_terms(
     k = d if kv_repeated or is_mla(spec) else kv_heads(spec) * query_key_head_dim(spec)
     v = spec.n_heads * value_head_dim(spec) if is_mla(spec) else k  # V
     out = spec.n_heads * value_head_dim(spec)  # the attention output, the out-proj's input
-    f = spec.ffn_hidden or 4 * h
+    f = mlp_width_per_token(spec)
     mask = 1.0 if dropout else 0.0
     g = e if gemm_input_bytes is None else gemm_input_bytes
 
@@ -247,7 +255,17 @@ def activation_terms(
         flash_stats = 0.0
     mlp_out = (2.0 if spec.mlp == "swiglu" else 1.0) * f
     matmul_outputs = e * sb * (attention_matmul_outputs(spec, d, k) + h + mlp_out + h)  # + MLP up(/gate), down
-    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * out)
+    routed = 2.0 * e * sb * spec.experts_per_token * h if spec.n_experts > 1 else 0.0
+    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * out, routed)
+
+
+def mlp_width_per_token(spec: ModelSpec) -> int:
+    """The MLP width one token passes through: f, or under MoE its k experts' k·f plus any
+    shared expert (`ops._layer_times` times the activation over the same width)."""
+    f = spec.ffn_hidden or 4 * spec.hidden
+    if spec.n_experts <= 1:
+        return f
+    return spec.experts_per_token * f + spec.shared_expert_ffn_hidden
 
 
 def attention_matmul_outputs(spec: ModelSpec, q_width: float, kv_width: float) -> float:
@@ -316,11 +334,13 @@ def activation_bytes_per_layer(
 ) -> float:
     """Bytes one layer keeps for backward on one TP rank, by what each policy keeps.
 
-    - none:      replicated + (sharded + scores)/t, or everything /t with SP (Korthikanti Table 2)
+    - none:      replicated + (sharded + scores)/t, or everything /t with SP (Korthikanti Table 2);
+                 an MoE's routed copies whole on every rank
     - selective: Megatron's: everything but the attention core (the s×s scores), which
                  flash attention never stores, so with flash it keeps as much as none
     - op:        torchtitan's per-op policy: the block input, every second matmul output
-                 (half of them), the attention output and its log-sum-exp
+                 (half of them; of an MoE's routed copies, half the experts' outputs), the
+                 attention output and its log-sum-exp
     - full:      only the layer input (2·sbh in 16-bit; /t with SP)
     - every:K:   full on one block in K, none on the others (the average layer); blocks:F
                  likewise with a share F of the blocks
@@ -332,12 +352,13 @@ def activation_bytes_per_layer(
     if share is not None:
         kept = activation_bytes_per_layer(terms, tp, sequence_parallel, "none")
         return layer_input * share + kept * (1.0 - share)
-    if recompute == "op":
+    if recompute == "op":  # the experts' outputs are matmul outputs, every second one kept
         scores = terms.flash_stats if terms.flash_stats else terms.scores
-        return layer_input + (0.5 * terms.matmul_outputs + terms.attention_output + scores) / tp
+        return layer_input + 0.25 * terms.routed_copies + (
+            0.5 * terms.matmul_outputs + terms.attention_output + scores) / tp
     scores = 0.0 if recompute == "selective" else terms.scores
     replicated = terms.replicated / tp if sequence_parallel else terms.replicated
-    return replicated + (terms.sharded + scores + terms.flash_stats) / tp
+    return replicated + terms.routed_copies + (terms.sharded + scores + terms.flash_stats) / tp
 
 
 def layer_activation_bytes(

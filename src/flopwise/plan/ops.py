@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan.gemm import DeviceRates
-from flopwise.plan.memory import recomputed_block_share
+from flopwise.plan.memory import mlp_width_per_token, recomputed_block_share
 
 CROSS_ENTROPY_BYTES_PER_LOGIT = {
     # flash_attn/losses/cross_entropy.py (Triton): the forward reads the 16-bit logits once (online
@@ -242,7 +242,8 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     hs = h / tp if sp else float(h)
     per_token = model.norms_per_layer * 2 * hs * e  # norms: read + write
     per_token += 2 * 3 * hs * e  # two residual adds: read 2, write 1
-    per_token += (3 if model.mlp == "swiglu" else 2) * (f * (topk if experts > 1 else 1) / tp) * e  # activation
+    act = mlp_width_per_token(model) / tp  # the activation's width: k experts (+ a shared one) under MoE
+    per_token += (3 if model.mlp == "swiglu" else 2) * act * e
     kernels = model.norms_per_layer + 3
     rope = rotary_width(model, tp)
     if model.position == "rope":
@@ -268,10 +269,10 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         kernels += dispatch_kernels
     mem_f = rates.memory_seconds(T * per_token, kernels)
     mem_b = rates.memory_seconds(2.0 * T * per_token, 1.5 * kernels)
-    measured = _measured_elementwise(model, rates, T, hs, f * (topk if experts > 1 else 1) / tp, rope)
+    measured = _measured_elementwise(model, rates, T, hs, act, rope)
     if measured is not None:
         both, forward_part = measured
-        unmeasured = per_token - _elementwise_bytes(model, hs, f * (topk if experts > 1 else 1) / tp, rope, e)
+        unmeasured = per_token - _elementwise_bytes(model, hs, act, rope, e)
         mem_f = forward_part + rates.memory_seconds(T * unmeasured, 0)
         mem_b = both - forward_part + rates.memory_seconds(2.0 * T * unmeasured, 0)
 
