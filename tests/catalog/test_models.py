@@ -456,3 +456,11 @@ def test_mpt_config_reads_its_attention_and_biases(tmp_path):
     assert (gqa.n_kv_heads, gqa.position, gqa.attn_bias, gqa.norm_bias) == (2, "learned", True, True)
     with pytest.raises(UserError, match="expansion_ratio"):
         from_hf_config(_write_config(tmp_path, dict(base, expansion_ratio="four")))
+
+
+def test_cli_shows_deepseeks_dense_blocks_apart():
+    table = _cli("deepseek-v3")
+    assert table.returncode == 0, table.stderr
+    assert "671,026,404,352" in table.stdout and "dense mlp per leading layer (x3)" in table.stdout
+    assert "mlp per layer (x58)" in table.stdout
+    assert "shared_expert_gate" not in _cli("llama2-7b").stdout  # no shared expert, nothing to say
