@@ -200,7 +200,7 @@ def activation_terms(
       MLA:       (DeepSeek-V2/V3) Q and K are a·d_qk wide, V and the out-proj input a·d_v
                  (K and V expanded to every head: training saves no less than MHA would);
                  the latents r_q and r_kv are kept as their RMSNorms' inputs (+ normalised)
-                 and as the q_b / kv_b inputs: (per-norm·e + e)·sb(r_q + r_kv), plus e·sbr
+                 and as the q_b / kv_b inputs: (per-norm·e + g)·sb(r_q + r_kv), plus e·sbr
                  (the KV norm's input is a view of kv_a's whole output, its rope part too),
                  replicated, since Megatron-Core's down projections are not split over TP
       norms:     e·sbh each (input), `norms_per_layer` of them; an eager `torch.nn.RMSNorm`
