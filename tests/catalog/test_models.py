@@ -25,7 +25,7 @@ REQUIRED_KEYS = (
     "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "mistral-7b",
     "mixtral-8x7b", "bloom-176b", "opt-175b", "resnet50", "mpt-1b", "mpt-3b", "mpt-7b", "mpt-13b",
     "mpt-30b", "mpt-70b", "nemotron4-15b", "nemotron4-340b", "mixtral-8x22b", "gpt-neox-20b",
-    "llama3.2-1b", "llama3.2-3b", "qwen2.5-7b",
+    "llama3.2-1b", "llama3.2-3b", "qwen2.5-7b", "deepseek-v3",
 )
 
 
@@ -56,7 +56,8 @@ def test_get_model_is_case_insensitive():
     ("meta-llama/Llama-3.1-8B-Instruct", "llama3.1-8b"), ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"),
     ("GPT-3 175B", "gpt3-175b"), ("gpt3-xl", "gpt3-1.3b"), ("gpt2", "gpt2-124m"), ("gpt2-xl", "gpt2-1.5b"),
     ("Nemotron-4-340B", "nemotron4-340b"), ("mosaicml/mpt-7b", "mpt-7b"), ("bigscience/bloom", "bloom-176b"),
-    ("Qwen/Qwen2.5-7B", "qwen2.5-7b")])
+    ("Qwen/Qwen2.5-7B", "qwen2.5-7b"), ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+    ("deepseek-ai/DeepSeek-V3-Base", "deepseek-v3"), ("deepseek-ai/DeepSeek-V2-Lite", "deepseek-v2-lite")])
 def test_a_model_as_papers_and_the_hub_name_it_resolves(name, key):
     assert get_model(name).key == key
 
@@ -169,6 +170,23 @@ HF_CASES = {
     # whatever expansion_ratio says (llm-foundry, which the reader follows, honours it)
     "mpt": ("MptConfig", dict(d_model=64, n_heads=4, n_layers=2, vocab_size=211, max_seq_len=96, expansion_ratio=4)),
     "nemotron": ("NemotronConfig", dict(SMALL, intermediate_size=96, num_key_value_heads=2)),
+    # DeepSeek: multi-head latent attention with head widths apart from hidden / heads, a dense first
+    # block of its own width, then MoE blocks of ungated shared experts; transformers builds no
+    # multi-token-prediction module, so the configs say so (the reader refuses one)
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        SMALL, num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=160, moe_intermediate_size=24,
+        n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2, n_group=2, topk_group=1, q_lora_rank=48,
+        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=128,
+        num_nextn_predict_layers=0)),
+    "deepseek_v3-no-query-latent-bias-tied": ("DeepseekV3Config", dict(
+        SMALL, num_hidden_layers=3, first_k_dense_replace=0, intermediate_size=160, moe_intermediate_size=24,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=None,
+        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=128,
+        attention_bias=True, tie_word_embeddings=True, num_nextn_predict_layers=0)),
+    "deepseek_v2": ("DeepseekV2Config", dict(
+        SMALL, num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=160, moe_intermediate_size=24,
+        n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=3, q_lora_rank=None, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=128)),
 }
 
 
@@ -218,6 +236,16 @@ def _write_config(tmp_path, data) -> str:
 LLAMA_JSON = dict(
     model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
     vocab_size=211, max_position_embeddings=128,
+)
+
+
+DEEPSEEK_V3_JSON = dict(
+    # the shape keys of HF deepseek-ai/DeepSeek-V3's config.json, as published
+    model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+    num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
+    num_experts_per_tok=8, first_k_dense_replace=3, moe_layer_freq=1, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_group=8, topk_group=4, topk_method="noaux_tc",
+    max_position_embeddings=163840, tie_word_embeddings=False, attention_bias=False, num_nextn_predict_layers=1,
 )
 
 
@@ -295,6 +323,12 @@ def test_yaml_entry_loads():
         (("position: rope", "position: learned"), r"model 'tiny': field 'max_positions' is required"),
         (("n_heads: 4", "n_heads: 4\n    n_kv_heads: 3"), r"not a multiple of n_kv_heads 3"),
         (("models:", "modles:"), r"t\.yaml: expected a top-level 'models:' mapping"),
+        (("n_heads: 4", "n_heads: 4\n    v_head_dim: 16"), r"field 'v_head_dim' needs kv_lora_rank > 0"),
+        (("n_heads: 4", "n_heads: 4\n    kv_lora_rank: 32\n    v_head_dim: 16"), r"field 'qk_nope_head_dim' is required"),
+        (("n_heads: 4", "n_heads: 4\n    dense_layers: 1\n    dense_ffn_hidden: 96"), r"'dense_layers' is for MoE"),
+        (("n_heads: 4", "n_heads: 4\n    n_experts: 4\n    dense_layers: 1"), r"'dense_layers' and 'dense_ffn_hidden' go together"),
+        (("n_heads: 4", "n_heads: 4\n    n_experts: 4\n    dense_layers: 2\n    dense_ffn_hidden: 96"),
+         r"dense_layers 2 leaves no MoE block of 2"),
     ],
 )
 def test_yaml_errors_name_entry_and_field(edit, message):
@@ -351,6 +385,13 @@ def test_cli_shows_a_config_file(tmp_path):
         ("nemotron4-15b", dict(model_type="nemotron", hidden_size=6144, num_hidden_layers=32, num_attention_heads=48,
                                num_key_value_heads=8, intermediate_size=24576, vocab_size=256000,
                                max_position_embeddings=4096)),
+        ("deepseek-v3", dict(DEEPSEEK_V3_JSON, num_nextn_predict_layers=0)),
+        ("deepseek-v2-lite", dict(model_type="deepseek_v2", vocab_size=102400, hidden_size=2048,
+                                  intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=27,
+                                  num_attention_heads=16, num_key_value_heads=16, n_shared_experts=2,
+                                  n_routed_experts=64, num_experts_per_tok=6, first_k_dense_replace=1,
+                                  q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                  v_head_dim=128, max_position_embeddings=163840, topk_method="greedy")),
     ],
 )
 def test_hf_config_of_a_catalog_model_gives_the_same_counts(key, config, tmp_path):
@@ -358,6 +399,52 @@ def test_hf_config_of_a_catalog_model_gives_the_same_counts(key, config, tmp_pat
     from_file = count_params(from_hf_config(_write_config(tmp_path, config)))
     from_catalog = count_params(get_model(key))
     assert (from_file.total, from_file.active) == (from_catalog.total, from_catalog.active)
+
+
+def test_deepseek_v3_counts_671b_total_and_37b_active():
+    """DeepSeek-V3 Technical Report: 671B total (the main model: its 14B multi-token-prediction module
+    apart), 37B activated per token; the checkpoint's README_WEIGHTS.md: 36.6B activated, counting
+    the output head but not the input embedding."""
+    pc = count_params(get_model("deepseek-v3"))
+    assert pc.total == 671_026_404_352  # transformers' DeepseekV3ForCausalLM of config.json, MTP off
+    assert abs(pc.total / 671e9 - 1) < 0.01
+    assert abs(pc.active / 37e9 - 1) < 0.02
+    assert abs((pc.active - pc.embedding) / 36.6e9 - 1) < 0.005
+    assert (pc.dense_layers, pc.moe_layers) == (3, 58)
+    assert pc.dense_mlp_per_layer == 3 * 7168 * 18432
+    # 256 routed experts, one ungated shared expert and a 256 x 7168 router per MoE block
+    assert pc.mlp_per_layer == 257 * 3 * 7168 * 2048 + 256 * 7168
+
+
+def test_deepseek_v2_lite_counts_15_7b_total_and_2_4b_active():
+    pc = count_params(get_model("deepseek-v2-lite"))
+    assert abs(pc.total / 15.7e9 - 1) < 0.01
+    assert abs((pc.active - pc.embedding) / 2.4e9 - 1) < 0.03  # the model card's 2.4B activated
+
+
+def test_deepseek_v3_config_reads_mla_dense_blocks_and_shared_experts(tmp_path):
+    # the published file as it is (num_nextn_predict_layers 1): the main model, the MTP module apart
+    spec = from_hf_config(_write_config(tmp_path, DEEPSEEK_V3_JSON))
+    assert count_params(spec).total == count_params(get_model("deepseek-v3")).total
+    mla = (spec.q_lora_rank, spec.kv_lora_rank, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim)
+    assert mla == (1536, 512, 128, 64, 128) and spec.head_dim == 0
+    assert (spec.dense_layers, spec.dense_ffn_hidden, spec.ffn_hidden) == (3, 18432, 2048)
+    assert (spec.shared_expert_ffn_hidden, spec.shared_expert_gate) == (2048, False)
+    no_latent = from_hf_config(_write_config(tmp_path, dict(DEEPSEEK_V3_JSON, num_nextn_predict_layers=0,
+                                                            q_lora_rank=None)))
+    assert no_latent.q_lora_rank == 0
+
+
+@pytest.mark.parametrize("edit, message", [
+    (dict(num_nextn_predict_layers="one"), r"config\.json: key 'num_nextn_predict_layers' must be a whole number"),
+    (dict(num_nextn_predict_layers=0, moe_layer_freq=2), r"config\.json: key 'moe_layer_freq' must be 1"),
+    (dict(num_nextn_predict_layers=0, q_lora_rank="big"), r"config\.json: key 'q_lora_rank' must be a whole number"),
+    (dict(num_nextn_predict_layers=0, kv_lora_rank=None), r"config\.json: missing key 'kv_lora_rank'"),
+])
+def test_deepseek_config_errors_are_one_line_naming_file_and_key(edit, message, tmp_path):
+    with pytest.raises(UserError, match=message) as caught:
+        from_hf_config(_write_config(tmp_path, dict(DEEPSEEK_V3_JSON, **edit)))
+    assert "\n" not in str(caught.value)
 
 
 def test_mpt_config_reads_its_attention_and_biases(tmp_path):
@@ -371,3 +458,11 @@ def test_mpt_config_reads_its_attention_and_biases(tmp_path):
     assert (gqa.n_kv_heads, gqa.position, gqa.attn_bias, gqa.norm_bias) == (2, "learned", True, True)
     with pytest.raises(UserError, match="expansion_ratio"):
         from_hf_config(_write_config(tmp_path, dict(base, expansion_ratio="four")))
+
+
+def test_cli_shows_deepseeks_dense_blocks_apart():
+    table = _cli("deepseek-v3")
+    assert table.returncode == 0, table.stderr
+    assert "671,026,404,352" in table.stdout and "dense mlp per leading layer (x3)" in table.stdout
+    assert "mlp per layer (x58)" in table.stdout
+    assert "shared_expert_gate" not in _cli("llama2-7b").stdout  # no shared expert, nothing to say

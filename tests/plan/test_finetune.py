@@ -704,3 +704,19 @@ def test_layout_search_tries_tp_and_pp_for_megatron_lora_only():
     assert (2, 4) in parallel_shapes(spec, 8)[0]
     assert parallel_shapes(with_workload(spec, finetune="qlora"), 8)[0] == [(1, 1)]
     assert parallel_shapes(dataclasses.replace(spec, stack="flopwise"), 8)[0] == [(1, 1)]
+
+
+def test_mla_adapters_and_qlora_follow_deepseeks_own_linears():
+    """`qkvo` adapts MLA's q_a, q_b, kv_a, kv_b and o; QLoRA quantizes every block's linears, the
+    three leading dense blocks with their dense MLP rather than 256 experts."""
+    v3 = get_model("deepseek-v3")
+    h, a = 7168, 128
+    attention = {(m.name, m.d_in, m.d_out) for m in ft.target_matrices(v3, "qkvo")}
+    assert attention == {("q_a", h, 1536), ("q_b", 1536, a * 192), ("kv_a", h, 576), ("kv_b", 512, a * 256),
+                         ("o", a * 128, h)}
+    pc = count_params(v3)
+    split = ft.finetune_split(v3, pc, "qlora", 16, "all-linear", "bf16")
+    attention_weights = h * 1536 + 1536 * a * 192 + h * 576 + 512 * a * 256 + a * 128 * h
+    moe_linears = 3 * h * 2048 * 257  # the routed and shared experts (the router stays out)
+    assert split.quantized_params == 61 * attention_weights + 58 * moe_linears + 3 * 3 * h * 18432
+    assert split.quantized_params < pc.total

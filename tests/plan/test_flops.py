@@ -54,3 +54,13 @@ def test_cnn_training_is_three_forwards_per_sample():
     assert est.model_per_unit == pytest.approx(3 * 8.2e9)
     assert est.model_total == pytest.approx(3 * 8.2e9 * 1.28e6)
     assert estimate_flops(resnet, count_params(resnet), 0, "full", 1.0).hardware_per_unit == pytest.approx(4 * 8.2e9)
+
+
+def test_mla_scores_use_query_key_heads_and_values_use_value_heads():
+    """DeepSeek-V3: Q·Kᵀ over 128 heads of 192, A·V over 128 heads of 128, per layer and token
+    2·s·a·192 + 2·s·a·128 forward; the 6·N part uses the 37.6B active parameters and the head."""
+    spec = get_model("deepseek-v3")
+    pc = count_params(spec)
+    est = estimate_flops(spec, pc, 4096, "none", 1.0)
+    assert est.attention_per_unit == pytest.approx(3 * 2 * 61 * 4096 * 128 * (192 + 128))
+    assert est.dense_per_unit == pytest.approx(6 * (pc.active_non_embedding + 7168 * 129280))

@@ -377,3 +377,89 @@ def test_deepspeed_zero_keeps_an_fp32_partition_copy_even_in_fp32():
     assert (zero3.weight, zero3.grad, zero3.master, zero3.optimizer) == (4.0, 4.0, 4.0, 8.0)
     assert mem.framework_state_bytes("fp32", "adamw", "deepspeed", 0).master == 0.0  # plain torch optimizer
     assert mem.framework_state_bytes("fp32", "adamw", "fsdp", 3).master == 0.0
+
+
+@pytest.mark.parametrize("q_lora_rank", [48, None])
+def test_fp32_deepseek_v3_layer_saved_tensors_match_the_formula(q_lora_rank):
+    """transformers' DeepseekV3DecoderLayer (multi-head latent attention, a dense SwiGLU block), fp32
+    on CPU: its query/key heads (16 + 8) differ from its value heads (12), so SDPA runs its math
+    path and keeps the s×s probabilities, as the formula without flash attention does."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding
+
+    torch.manual_seed(0)
+    s, b, h, a, f = 64, 2, 64, 4, 160
+    mla = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12)
+    config = transformers.DeepseekV3Config(hidden_size=h, num_attention_heads=a, num_key_value_heads=a,
+                                           intermediate_size=f, q_lora_rank=q_lora_rank, first_k_dense_replace=1,
+                                           num_hidden_layers=1, n_group=1, topk_group=1, **mla)
+    config._attn_implementation = "sdpa"
+    layer = DeepseekV3DecoderLayer(config, layer_idx=0).float()
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    x = torch.randn(b, s, h, requires_grad=True)
+    rotary = DeepseekV3RotaryEmbedding(config)(x, torch.arange(s)[None].expand(b, s))
+    storages = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, attention_mask=None, position_embeddings=rotary)
+    spec = ModelSpec(key="tiny-mla", name="tiny", n_layers=1, hidden=h, n_heads=a, n_kv_heads=a, ffn_hidden=f,
+                     vocab_size=10, mlp="swiglu", norm="rmsnorm", position="rope", q_lora_rank=q_lora_rank or 0, **mla)
+    predicted = mem.layer_activation_bytes(spec, s, b, "fp32", dropout=False, flash_attention=False)
+    # the gap: the norms' rstd and the rotary cos/sin tables, O(s·b)
+    assert sum(storages.values()) == pytest.approx(predicted, rel=0.015)
+
+
+def test_mla_narrows_its_latent_not_the_k_and_v_that_training_keeps():
+    """DeepSeek-V3's KV projection writes a 576-wide latent per token (512 + 64 rotary), 57 times
+    narrower than K and V of the same 128 heads as multi-head attention of head size 128 (what an
+    inference KV cache holds); but training expands the latent to every head before attention and
+    keeps those: K of a·192 and V of a·128, more than that MHA's 2·a·128. Only the rotary part of
+    each head (64 of 192) takes RoPE."""
+    import dataclasses
+
+    from flopwise.catalog.models import get_model
+    from flopwise.plan import ops
+
+    v3 = get_model("deepseek-v3")
+    mha = dataclasses.replace(v3, kv_lora_rank=0, q_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0,
+                              v_head_dim=0, head_dim=128)
+    latent = v3.kv_lora_rank + v3.qk_rope_head_dim
+    assert (1, latent, v3.hidden, 1.0) in ops.attention_gemms(v3, 1, 1, False)  # kv_a: h -> 576
+    mha_kv = ops.attention_gemms(mha, 1, 1, False)[0][1] - 128 * 128  # fused QKV less Q
+    assert (latent, mha_kv) == (576, 2 * 128 * 128)
+
+    tokens, e = 4096, 2.0
+    keeps = {name: mem.activation_terms(spec, tokens, 1, dropout=False, flash_attention=True).sharded
+             for name, spec in (("mla", v3), ("mha", mha))}
+    # V and the out-projection input are a·128 in both; Q and K grow from a·128 to a·192
+    assert keeps["mla"] - keeps["mha"] == e * tokens * 128 * (192 - 128) * 2
+    assert ops.rotary_width(v3, 1) == (128 + 1) * 64 < ops.rotary_width(mha, 1) == 2 * 128 * 128
+
+
+def test_moe_keeps_the_width_its_experts_pass_and_each_tokens_routed_copies():
+    """A token passes through k experts and the shared one: DeepSeek-V3's 8 x 2048 + 2048 is the
+    18432 of its dense blocks, so the MLP keeps what the dense MLP would; on top, the k routed copies
+    of each token (the experts' input, and their output before the router's weighting), whole on
+    every tensor-parallel rank."""
+    import dataclasses
+
+    from flopwise.catalog.models import get_model
+
+    v3 = get_model("deepseek-v3")
+    dense = dataclasses.replace(v3, n_experts=1, experts_per_token=1, shared_expert_ffn_hidden=0, ffn_hidden=18432,
+                                dense_layers=0, dense_ffn_hidden=0)
+    assert mem.mlp_width_per_token(v3) == 18432 == mem.mlp_width_per_token(dense)
+    moe, flat = (mem.activation_terms(spec, 4096, 1, dropout=False, flash_attention=True) for spec in (v3, dense))
+    assert (moe.replicated, moe.sharded) == (flat.replicated, flat.sharded)
+    assert moe.routed_copies == 2 * 2.0 * 4096 * 8 * 7168 and flat.routed_copies == 0
+    for tp, sp in ((1, False), (8, True)):
+        extra = (mem.activation_bytes_per_layer(moe, tp, sp, "selective")
+                 - mem.activation_bytes_per_layer(flat, tp, sp, "selective"))
+        assert extra == moe.routed_copies
+    assert mem.activation_bytes_per_layer(moe, 8, True, "full") == mem.activation_bytes_per_layer(flat, 8, True, "full")

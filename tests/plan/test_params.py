@@ -146,6 +146,46 @@ def test_shared_expert_is_always_active():
     assert counts.mlp_active_per_layer == 2 * 3 * 64 * 32 + 64 * 4 + shared
 
 
+def test_deepseek_shared_expert_has_no_gate():
+    spec = _decoder(n_experts=4, experts_per_token=2, ffn_hidden=32, shared_expert_ffn_hidden=64,
+                    shared_expert_gate=False)
+    assert count_params(spec).mlp_per_layer == 4 * 3 * 64 * 32 + 64 * 4 + 3 * 64 * 64
+
+
+def _mla(**overrides) -> ModelSpec:
+    return _decoder(**{**dict(kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                              v_head_dim=12), **overrides})
+
+
+def test_mla_projections_have_their_own_widths():
+    """DeepseekV3Attention with h 64, 8 heads: q_a 64x48, q_b 48x8(16+8), kv_a 64x(32+8), kv_b 32x8(16+12),
+    o 8x12x64; the latents' RMSNorms (48 + 32) are counted with the norms."""
+    spec = _mla()
+    assert attention_params(spec) == 64 * 48 + 48 * 8 * 24 + 64 * 40 + 32 * 8 * 28 + 8 * 12 * 64
+    assert count_params(spec).norms_per_layer == 2 * 64 + 48 + 32
+    # without a query latent, one q_proj h -> a·(nope + rope), bias-free even with attention_bias
+    plain_query = attention_params(_mla(q_lora_rank=0, attn_bias=True))
+    assert plain_query == 64 * 8 * 24 + 64 * 40 + 40 + 32 * 8 * 28 + 8 * 12 * 64 + 64
+
+
+def test_leading_dense_blocks_are_counted_apart():
+    """DeepSeek's first blocks hold a dense MLP in place of the experts: the total counts each block
+    as it is, and a pipeline stage's share follows where its blocks sit."""
+    moe = dict(n_experts=4, experts_per_token=2, ffn_hidden=32, n_layers=4)
+    spec = _decoder(**moe, dense_layers=1, dense_ffn_hidden=96)
+    counts, uniform = count_params(spec), count_params(_decoder(**moe))
+    dense_mlp = 3 * 64 * 96
+    assert counts.dense_mlp_per_layer == dense_mlp and counts.moe_layers == 3
+    assert uniform.total - counts.total == uniform.mlp_per_layer - dense_mlp
+    assert counts.active - (uniform.active - uniform.mlp_active_per_layer + dense_mlp) == 0
+    ends = counts.embedding + counts.output_head + counts.final_norm + counts.other
+    assert counts.total == ends + counts.blocks_held(0, 4)
+    assert counts.blocks_held(0, 2) == counts.per_layer + counts.attention_per_layer + counts.norms_per_layer + dense_mlp
+    assert counts.blocks_held(2, 2) == 2 * counts.per_layer
+    # expert parallelism over 4 ranks: a rank holds a quarter of each MoE block's routed experts only
+    assert counts.blocks_held(0, 4) - counts.blocks_held(0, 4, ep=4) == 3 * counts.experts_per_layer * 3 / 4
+
+
 def test_totals_are_the_sum_of_the_parts():
     for key in ("gpt3-175b", "bert-large", "llama3.1-405b", "mixtral-8x7b", "bloom-176b"):
         c = count_params(get_model(key))

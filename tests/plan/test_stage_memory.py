@@ -116,3 +116,29 @@ def test_the_busiest_stage_is_among_the_candidates(model, pp, schedule, accum):
     every, few = sm.estimate_memory(spec, pc, []), sm.estimate_memory(spec, pc, [], every_stage=False)
     assert few.total_bytes == every.total_bytes and few.worst_stage == every.worst_stage
     assert len(every.stages) == pp and len(few.stages) <= 3
+
+
+@pytest.mark.parametrize("layers, dense, candidates", [
+    ((4, 4, 4, 4), 0, (0, 3)), ((3, 4, 4, 4, 3), 3, (0, 1, 4)), ((4, 4, 4, 4), 6, (0, 1, 2, 3)),
+    ((4, 4, 4, 4, 4), 4, (0, 1, 4)),
+])
+def test_stages_holding_lighter_dense_blocks_and_the_first_past_them_are_candidates(layers, dense, candidates):
+    assert sm.busiest_stage_candidates(layers, dense) == candidates
+
+
+@pytest.mark.parametrize("pp, ep", [(16, 8), (8, 1), (4, 4)])
+def test_deepseek_stages_hold_their_dense_blocks_and_the_busiest_is_a_candidate(pp, ep):
+    """DeepSeek-V3's first three blocks hold a dense MLP (0.4B) in place of 256 experts (11.3B):
+    the first stage holds that much less, and the busiest stage is still found among the few."""
+    model = get_model("deepseek-v3")
+    spec = RunSpec(model, Layout(dp=8, tp=1, pp=pp, ep=ep, grad_accum=32, zero_stage=1), Workload(seq_len=4096),
+                   Cluster(get_hardware("h100-sxm")))
+    pc = count_params(model)
+    every, few = sm.estimate_memory(spec, pc, []), sm.estimate_memory(spec, pc, [], every_stage=False)
+    assert few.total_bytes == every.total_bytes and few.worst_stage == every.worst_stage
+    layers = sm.stage_layers(61, pp)
+    moe_block = pc.per_layer - pc.experts_elsewhere_per_layer(ep)
+    dense_block = pc.attention_per_layer + pc.norms_per_layer + pc.dense_mlp_per_layer
+    first = pc.embedding + 3 * dense_block + (layers[0] - 3) * moe_block
+    assert every.stages[0].params == pytest.approx(first)
+    assert every.stages[1].params == pytest.approx(layers[1] * moe_block)

@@ -7,6 +7,7 @@ ring-model formula written out, so a change in how often something is gathered s
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,33 @@ def test_deepspeed_gathers_each_parameter_tensor_and_prefetches_only_its_bucket(
     assert sc.prefetch_share("fsdp", 1.8e9) == 1.0
     assert sc.prefetch_share("deepspeed", 1.8e9) == pytest.approx(5e7 / 1.8e9)
     assert sc.prefetch_share("deepspeed", 1e7) == 1.0
+
+
+def test_mla_blocks_hold_their_own_parameter_tensors():
+    """DeepSpeed gathers one tensor at a time: DeepSeek-V3's block holds q_a, its norm, q_b, kv_a, its
+    norm, kv_b and o, the MLP's two (fused) and two norms; without a query latent q_b and its norm go."""
+    from flopwise.catalog.models import get_model
+
+    v3 = get_model("deepseek-v3")
+    assert sc.layer_tensors(v3) == 7 + 2 + 2
+    assert sc.layer_tensors(dataclasses.replace(v3, q_lora_rank=0)) == 5 + 2 + 2
+    assert sc.layer_tensors(dataclasses.replace(v3, attn_bias=True)) == 7 + 3 + 2 + 2  # q_a, kv_a, o biases
+
+
+def test_a_pipeline_device_holds_its_own_blocks_dense_or_moe():
+    """DeepSeek-V3 over 16 stages: the first device's three blocks are its dense ones; under expert
+    parallelism a device keeps 1/ep of its MoE blocks' experts only."""
+    from flopwise.catalog.models import get_model
+    from flopwise.plan.timing import split_layers
+
+    pc = count_params(get_model("deepseek-v3"))
+    dense_block = pc.attention_per_layer + pc.norms_per_layer + pc.dense_mlp_per_layer
+    split = split_layers(61, 16, 1)
+    assert sc.device_params(pc, split, 0, False, ep=8) == pc.embedding + 3 * dense_block
+    moe_block = pc.per_layer - pc.experts_elsewhere_per_layer(8)
+    assert sc.device_params(pc, split, 1, False, ep=8) == pytest.approx(4 * moe_block)
+    whole = sum(sc.device_params(pc, split, device, False) for device in range(16))
+    assert whole == pc.total
+    interleaved = split_layers(61, 4, 2)  # chunk 0 of device 0 holds blocks 0-6, the dense ones among them
+    assert sum(sc.device_params(pc, interleaved, device, False) for device in range(4)) == pc.total
+    assert sc.device_chunks(interleaved, 1) == [(7, 8), (39, 8)]  # chunks 1 and 5 of 8

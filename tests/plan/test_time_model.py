@@ -224,3 +224,33 @@ def test_zero3_at_one_sequence_per_gpu_is_comm_bound_and_ptd_is_not():
                                            flash_attention=False, framework="deepspeed"), work, cluster,
                         stack="deepspeed")).time
     assert four.exposed_comm_share < 0.5 * zero3.exposed_comm_share
+
+
+def test_mla_projections_split_as_megatron_core_splits_them():
+    """q_a and kv_a are replicated over tensor parallelism: each rank runs them whole, on its
+    sequence shard under sequence parallelism and on every token without; q_b and kv_b are
+    column-parallel, o row-parallel (T = 4096 tokens, tp 2)."""
+    v3 = get_model("deepseek-v3")
+    h, a, T = 7168, 128, 4096
+    with_sp = ops.attention_gemms(v3, T, 2, True)
+    assert sorted(with_sp) == sorted([
+        (T // 2, 1536, h, 1.0), (T // 2, 512 + 64, h, 1.0),  # q_a, kv_a
+        (T, a * 192 // 2, 1536, 1.0), (T, a * (128 + 128) // 2, 512, 1.0),  # q_b, kv_b
+        (T, h, a * 128 // 2, 1.0)])  # o
+    without = ops.attention_gemms(v3, T, 2, False)
+    assert {m for m, n, k, _ in without if k == h} == {T}
+    no_query_latent = ops.attention_gemms(dataclasses.replace(v3, q_lora_rank=0), T, 2, True)
+    assert (T, a * 192 // 2, h, 1.0) in no_query_latent and len(no_query_latent) == 4
+
+
+def test_mla_attention_core_runs_query_key_and_value_widths():
+    """Under a flat efficiency the attention core's time is its FLOPs: Q·Kᵀ over d_qk and A·V over
+    d_v, so DeepSeek-V3's (192, 128) costs (192 + 128) / (192 + 192) of value heads as wide as
+    the query's."""
+    hw = load_hardware()["h100-sxm"]
+    rates = device_rates(hw, "bf16", hw.peak_flops("bf16"), efficiency=0.5)
+    v3 = get_model("deepseek-v3")
+    wide_values = dataclasses.replace(v3, v_head_dim=192)
+    core = [ops.layer_times(spec, 4096, 1, 1, False, True, False, "none", "bf16", rates).attention
+            for spec in (v3, wide_values)]
+    assert core[0] / core[1] == pytest.approx((192 + 128) / (192 + 192))

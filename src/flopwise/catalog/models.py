@@ -33,6 +33,16 @@ class ModelSpec:
     `arch` is "decoder" (causal LM), "encoder" (BERT-style) or "cnn". For a CNN only
     `params` and `flops_per_sample` (forward, per sample) are meaningful, and the planner
     plans per sample rather than per token.
+
+    Multi-head latent attention (MLA; DeepSeek-AI 2024, "DeepSeek-V2", §2.1) is set by
+    `kv_lora_rank` > 0: each head's query and key are `qk_nope_head_dim` + `qk_rope_head_dim`
+    wide, its value `v_head_dim`, and `head_dim` / `n_kv_heads` are unused.
+
+    A fine-grained MoE whose first `dense_layers` blocks keep a dense MLP (DeepSeek-V3's first
+    3 of 61) is counted exactly (every parameter, so weights, gradients and optimizer states),
+    while step time and activations treat every block as an MoE block: DeepSeek sizes the
+    dense MLP to the MoE block's active path (18432 = (8 routed + 1 shared) x 2048), so the
+    per-token work is the same.
     """
 
     key: str
@@ -64,11 +74,42 @@ class ModelSpec:
     norms_per_layer: int = 2  # norms inside each block (falcon-7b's parallel block has 1)
     parallel_block: bool = False  # attention and MLP read the same input and are summed (GPT-J, NeoX, PaLM)
     shared_expert_ffn_hidden: int = 0  # MoE: an always-active shared expert (qwen2_moe)
+    shared_expert_gate: bool = True  # the shared expert's output is scaled by a sigmoid gate h -> 1 (qwen2_moe; DeepSeek has none)
+    dense_layers: int = 0  # MoE: the first blocks have a dense MLP of dense_ffn_hidden instead (DeepSeek's first_k_dense_replace)
+    dense_ffn_hidden: int = 0  # width of those dense MLPs
     qk_norm: bool = False  # RMSNorm over each head's q and k (qwen3): two head_dim weights per layer
+    kv_lora_rank: int = 0  # multi-head latent attention (DeepSeek-V2/V3) when > 0: K and V come from a latent this wide
+    q_lora_rank: int = 0  # MLA: the query's latent width; 0 projects the query straight from the hidden state
+    qk_nope_head_dim: int = 0  # MLA: the part of each query/key head without rotary embedding
+    qk_rope_head_dim: int = 0  # MLA: the rotary part of each query head, and the one key part all heads share
+    v_head_dim: int = 0  # MLA: width of each value head (and of each head of the attention output)
     reported_params: float = 0.0  # the size the source publishes (often rounded), for comparison
     params: int = 0  # CNN: total parameters (decoders/encoders derive it)
     flops_per_sample: float = 0.0  # CNN: forward FLOPs per sample
     source: str = ""
+
+
+def is_mla(spec: ModelSpec) -> bool:
+    """Whether the attention is multi-head latent attention (K and V from a compressed latent)."""
+    return spec.kv_lora_rank > 0
+
+
+def query_key_head_dim(spec: ModelSpec) -> int:
+    """Width of one head's query and key: nope + rope parts under MLA, else `head_dim`
+    (hidden / heads when unset)."""
+    if is_mla(spec):
+        return spec.qk_nope_head_dim + spec.qk_rope_head_dim
+    return spec.head_dim or spec.hidden // spec.n_heads
+
+
+def value_head_dim(spec: ModelSpec) -> int:
+    """Width of one head's value and attention output: `v_head_dim` under MLA, else the query's."""
+    return spec.v_head_dim if is_mla(spec) else query_key_head_dim(spec)
+
+
+def kv_heads(spec: ModelSpec) -> int:
+    """Heads of K and V as the attention core reads them: MLA expands its latent to every head."""
+    return spec.n_heads if is_mla(spec) else (spec.n_kv_heads or spec.n_heads)
 
 
 def norm_tensors(spec: ModelSpec) -> int:
@@ -189,6 +230,32 @@ def validate_spec(spec: ModelSpec, where: str) -> None:
         )
     if spec.position == "learned" and spec.max_positions < 1:
         raise UserError(f"{where}: field 'max_positions' is required for learned positions")
+    _validate_mla(spec, where)
+    _validate_dense_layers(spec, where)
+
+
+def _validate_mla(spec: ModelSpec, where: str) -> None:
+    """MLA needs all its head widths; its fields without kv_lora_rank would be silently ignored."""
+    if not is_mla(spec):
+        for name in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(spec, name):
+                raise UserError(f"{where}: field '{name}' needs kv_lora_rank > 0 (multi-head latent attention)")
+        return
+    for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        if not getattr(spec, name):
+            raise UserError(f"{where}: field '{name}' is required (> 0) with kv_lora_rank (multi-head latent attention)")
+
+
+def _validate_dense_layers(spec: ModelSpec, where: str) -> None:
+    """Leading dense blocks make sense only in an MoE that keeps at least one MoE block."""
+    if not spec.dense_layers and not spec.dense_ffn_hidden:
+        return
+    if spec.n_experts <= 1:
+        raise UserError(f"{where}: field 'dense_layers' is for MoE models (n_experts > 1)")
+    if not spec.dense_layers or not spec.dense_ffn_hidden:
+        raise UserError(f"{where}: fields 'dense_layers' and 'dense_ffn_hidden' go together (both > 0)")
+    if spec.dense_layers >= spec.n_layers:
+        raise UserError(f"{where}: dense_layers {spec.dense_layers} leaves no MoE block of {spec.n_layers}")
 
 
 def get_model(name_or_path: str) -> ModelSpec:
@@ -313,9 +380,10 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     """Read a HuggingFace `config.json` (or a folder holding one) offline into a ModelSpec.
 
     Plain JSON: no transformers import, no `trust_remote_code`. Families: llama, mistral,
-    mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, bert, opt, bloom, falcon, mpt, nemotron. A config does not
-    record the training context, so `seq_len` defaults to the longest supported one
-    (`max_position_embeddings`); pass the run's sequence length to override it.
+    mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, gpt2, gpt_neox, bert,
+    opt, bloom, falcon, mpt, nemotron. A config does not record the training context, so
+    `seq_len` defaults to the longest supported one (`max_position_embeddings`); pass the run's
+    sequence length to override it.
     """
     path = Path(path).expanduser()
     if path.is_dir():
@@ -347,7 +415,7 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     name = path.resolve().parent.name or model_type
     spec = ModelSpec(key=name.lower(), name=name, source=f"HuggingFace config {path}", **values)
     validate_spec(spec, str(path))
-    if spec.arch != "cnn" and not spec.head_dim and spec.hidden % spec.n_heads:  # transformers refuses it too
+    if spec.arch != "cnn" and not spec.head_dim and not is_mla(spec) and spec.hidden % spec.n_heads:  # transformers refuses it too
         raise UserError(f"{path}: hidden size {spec.hidden} is not a multiple of the {spec.n_heads} attention heads "
                         "(without head_dim, each head gets hidden / heads dimensions)")
     return spec
@@ -437,6 +505,61 @@ def _read_qwen3_moe(cfg: _HFConfig) -> dict:
         n_experts=cfg.need("num_experts", "num_local_experts"),
         experts_per_token=cfg.need("num_experts_per_tok"),
     )
+    return values
+
+
+def _read_deepseek_v3(cfg: _HFConfig) -> dict:
+    """DeepSeek-V3 (transformers' DeepseekV3ForCausalLM): multi-head latent attention, then a
+    dense SwiGLU MLP (`intermediate_size`) in the first `first_k_dense_replace` blocks and an MoE
+    in the others: `n_routed_experts` experts of `moe_intermediate_size`, top `num_experts_per_tok`,
+    `n_shared_experts` x `moe_intermediate_size` of always-active shared expert without a gate.
+
+    The router's `e_score_correction_bias` is a buffer, not a parameter (it is updated by a rule,
+    not by gradients), so it is not counted. The multi-token-prediction module
+    (`num_nextn_predict_layers`, one more block and a 2h -> h projection in DeepSeek-V3's
+    checkpoint, 1 in its config.json and in every config transformers writes) is not planned:
+    the main model is, as transformers builds it and as the report's 671B counts it (the MTP
+    module's 14B apart); the plan names that in the model's source line."""
+    return _deepseek_like(cfg)
+
+
+def _read_deepseek_v2(cfg: _HFConfig) -> dict:
+    """DeepSeek-V2 (transformers' DeepseekV2ForCausalLM): V3's shapes (`_read_deepseek_v3`), with
+    its own defaults (no dense blocks unless `first_k_dense_replace`, 2 shared experts) and no
+    multi-token prediction."""
+    if cfg.get_bool("mlp_bias", False):  # on the dense MLP and shared experts but not the routed ones
+        raise UserError(f"{cfg.path}: deepseek_v2 with mlp_bias true is not supported")
+    return _deepseek_like(cfg, dense_default=0, shared_default=2)
+
+
+def _deepseek_like(cfg: _HFConfig, *, dense_default: int = 3, shared_default: int = 1) -> dict:
+    """The DeepSeek-V2/V3 shape: MLA, a fine-grained MoE with shared experts and leading dense
+    blocks (module docstrings of `_read_deepseek_v3` and `ModelSpec`)."""
+    cfg.get_int("num_nextn_predict_layers", 0)  # checked as a number; the MTP module is not planned
+    if cfg.get("moe_layer_freq", 1) != 1:
+        raise UserError(f"{cfg.path}: key 'moe_layer_freq' must be 1 (an MoE in every block after the dense ones)")
+    values = _llama_like(cfg, attn_bias_key="attention_bias", default_attn_bias=False)
+    heads = values["n_heads"]
+    q_lora = cfg.data.get("q_lora_rank", 1536)  # null: the query is projected from the hidden state directly
+    if q_lora is not None and (isinstance(q_lora, bool) or not isinstance(q_lora, int) or q_lora < 1):
+        raise UserError(f"{cfg.path}: key 'q_lora_rank' must be a whole number >= 1 or null, got {q_lora!r}")
+    values.update(
+        n_kv_heads=heads,  # kv_b_proj expands the latent to every head; num_key_value_heads is unused
+        head_dim=0,
+        kv_lora_rank=cfg.need("kv_lora_rank"),
+        q_lora_rank=q_lora or 0,
+        qk_nope_head_dim=cfg.need("qk_nope_head_dim"),
+        qk_rope_head_dim=cfg.need("qk_rope_head_dim"),
+        v_head_dim=cfg.need("v_head_dim"),
+        ffn_hidden=cfg.need("moe_intermediate_size"),
+        n_experts=cfg.need("n_routed_experts", "num_local_experts"),
+        experts_per_token=cfg.need("num_experts_per_tok"),
+        shared_expert_ffn_hidden=cfg.get_int("n_shared_experts", shared_default) * cfg.need("moe_intermediate_size"),
+        shared_expert_gate=False,
+    )
+    dense = cfg.get_int("first_k_dense_replace", dense_default)
+    if dense:
+        values.update(dense_layers=dense, dense_ffn_hidden=cfg.need("intermediate_size"))
     return values
 
 
@@ -657,6 +780,8 @@ _READERS = {
     "qwen2_moe": _read_qwen2_moe,
     "qwen3": _read_qwen3,
     "qwen3_moe": _read_qwen3_moe,
+    "deepseek_v2": _read_deepseek_v2,
+    "deepseek_v3": _read_deepseek_v3,
     "gpt2": _read_gpt2,
     "gpt_neox": _read_gpt_neox,
     "bert": _read_bert,

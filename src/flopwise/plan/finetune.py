@@ -71,7 +71,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from flopwise.catalog.models import ModelSpec
+from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan import memory as mem
 from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import local_seq_len
@@ -114,19 +114,38 @@ class TargetMatrix:
     count: int = 1
 
 
-def block_linears(spec: ModelSpec) -> tuple[TargetMatrix, ...]:
-    """Every linear weight of one transformer block (GQA-aware; MoE experts counted; the router
-    stays out, as PEFT's all-linear and QLoRA's recipes leave it alone)."""
+ATTENTION_MATRICES = ("q", "k", "v", "o", "q_a", "q_b", "kv_a", "kv_b")
+"""The attention's linears (`--lora-targets qkvo`): q, k, v, o, or multi-head latent attention's."""
+ATTENTION_INPUT_READERS = ("q", "k", "v", "q_a", "kv_a")
+"""Linears that read the attention block's input."""
+
+
+def attention_linears(spec: ModelSpec) -> list[TargetMatrix]:
+    """The attention's linear weights: q, k, v, o (GQA-aware), or MLA's q_a and q_b (or q),
+    kv_a, kv_b and o (transformers' `DeepseekV3Attention`)."""
     h, a = spec.hidden, spec.n_heads
-    g = spec.n_kv_heads or a
-    d = spec.head_dim or h // a
-    f = spec.ffn_hidden or 4 * h
-    matrices = [TargetMatrix("q", h, a * d), TargetMatrix("k", h, g * d), TargetMatrix("v", h, g * d),
+    d, dv = query_key_head_dim(spec), value_head_dim(spec)
+    if not is_mla(spec):
+        g = kv_heads(spec)
+        return [TargetMatrix("q", h, a * d), TargetMatrix("k", h, g * d), TargetMatrix("v", h, g * d),
                 TargetMatrix("o", a * d, h)]
-    experts = max(1, spec.n_experts)
+    r_q, r_kv = spec.q_lora_rank, spec.kv_lora_rank
+    query = [TargetMatrix("q_a", h, r_q), TargetMatrix("q_b", r_q, a * d)] if r_q else [TargetMatrix("q", h, a * d)]
+    return query + [TargetMatrix("kv_a", h, r_kv + spec.qk_rope_head_dim),
+                    TargetMatrix("kv_b", r_kv, a * (spec.qk_nope_head_dim + dv)), TargetMatrix("o", a * dv, h)]
+
+
+def block_linears(spec: ModelSpec, dense: bool = False) -> tuple[TargetMatrix, ...]:
+    """Every linear weight of one transformer block (MoE experts counted; the router stays out,
+    as PEFT's all-linear and QLoRA's recipes leave it alone); `dense`: one of DeepSeek's leading
+    blocks, whose MLP is dense."""
+    h = spec.hidden
+    f = spec.dense_ffn_hidden if dense else (spec.ffn_hidden or 4 * h)
+    matrices = attention_linears(spec)
+    experts = 1 if dense else max(1, spec.n_experts)
     up = ("gate", "up") if spec.mlp == "swiglu" else ("up",)
     matrices += [TargetMatrix(name, h, f, experts) for name in up] + [TargetMatrix("down", f, h, experts)]
-    shared = spec.shared_expert_ffn_hidden
+    shared = 0 if dense else spec.shared_expert_ffn_hidden
     if shared:
         matrices += [TargetMatrix("shared_" + name, h, shared) for name in up]
         matrices.append(TargetMatrix("shared_down", shared, h))
@@ -143,14 +162,18 @@ def routed_share(spec: ModelSpec, matrix: TargetMatrix) -> float:
 
 FUSED_PROJECTIONS = {"qkv": ("q", "k", "v"), "fc1": ("gate", "up"), "shared_fc1": ("shared_gate", "shared_up")}
 """Megatron-Core's fused linears, each adapted by one LoRA (`linear_qkv`, `linear_fc1`)."""
-COLUMN_PARALLEL = {"q", "k", "v", "gate", "up", "shared_gate", "shared_up", *FUSED_PROJECTIONS}
-"""Linears tensor parallelism splits by output (column-parallel); o and down are row-parallel (Shoeybi et al. 2019)."""
-ATTENTION_TARGETS = {"q", "k", "v", "o", "qkv"}
+COLUMN_PARALLEL = {"q", "k", "v", "gate", "up", "shared_gate", "shared_up", *FUSED_PROJECTIONS,
+                   "q_a", "kv_a", "q_b", "kv_b"}
+"""Linears whose input tensor parallelism leaves whole: the column-parallel ones (split by output), and
+MLA's down-projections q_a, kv_a (replicated) and up-projections q_b, kv_b (column-parallel); o and
+down are row-parallel (Shoeybi et al. 2019)."""
+ATTENTION_TARGETS = {*ATTENTION_MATRICES, "qkv"}
 
 
 def target_matrices(spec: ModelSpec, targets: str, fused: bool = False) -> tuple[TargetMatrix, ...]:
-    """The block linears that get an adapter: all of them, or q, k, v, o; `fused`: q, k, v as one
-    qkv and gate, up as one fc1, as Megatron-Core builds them (one adapter on each)."""
+    """The block linears that get an adapter: all of them, or the attention's (q, k, v, o, or
+    MLA's); `fused`: q, k, v as one qkv and gate, up as one fc1, as Megatron-Core builds them
+    (one adapter on each)."""
     linears = block_linears(spec)
     if fused:
         merged = []
@@ -249,12 +272,25 @@ def finetune_split(spec: ModelSpec, pc: ParamCount, method: str, rank: int, targ
         return FinetuneSplit("full", 0, targets, float(pc.total), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     adapters_per_layer = adapter_params_per_layer(spec, rank, targets, adapters == "megatron")
     quantized = quantized_params_per_layer(spec) if method == "qlora" else 0
+    all_adapters, all_quantized = pc.n_layers * adapters_per_layer, pc.n_layers * quantized
+    if spec.dense_layers:  # DeepSeek's leading dense blocks have fewer linears than the MoE ones
+        dense = _dense_block_linears(spec, targets)
+        all_adapters -= spec.dense_layers * (adapters_per_layer - sum(rank * (m.d_in + m.d_out) for m in dense))
+        if quantized:
+            all_quantized -= spec.dense_layers * (quantized - sum(m.d_in * m.d_out for m in block_linears(spec, True)))
     base = frozen_weight_bytes(precision)
-    frozen_bytes = (pc.total - pc.n_layers * quantized) * base + pc.n_layers * quantized * NF4_BYTES_PER_PARAM
+    frozen_bytes = (pc.total - all_quantized) * base + all_quantized * NF4_BYTES_PER_PARAM
     largest = largest_linear_params(spec) * base if method == "qlora" else 0.0
-    return FinetuneSplit(method, rank, targets, float(pc.n_layers * adapters_per_layer), float(pc.total),
-                         float(pc.n_layers * quantized), frozen_bytes, largest, float(adapters_per_layer),
+    return FinetuneSplit(method, rank, targets, float(all_adapters), float(pc.total),
+                         float(all_quantized), frozen_bytes, largest, float(adapters_per_layer),
                          float(quantized), adapters)
+
+
+def _dense_block_linears(spec: ModelSpec, targets: str) -> tuple[TargetMatrix, ...]:
+    """The adapted linears of one leading dense block (per-block figures elsewhere are the MoE
+    block's: stages and time treat every block as MoE, as full training does)."""
+    linears = block_linears(spec, dense=True)
+    return tuple(m for m in linears if m.name in ATTENTION_MATRICES) if targets == "qkvo" else linears
 
 
 def split_of(spec) -> FinetuneSplit | None:
@@ -368,13 +404,12 @@ def activation_delta_bytes(spec: ModelSpec, split: FinetuneSplit, seq_len: int, 
             width = m.d_in if m.name in COLUMN_PARALLEL else m.d_in / tp
             kept += (adapter_e + (mask_bytes if lora_dropout > 0 else 0.0)) * seen * width
     read_whole = {m.name for m in targets} if lora_dropout == 0 and not input_copy_bytes else set()
-    experts = max(1, spec.experts_per_token) if spec.n_experts > 1 else 1
-    f = (spec.ffn_hidden or 4 * spec.hidden) * experts
-    for group in ({"q", "k", "v", "qkv"}, {"gate", "up", "fc1"}):
+    f = mem.mlp_width_per_token(spec)  # a token's MLP width: k routed experts (+ the shared one) under MoE
+    for group in ({*ATTENTION_INPUT_READERS, "qkv"}, {"gate", "up", "fc1"}):
         kept += (e if read_whole & group else 0.0) * tokens * spec.hidden - g * tokens * spec.hidden / shard
     kept += ((e if "down" in read_whole else 0.0) - g) * tokens * f / tp
     if attn_output_copy and "o" not in read_whole:
-        kept -= e * tokens * spec.n_heads * (spec.head_dim or spec.hidden // spec.n_heads) / tp
+        kept -= e * tokens * spec.n_heads * value_head_dim(spec) / tp
     if spec.norm == "rmsnorm" and normalised_kept:
         kept -= spec.norms_per_layer * e * tokens * spec.hidden / shard
     return kept

@@ -14,7 +14,9 @@ Conventions (stated once, used everywhere):
 - Attention scores: per layer and token, Q·Kᵀ and A·V cost 2·s·d each in the forward
   pass (d = n_heads·head_dim), i.e. 4·s·d·L forward and 12·s·d·L forward+backward,
   counted over the full s×s matrix *without* causal halving, like PaLM (Chowdhery et
-  al. 2022, App. B: 6N + 12·L·H·Q·T) and MosaicML's MFU formula.
+  al. 2022, App. B: 6N + 12·L·H·Q·T) and MosaicML's MFU formula. Multi-head latent
+  attention's query/key and value heads differ (DeepSeek-V3: 192 and 128): Q·Kᵀ costs
+  2·s·a·d_qk and A·V 2·s·a·d_v, so d is their mean (`attention_dim`).
 - Model FLOPs (for MFU) exclude recomputation; hardware FLOPs (for HFU and time) include
   it: full recompute runs every layer's forward again (+2N + 4·s·d·L per token, the
   "8N" rule), selective recompute (Korthikanti et al. 2022, §4.2) re-runs only the
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flopwise.catalog.models import ModelSpec
+from flopwise.catalog.models import ModelSpec, query_key_head_dim, value_head_dim
 from flopwise.plan.memory import recompute_forward_fraction
 from flopwise.plan.params import ParamCount
 
@@ -62,10 +64,12 @@ def matmul_params(spec: ModelSpec, params: ParamCount) -> int:
     return params.active_non_embedding + head_matmul
 
 
-def attention_dim(spec: ModelSpec) -> int:
-    """d = n_heads · head_dim: the width of Q, and of the attention output."""
-    head_dim = spec.head_dim or (spec.hidden // spec.n_heads if spec.n_heads else 0)
-    return spec.n_heads * head_dim
+def attention_dim(spec: ModelSpec) -> float:
+    """d = n_heads · head_dim: the width of Q, and of the attention output; under MLA the mean
+    of the query/key width a·d_qk (Q·Kᵀ) and the value width a·d_v (A·V)."""
+    if not spec.n_heads:
+        return 0
+    return spec.n_heads * (query_key_head_dim(spec) + value_head_dim(spec)) / 2
 
 
 def attention_flops_forward(n_layers: int, seq_len: int, attn_dim: int) -> float:

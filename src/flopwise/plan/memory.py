@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flopwise.catalog.models import ModelSpec
+from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan.params import ParamCount
 from flopwise.plan.step_comm import zero3_collectives
 
@@ -146,6 +146,8 @@ class ActivationTerms:
     of the residual path); `sharded` is split over t ranks (Q, K, V, MLP intermediates);
     `scores` is the s×s attention part (sharded over heads), dropped by selective
     recompute and by flash attention. `flash_stats` is flash attention's fp32 log-sum-exp.
+    `routed_copies` is an MoE's tokens as the experts see them, whole on every TP rank even
+    with sequence parallelism (the dispatcher gathers the shards first).
     """
 
     replicated: float
@@ -155,6 +157,7 @@ class ActivationTerms:
     layer_input: float
     matmul_outputs: float = 0.0
     attention_output: float = 0.0
+    routed_copies: float = 0.0
 
 
 def activation_terms(
@@ -188,7 +191,18 @@ def activation_terms(
                  [+ as²b mask + e·as²b dropout out]
       MLP gelu:  e·sbh (input) + 2·e·sbf (GELU input, fc2 input) [+ sbh mask]
       MLP swiglu: e·sbh + 4·e·sbf (gate out, SiLU out, up out, product)
+      MoE:       f is the width a token passes through, k experts of f plus any shared
+                 expert (DeepSeek-V3: 8 x 2048 + 2048); and each token's k routed copies twice,
+                 2·e·sb·k·h: the experts' grouped GEMM keeps its input and the unpermute
+                 keeps their outputs to weight them by the router's probabilities
+                 (Megatron-Core `moe/experts.py`, `moe/moe_utils.py` `unpermute`)
       qk norms:  (qwen3) e·sb(d+k), and the normalised copy as for the norms below
+      MLA:       (DeepSeek-V2/V3) Q and K are a·d_qk wide, V and the out-proj input a·d_v
+                 (K and V expanded to every head: training saves no less than MHA would);
+                 the latents r_q and r_kv are kept as their RMSNorms' inputs (+ normalised)
+                 and as the q_b / kv_b inputs: (per-norm·e + g)·sb(r_q + r_kv), plus e·sbr
+                 (the KV norm's input is a view of kv_a's whole output, its rope part too),
+                 replicated, since Megatron-Core's down projections are not split over TP
       norms:     e·sbh each (input), `norms_per_layer` of them; an eager `torch.nn.RMSNorm`
                  also saves the normalised tensor (2·e·sbh; measured, torch 2.13), which
                  `rmsnorm_saves_normalized=False` drops for fused kernels
@@ -204,10 +218,11 @@ def activation_terms(
     e = dtype_bytes
     sb = float(seq_len) * micro_batch
     h = spec.hidden
-    head_dim = spec.head_dim or h // spec.n_heads
-    d = spec.n_heads * head_dim
-    k = d if kv_repeated else (spec.n_kv_heads or spec.n_heads) * head_dim
-    f = spec.ffn_hidden or 4 * h
+    d = spec.n_heads * query_key_head_dim(spec)  # Q (and, under MLA, K)
+    k = d if kv_repeated or is_mla(spec) else kv_heads(spec) * query_key_head_dim(spec)
+    v = spec.n_heads * value_head_dim(spec) if is_mla(spec) else k  # V
+    out = spec.n_heads * value_head_dim(spec)  # the attention output, the out-proj's input
+    f = mlp_width_per_token(spec)
     mask = 1.0 if dropout else 0.0
     g = e if gemm_input_bytes is None else gemm_input_bytes
 
@@ -217,8 +232,11 @@ def activation_terms(
     replicated += mask * sb * h  # MLP output dropout mask
     per_norm = 2.0 if (spec.norm == "rmsnorm" and rmsnorm_saves_normalized) else 1.0
     replicated += spec.norms_per_layer * per_norm * e * sb * h  # norm inputs (+ normalised)
+    latents = spec.q_lora_rank + spec.kv_lora_rank  # MLA: norm inputs (+ normalised), q_b / kv_b inputs
+    replicated += (per_norm * e + g) * sb * latents
+    replicated += e * sb * spec.qk_rope_head_dim  # the KV norm's input is a view of kv_a's output, rope part too
 
-    sharded = e * sb * (d + 2 * k) + g * sb * d  # Q, K, V + out-proj input
+    sharded = e * sb * (d + k + v) + g * sb * out  # Q, K, V + out-proj input
     if getattr(spec, "qk_norm", False):  # qwen3's per-head norms on q and k keep their inputs (+ normalised)
         sharded += per_norm * e * sb * (d + k)
     if spec.mlp == "swiglu" and fused_swiglu:
@@ -231,13 +249,33 @@ def activation_terms(
         scores = 0.0
         flash_stats = 4.0 * a * seq_len * micro_batch  # fp32 log-sum-exp per row
         if attn_output_copy:
-            sharded += e * sb * d
+            sharded += e * sb * out
     else:
         scores = (e + (1.0 + e) * mask) * a * seq_len * sb
         flash_stats = 0.0
     mlp_out = (2.0 if spec.mlp == "swiglu" else 1.0) * f
-    matmul_outputs = e * sb * ((d + 2 * k) + h + mlp_out + h)  # QKV, out-proj, MLP up(/gate), down
-    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * d)
+    matmul_outputs = e * sb * (attention_matmul_outputs(spec, d, k) + h + mlp_out + h)  # + MLP up(/gate), down
+    routed = 2.0 * e * sb * spec.experts_per_token * h if spec.n_experts > 1 else 0.0
+    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * out, routed)
+
+
+def mlp_width_per_token(spec: ModelSpec) -> int:
+    """The MLP width one token passes through: f, or under MoE its k experts' k·f plus any
+    shared expert (`ops._layer_times` times the activation over the same width)."""
+    f = spec.ffn_hidden or 4 * spec.hidden
+    if spec.n_experts <= 1:
+        return f
+    return spec.experts_per_token * f + spec.shared_expert_ffn_hidden
+
+
+def attention_matmul_outputs(spec: ModelSpec, q_width: float, kv_width: float) -> float:
+    """Elements per token the attention's projections write: fused QKV and out-proj, or MLA's
+    q_a, q_b (or q), kv_a, kv_b and out-proj."""
+    h = spec.hidden
+    if not is_mla(spec):
+        return q_width + 2 * kv_width + h
+    kv_b = spec.n_heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+    return spec.q_lora_rank + q_width + spec.kv_lora_rank + spec.qk_rope_head_dim + kv_b + h
 
 
 RECOMPUTE_POLICIES = ("none", "selective", "op", "full")
@@ -296,11 +334,13 @@ def activation_bytes_per_layer(
 ) -> float:
     """Bytes one layer keeps for backward on one TP rank, by what each policy keeps.
 
-    - none:      replicated + (sharded + scores)/t, or everything /t with SP (Korthikanti Table 2)
+    - none:      replicated + (sharded + scores)/t, or everything /t with SP (Korthikanti Table 2);
+                 an MoE's routed copies whole on every rank
     - selective: Megatron's: everything but the attention core (the s×s scores), which
                  flash attention never stores, so with flash it keeps as much as none
     - op:        torchtitan's per-op policy: the block input, every second matmul output
-                 (half of them), the attention output and its log-sum-exp
+                 (half of them; of an MoE's routed copies, half the experts' outputs), the
+                 attention output and its log-sum-exp
     - full:      only the layer input (2·sbh in 16-bit; /t with SP)
     - every:K:   full on one block in K, none on the others (the average layer); blocks:F
                  likewise with a share F of the blocks
@@ -312,12 +352,13 @@ def activation_bytes_per_layer(
     if share is not None:
         kept = activation_bytes_per_layer(terms, tp, sequence_parallel, "none")
         return layer_input * share + kept * (1.0 - share)
-    if recompute == "op":
+    if recompute == "op":  # the experts' outputs are matmul outputs, every second one kept
         scores = terms.flash_stats if terms.flash_stats else terms.scores
-        return layer_input + (0.5 * terms.matmul_outputs + terms.attention_output + scores) / tp
+        return layer_input + 0.25 * terms.routed_copies + (
+            0.5 * terms.matmul_outputs + terms.attention_output + scores) / tp
     scores = 0.0 if recompute == "selective" else terms.scores
     replicated = terms.replicated / tp if sequence_parallel else terms.replicated
-    return replicated + (terms.sharded + scores + terms.flash_stats) / tp
+    return replicated + terms.routed_copies + (terms.sharded + scores + terms.flash_stats) / tp
 
 
 def layer_activation_bytes(
@@ -594,9 +635,13 @@ def largest_module_params(spec: ModelSpec, params: ParamCount, tp: int) -> float
     rank: what DeepSpeed's ZeRO-3 gathers at a time, since it fetches parameters module by
     module (`runtime/zero/partitioned_param_coordinator.py`), not a whole block."""
     h = spec.hidden
-    head_dim = spec.head_dim or h // spec.n_heads
-    qkv = h * (spec.n_heads + 2 * (spec.n_kv_heads or spec.n_heads)) * head_dim
-    mlp = h * (spec.ffn_hidden or 4 * h)
+    qkv = h * (spec.n_heads + 2 * kv_heads(spec)) * query_key_head_dim(spec)
+    if is_mla(spec):  # the widest of its projections (q_b or q, kv_b, o)
+        qkv = max(
+            (spec.q_lora_rank or h) * spec.n_heads * query_key_head_dim(spec),
+            spec.kv_lora_rank * spec.n_heads * (spec.qk_nope_head_dim + spec.v_head_dim),
+            spec.n_heads * spec.v_head_dim * h)
+    mlp = h * max(spec.ffn_hidden or 4 * h, spec.dense_ffn_hidden)
     return max(qkv / tp, mlp / tp, params.embedding / tp, params.output_head / tp)
 
 

@@ -114,6 +114,8 @@ def _print_model(spec: ModelSpec) -> None:
             continue
         if spec.arch == "cnn" and field_name not in ("arch", "params", "flops_per_sample"):
             continue
+        if field_name == "shared_expert_gate" and not spec.shared_expert_ffn_hidden:
+            continue  # says something only of a shared expert
         if field_name == "flops_per_sample":
             value = f"{value / 1e9:.3f} GFLOPs forward (2 per multiply-add)"
         arch.add_row(field_name, str(value))
@@ -135,8 +137,10 @@ def _breakdown_table(spec: ModelSpec, counts: ParamCount):
             ("embedding", counts.embedding),
             ("output head", counts.output_head),
             (f"attention per layer (x{counts.n_layers})", counts.attention_per_layer),
-            (f"mlp per layer (x{counts.n_layers})", counts.mlp_per_layer),
+            (f"mlp per layer (x{counts.moe_layers})", counts.mlp_per_layer),
             ("mlp active per layer", counts.mlp_active_per_layer),
+            *([(f"dense mlp per leading layer (x{counts.dense_layers})", counts.dense_mlp_per_layer)]
+              if counts.dense_layers else []),
             ("norms per layer", counts.norms_per_layer),
             ("final norm", counts.final_norm),
             ("other (pooler, embedding norm)", counts.other),

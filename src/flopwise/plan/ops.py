@@ -12,6 +12,15 @@ tensor parallelism t, one layer's forward on one rank runs (Shoeybi et al. 2019 
     memory-bound: 2 norms, 2 residual adds, activation, RoPE, dropouts (bytes / bandwidth);
                norms, residuals and dropouts act on T·h/t with sequence parallelism, T·h without
 
+Multi-head latent attention (DeepSeek-V2/V3) replaces QKV by its projections, split as
+Megatron-Core's `MLASelfAttention` splits them (`multi_latent_attention.py`, as understood:
+the down projections are plain, replicated linears): q_a (M=T, N=r_q, K=h) and kv_a (M=T,
+N=r_kv+r, K=h) whole on every rank, on the rank's T/t tokens with sequence parallelism and on
+all T without (each rank repeats them); q_b (N=a·d_qk/t, K=r_q) and kv_b (N=a·(n+d_v)/t,
+K=r_kv) column-parallel; o (N=h, K=a·d_v/t) row-parallel; the attention core with
+d_qk = n + r for Q·Kᵀ and d_v for A·V. Its latents' RMSNorms, RoPE on the r-wide parts only
+and the two concatenations that assemble Q and K are memory-bound.
+
 Backward runs two GEMMs per forward GEMM (data gradient M×K×N, weight gradient K×N×M),
 the attention backward (2.5× the forward's matmul work for flash: it recomputes Q·Kᵀ), and
 about twice the forward's memory traffic for the element-wise operators. Recompute adds
@@ -39,9 +48,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flopwise.catalog.models import ModelSpec
+from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan.gemm import DeviceRates
-from flopwise.plan.memory import recomputed_block_share
+from flopwise.plan.memory import mlp_width_per_token, recomputed_block_share
 
 CROSS_ENTROPY_BYTES_PER_LOGIT = {
     # flash_attn/losses/cross_entropy.py (Triton): the forward reads the 16-bit logits once (online
@@ -154,14 +163,32 @@ def _cached(cache: dict, compute, model: ModelSpec, *args):
     return value
 
 
+def attention_gemms(model, T: int, tp: int, sp: bool) -> list[tuple[int, int, int, float]]:
+    """(M, N, K, count) of one layer's attention projections on one rank (module docstring):
+    fused QKV and the output projection, or multi-head latent attention's five."""
+    h, a = model.hidden, model.n_heads
+    dv = value_head_dim(model)
+    out = (T, h, a * dv // tp, 1.0)
+    if not is_mla(model):
+        return [(T, (a + 2 * kv_heads(model)) * query_key_head_dim(model) // tp, h, 1.0), out]
+    down_tokens = T // tp if sp else T  # replicated weights: a sequence shard each under SP, else all tokens
+    qk = query_key_head_dim(model)
+    shapes = [(down_tokens, model.kv_lora_rank + model.qk_rope_head_dim, h, 1.0),
+              (T, a * (model.qk_nope_head_dim + dv) // tp, model.kv_lora_rank, 1.0), out]
+    if model.q_lora_rank:
+        shapes += [(down_tokens, model.q_lora_rank, h, 1.0), (T, a * qk // tp, model.q_lora_rank, 1.0)]
+    else:
+        shapes.append((T, a * qk // tp, h, 1.0))
+    return shapes
+
+
 def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rates: DeviceRates,
                  kv_len: int | None = None, ep: int = 1, etp: int = 0) -> LayerTimes:
     e = 4.0 if precision in ("fp32", "tf32") else 2.0
     kv = kv_len or s  # keys per query row
     ge = 1.0 if precision == "fp8" else e  # bytes of a GEMM operand
     h, a = model.hidden, model.n_heads
-    g = model.n_kv_heads or a
-    d = model.head_dim or h // a
+    d, dv = query_key_head_dim(model), value_head_dim(model)  # query/key and value head widths
     f = model.ffn_hidden
     T = s * b
     up_width = (2 if model.mlp == "swiglu" else 1) * f
@@ -169,7 +196,7 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
 
     # ---- GEMMs
     fwd_g = dgrad_g = wgrad_g = 0.0
-    shapes = [(T, (a + 2 * g) * d // tp, h, 1.0), (T, h, a * d // tp, 1.0)]
+    shapes = attention_gemms(model, T, tp, sp)
     if experts > 1:
         etp = etp or tp  # folded experts (etp < tp) see the tokens of tp / etp sequence-parallel ranks, whole
         per_expert = max(1, T * etp // tp * topk * ep // experts)  # tokens one local expert sees from the ep ranks
@@ -192,22 +219,22 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     causal = 0.5 if model.arch == "decoder" else 1.0
     attention_rate = measured_cpu(rates, "attention_flops_per_s")
     rate = attention_rate(s, d, "fp32" if precision == "tf32" else precision) if attention_rate else None
+    full = 2.0 * b * heads * s * kv * (d + dv)  # Q·Kᵀ over d_qk, A·V over d_v, the whole s×s
     if flash and rate:
-        work = 4.0 * b * heads * s * kv * d * causal
+        work = full * causal
         attn_f, attn_b = work / rate, 2.5 * work / rate
     elif flash and rates.efficiency is not None:
         # a flat efficiency applies to the FLOPs as the planner counts them (full s×s, backward 2×)
-        work = 4.0 * b * heads * s * kv * d
-        attn_f = rates.attention_seconds(work, s, backward=False)
-        attn_b = rates.attention_seconds(2.0 * work, s, backward=True)
+        attn_f = rates.attention_seconds(full, s, backward=False)
+        attn_b = rates.attention_seconds(2.0 * full, s, backward=True)
     elif flash:
-        work = 4.0 * b * heads * s * kv * d * causal
+        work = full * causal
         attn_f = rates.attention_seconds(work, s, backward=False)
         attn_b = rates.attention_seconds(2.5 * work, s, backward=True)
     else:
         count = float(b * heads)
         qk = _gemm_fwd_bwd(rates, s, kv, d, e, count)
-        av = _gemm_fwd_bwd(rates, s, d, kv, e, count)
+        av = _gemm_fwd_bwd(rates, s, dv, kv, e, count)
         scores = b * heads * s * kv
         drop = (2 * e + 1) if dropout else 0.0
         attn_f = qk[0] + av[0] + rates.memory_seconds(scores * (3 * e + drop), 2 + (1 if dropout else 0))
@@ -217,31 +244,37 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     hs = h / tp if sp else float(h)
     per_token = model.norms_per_layer * 2 * hs * e  # norms: read + write
     per_token += 2 * 3 * hs * e  # two residual adds: read 2, write 1
-    per_token += (3 if model.mlp == "swiglu" else 2) * (f * (topk if experts > 1 else 1) / tp) * e  # activation
+    act = mlp_width_per_token(model) / tp  # the activation's width: k experts (+ a shared one) under MoE
+    per_token += (3 if model.mlp == "swiglu" else 2) * act * e
     kernels = model.norms_per_layer + 3
+    rope = rotary_width(model, tp)
     if model.position == "rope":
-        per_token += 2 * (a + g) * d / tp * e
+        per_token += 2 * rope * e
         kernels += 2
     if getattr(model, "qk_norm", False):  # qwen3: an RMSNorm over each head's q and k, read + write
-        per_token += 2 * (a + g) * d / tp * e
+        per_token += 2 * (a + kv_heads(model)) * d / tp * e
         kernels += 2
+    if is_mla(model):
+        mla_bytes, mla_kernels = mla_elementwise_bytes(model, tp, sp, e)
+        per_token += mla_bytes
+        kernels += mla_kernels
     if dropout:
         per_token += 2 * (2 * hs * e + hs)
         kernels += 2
     if precision == "fp8":  # casts of each GEMM input to fp8 (read 16-bit, write 8-bit)
-        per_token += (2 * h + a * d / tp + f / tp) * (2.0 + 1.0)
-        kernels += 4
+        latents = model.q_lora_rank + model.kv_lora_rank  # MLA's q_b and kv_b inputs
+        per_token += (2 * h + latents + a * dv / tp + f / tp) * (2.0 + 1.0)
+        kernels += 4 + (1 if model.q_lora_rank else 0) + (1 if latents else 0)
     if experts > 1:
         dispatch, dispatch_kernels = moe_dispatch_bytes(h, topk, e, sorts=ep > 1 and experts // ep > 1)
         per_token += dispatch
         kernels += dispatch_kernels
     mem_f = rates.memory_seconds(T * per_token, kernels)
     mem_b = rates.memory_seconds(2.0 * T * per_token, 1.5 * kernels)
-    measured = _measured_elementwise(model, rates, T, hs, f * (topk if experts > 1 else 1) / tp, (a + g) * d / tp)
+    measured = _measured_elementwise(model, rates, T, hs, act, rope)
     if measured is not None:
         both, forward_part = measured
-        unmeasured = per_token - _elementwise_bytes(model, hs, f * (topk if experts > 1 else 1) / tp,
-                                                     (a + g) * d / tp, e)
+        unmeasured = per_token - _elementwise_bytes(model, hs, act, rope, e)
         mem_f = forward_part + rates.memory_seconds(T * unmeasured, 0)
         mem_b = both - forward_part + rates.memory_seconds(2.0 * T * unmeasured, 0)
 
@@ -279,6 +312,25 @@ def _measured_elementwise(model, rates: DeviceRates, T: int, hs: float, act: flo
         elements["rope"] = rope
     both = {key: T * count * table[key] for key, count in elements.items()}
     return sum(both.values()), sum(seconds * share.get(key, 1.0 / 3.0) for key, seconds in both.items())
+
+
+def rotary_width(model, tp: int) -> float:
+    """Elements per token a rank applies RoPE to: every query and key head (a + g)·d/t, or under
+    MLA only the rope parts: a·r/t of the query and the r-wide key part all heads share."""
+    if is_mla(model):
+        return (model.n_heads / tp + 1) * model.qk_rope_head_dim
+    return (model.n_heads + kv_heads(model)) * query_key_head_dim(model) / tp
+
+
+def mla_elementwise_bytes(model, tp: int, sp: bool, e: float) -> tuple[float, int]:
+    """(bytes per token, kernels) of MLA's own element-wise work in the forward: the RMSNorms
+    over the query and KV latents (read + write; on a sequence shard under SP, like the block's
+    norms), and the concatenations of each head's nope and rope parts into Q and K (read + write
+    a·d_qk/t each), as transformers' `DeepseekV3Attention` and Megatron-Core's MLA run them."""
+    latents = (model.q_lora_rank + model.kv_lora_rank) / (tp if sp else 1)
+    concat = model.n_heads * query_key_head_dim(model) / tp
+    kernels = (2 if model.q_lora_rank else 1) + 2
+    return 2 * latents * e + 2 * 2 * concat * e, kernels
 
 
 def moe_dispatch_bytes(h: int, topk: int, e: float, sorts: bool) -> tuple[float, int]:

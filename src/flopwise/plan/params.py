@@ -15,7 +15,14 @@ grouped-query attention; Fedus et al. 2022 / Jiang et al. 2024 for top-k MoE):
 - embeddings: token (V·h), learned positions (P·h), token types (T·h); the output head
   is V·h unless tied to the token embedding, in which case it is counted once.
 - MoE: `n_experts` copies of the MLP plus a router h→E (no bias, as in Mixtral and
-  Qwen2-MoE); a token uses `experts_per_token` of them, plus any shared expert.
+  Qwen2-MoE); a token uses `experts_per_token` of them, plus any shared expert (Qwen2-MoE's
+  with a sigmoid gate h→1, DeepSeek's without). DeepSeek's first `dense_layers` blocks have a
+  dense MLP of `dense_ffn_hidden` instead (DeepSeek-AI 2024, "DeepSeek-V3", §4.2).
+- multi-head latent attention (DeepSeek-AI 2024, "DeepSeek-V2", §2.1; transformers'
+  `DeepseekV3Attention`): q_a h→r_q, its RMSNorm (r_q), q_b r_q→a·(n+r) (or one q h→a·(n+r)
+  without a query latent); kv_a h→(r_kv+r), its RMSNorm (r_kv), kv_b r_kv→a·(n+v); o a·v→h;
+  with n, r, v the nope, rope and value head widths. `attn_bias` puts biases on q_a, kv_a
+  and o only.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from flopwise.catalog.models import ModelSpec, norm_tensors
+from flopwise.catalog.models import ModelSpec, is_mla, norm_tensors, query_key_head_dim
 
 
 @dataclass(frozen=True)
@@ -48,15 +55,34 @@ class ParamCount:
     non_embedding: int
     n_layers: int
     experts_per_layer: int = 0  # the routed experts' parameters in one block (expert parallelism splits them)
+    dense_layers: int = 0  # leading blocks whose MLP is dense, not MoE (DeepSeek's first_k_dense_replace)
+    dense_mlp_per_layer: int = 0  # the MLP of one of those blocks
 
     @property
     def per_layer(self) -> int:
-        """All parameters of one transformer block (every expert included)."""
+        """All parameters of one MoE (or uniform) transformer block, every expert included."""
         return self.attention_per_layer + self.mlp_per_layer + self.norms_per_layer
+
+    @property
+    def moe_layers(self) -> int:
+        """Blocks that hold routed experts: all but the leading dense ones."""
+        return self.n_layers - self.dense_layers
 
     def experts_elsewhere_per_layer(self, ep: int) -> float:
         """Routed-expert parameters of one block that the other ranks of an ep group hold."""
         return self.experts_per_layer * (1 - 1 / ep)
+
+    def dense_blocks_in(self, first: int, count: int) -> int:
+        """How many of blocks first .. first + count - 1 are leading dense blocks."""
+        return max(0, min(first + count, self.dense_layers) - first)
+
+    def blocks_held(self, first: int, count: int, ep: int = 1) -> float:
+        """Parameters of blocks first .. first + count - 1 that one rank holds: every block's
+        attention and norms, a dense block's MLP, and 1/ep of an MoE block's routed experts."""
+        dense = self.dense_blocks_in(first, count)
+        moe = count - dense
+        return (count * (self.attention_per_layer + self.norms_per_layer) + dense * self.dense_mlp_per_layer
+                + moe * (self.mlp_per_layer - self.experts_elsewhere_per_layer(ep)))
 
     @property
     def active_per_layer(self) -> int:
@@ -99,15 +125,20 @@ def _count_params(spec: ModelSpec) -> ParamCount:
         router = h * spec.n_experts
         shared = 0
         if spec.shared_expert_ffn_hidden:
-            # Qwen2-MoE: a SwiGLU shared expert and its sigmoid gate (h -> 1), both bias-free.
-            shared = mlp_params(h, spec.shared_expert_ffn_hidden, spec.mlp, spec.mlp_bias) + h
+            # Qwen2-MoE: a SwiGLU shared expert and its sigmoid gate (h -> 1), both bias-free;
+            # DeepSeek: the shared expert(s) alone, always added
+            shared = mlp_params(h, spec.shared_expert_ffn_hidden, spec.mlp, spec.mlp_bias)
+            shared += h if spec.shared_expert_gate else 0
         mlp = spec.n_experts * expert + router + shared
         mlp_active = spec.experts_per_token * expert + router + shared
     else:
         mlp = mlp_active = expert
+    dense_mlp = mlp_params(h, spec.dense_ffn_hidden, spec.mlp, spec.mlp_bias) if spec.dense_layers else 0
     norms = spec.norms_per_layer * norm_size
     if spec.qk_norm:  # qwen3: q_norm and k_norm, one head_dim weight each, shared by the heads
         norms += 2 * (spec.head_dim or h // spec.n_heads)
+    if is_mla(spec):  # RMSNorms over the query latent (when there is one) and the KV latent
+        norms += spec.q_lora_rank + spec.kv_lora_rank
 
     has_final_norm = spec.final_norm if spec.final_norm is not None else spec.arch != "encoder"
     final_norm = norm_size if has_final_norm else 0
@@ -118,8 +149,10 @@ def _count_params(spec: ModelSpec) -> ParamCount:
         other += h * h + h  # BERT pooler: dense h -> h with bias
 
     shared_terms = embedding + output_head + final_norm + other
-    total = shared_terms + spec.n_layers * (attention + mlp + norms)
-    active = shared_terms + spec.n_layers * (attention + mlp_active + norms)
+    moe_layers = spec.n_layers - spec.dense_layers
+    blocks = spec.n_layers * (attention + norms) + spec.dense_layers * dense_mlp
+    total = shared_terms + blocks + moe_layers * mlp
+    active = shared_terms + blocks + moe_layers * mlp_active
     return ParamCount(
         total=total,
         active=active,
@@ -134,6 +167,8 @@ def _count_params(spec: ModelSpec) -> ParamCount:
         non_embedding=total - embedding - output_head,
         n_layers=spec.n_layers,
         experts_per_layer=spec.n_experts * expert if spec.n_experts > 1 else 0,
+        dense_layers=spec.dense_layers,
+        dense_mlp_per_layer=dense_mlp,
     )
 
 
@@ -142,8 +177,10 @@ def attention_params(spec: ModelSpec) -> int:
 
     With a heads of size d and g KV heads (Ainslie et al. 2023, "GQA"): q is h×(a·d),
     k and v are h×(g·d) each, o is (a·d)×h. Multi-head attention is g = a, multi-query
-    attention (Shazeer 2019) is g = 1.
+    attention (Shazeer 2019) is g = 1. Multi-head latent attention: `mla_attention_params`.
     """
+    if is_mla(spec):
+        return mla_attention_params(spec)
     h = spec.hidden
     kv_heads = spec.n_kv_heads or spec.n_heads
     if spec.head_dim:
@@ -156,6 +193,23 @@ def attention_params(spec: ModelSpec) -> int:
     out_bias = spec.attn_bias if spec.attn_out_bias is None else spec.attn_out_bias
     biases = (q_out + 2 * kv_out if spec.attn_bias else 0) + (h if out_bias else 0)
     return weights + biases
+
+
+def mla_attention_params(spec: ModelSpec) -> int:
+    """One multi-head latent attention block without its latent norms (counted with the
+    norms): the projections of transformers' `DeepseekV3Attention` (module docstring)."""
+    h, a, r_kv, rope = spec.hidden, spec.n_heads, spec.kv_lora_rank, spec.qk_rope_head_dim
+    qk = query_key_head_dim(spec)
+    bias = spec.attn_bias
+    out_bias = spec.attn_bias if spec.attn_out_bias is None else spec.attn_out_bias
+    if spec.q_lora_rank:
+        query = h * spec.q_lora_rank + (spec.q_lora_rank if bias else 0) + spec.q_lora_rank * a * qk
+    else:
+        query = h * a * qk  # q_proj has no bias, whatever attention_bias says
+    latent = r_kv + rope
+    key_value = h * latent + (latent if bias else 0) + r_kv * a * (spec.qk_nope_head_dim + spec.v_head_dim)
+    output = a * spec.v_head_dim * h + (h if out_bias else 0)
+    return query + key_value + output
 
 
 def mlp_params(hidden: int, ffn_hidden: int, mlp: str, bias: bool) -> int:

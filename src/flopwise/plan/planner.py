@@ -360,7 +360,7 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     # Memory
     memory = _memory(spec, pc, warnings)
     sb = mem.state_bytes(work.precision, work.optimizer)
-    experts = pc.n_layers * pc.experts_per_layer  # routed experts: 1/(ep x etp) of them per device
+    experts = pc.moe_layers * pc.experts_per_layer  # routed experts: 1/(ep x etp) of them per device
     psi = (pc.total - experts) / (lay.tp * lay.pp) + experts / (lay.ep * lay.expert_tp * lay.pp)
     e = mem.activation_dtype_bytes(work.precision)
 

@@ -119,16 +119,26 @@ def held_loss_micro_batches(pp: int, micro_batches: int, schedule: str, variant:
     return 1
 
 
-def busiest_stage_candidates(layers: tuple[int, ...]) -> tuple[int, ...]:
+def busiest_stage_candidates(layers: tuple[int, ...], dense_layers: int = 0) -> tuple[int, ...]:
     """Stages that can be the busiest: the first (embedding, most micro-batches in flight),
     the last (head and logits) and, when it holds more layers than the first, the second
     (the first to get a remainder layer, the most in flight of the middle ones). Every other
     middle stage holds no more layers and no more micro-batches than the second (see
-    `stage_layers` and `inflight_chunks`)."""
+    `stage_layers` and `inflight_chunks`). With leading dense blocks (lighter than MoE ones),
+    every stage that holds one and the first stage past them are candidates too."""
     pp = len(layers)
     if pp > 2 and layers[1] > layers[0]:
-        return (0, 1, pp - 1)
-    return (0, pp - 1) if pp > 1 else (0,)
+        candidates = {0, 1, pp - 1}
+    else:
+        candidates = {0, pp - 1} if pp > 1 else {0}
+    first = 0
+    for i, n in enumerate(layers):
+        if first >= dense_layers:
+            candidates.add(i)  # the first all-MoE stage
+            break
+        candidates.add(i)  # holds a dense block
+        first += n
+    return tuple(sorted(candidates))
 
 
 def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: bool = True) -> mem.MemoryEstimate:
@@ -189,6 +199,10 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
                                                conv.fused_norm or lay.compiled, conv.fused_swiglu or lay.compiled,
                                                conv.act_input_bytes)
     sharded = lay.sequence_parallel or conv.activations_sharded_over_tp  # SP, or GSPMD's model-axis sharding
+    if terms is not None and terms.routed_copies and sharded and lay.expert_tp < lay.tp:
+        # folded experts (etp < tp): a rank's dispatcher sends only its own sequence shard's tokens,
+        # gathered over the etp ranks of its experts, not the whole tp group's
+        terms = dataclasses.replace(terms, routed_copies=terms.routed_copies * lay.expert_tp / lay.tp)
     per_layer = 0.0 if cnn else mem.activation_bytes_per_layer(terms, lay.tp, sharded, lay.recompute)
     rebuilt = 0.0
     if not cnn and (lay.recompute == "full" or mem.recomputed_block_share(lay.recompute) is not None):
@@ -239,13 +253,14 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     whole_embedding_grad = framework == "fsdp" and lay.tp > 1 and lay.zero_stage < 2
     fraction = cluster.allocator_reserve
     rows = []  # plain tuples in StageMemory's field order: building dataclasses costs more than the sums
-    for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers):
-        n = layers[i]
-        params = _stage_params(pc, n, i == 0, i == lay.pp - 1, model.tied_embeddings, lay.pp) / lay.tp
+    for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers, pc.dense_layers):
+        n, first = layers[i], sum(layers[:i])
+        params = _stage_params(pc, first, n, i == lay.pp - 1, model.tied_embeddings, lay.pp) / lay.tp
         experts = 0.0  # this device's share of the routed experts, under expert parallelism
-        if experts_apart:  # 1/(ep x etp) of them, in place of the tp-th `params` counted
-            experts = n * pc.experts_per_layer / (lay.expert_tp * lay.ep)
-            params += experts - n * pc.experts_per_layer / lay.tp  # the parameters this device holds
+        if experts_apart:  # 1/(ep x etp) of the stage's MoE blocks' experts, for the tp-th `params` counted
+            routed = n - pc.dense_blocks_in(first, n)
+            experts = routed * pc.experts_per_layer / (lay.expert_tp * lay.ep)
+            params += experts - routed * pc.experts_per_layer / lay.tp  # the parameters this device holds
         if cnn:
             activations = logits = inflight = 0.0
         else:
@@ -332,14 +347,15 @@ def _states_per_param(sb: mem.StateBytes, zero_stage: int, dp: int, offload: str
     return mem.model_states(1.0, sb, zero_stage, dp, offload)
 
 
-def _stage_params(pc: ParamCount, layers: int, first: bool, last: bool, tied: bool, pp: int) -> float:
-    """Parameters held by one stage: its blocks, the embedding (and position/other terms) on
-    the first, the head and final norm on the last. A tied head is a second copy of the
-    embedding on the last stage when the pipeline splits them (Megatron keeps both)."""
+def _stage_params(pc: ParamCount, first_block: int, layers: int, last: bool, tied: bool, pp: int) -> float:
+    """Parameters held by one stage: its blocks (DeepSeek's leading dense ones smaller), the
+    embedding (and position/other terms) on the first, the head and final norm on the last. A
+    tied head is a second copy of the embedding on the last stage when the pipeline splits them
+    (Megatron keeps both)."""
     if pp == 1:
         return float(pc.total)
-    params = float(layers * pc.per_layer)
-    if first:
+    params = float(pc.blocks_held(first_block, layers))
+    if first_block == 0:
         params += pc.embedding + pc.other
     if last:
         params += pc.final_norm + (pc.embedding if tied and not pc.output_head else pc.output_head)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from flopwise.catalog.models import norm_tensors
+from flopwise.catalog.models import is_mla, norm_tensors
 from flopwise.plan import comm as cm
 from flopwise.plan.params import ParamCount
 
@@ -94,11 +94,20 @@ def fsdp_root_params(pc: ParamCount, vocab: int, hidden: int, tied: bool) -> flo
 def layer_tensors(model) -> int:
     """Parameter tensors of one transformer block: the attention's fused QKV and output
     projections, the MLP's input (gate and up fused) and output projections, their biases,
-    and each norm's weight (and bias for LayerNorm)."""
-    linears = 4
-    biases = 2 * int(bool(model.attn_bias)) + 2 * int(bool(model.mlp_bias))
+    and each norm's weight (and bias for LayerNorm). Multi-head latent attention has its own
+    (`mla_tensors`) in place of QKV and output."""
+    attention = mla_tensors(model) if is_mla(model) else 2 + 2 * int(bool(model.attn_bias))
+    mlp = 2 + 2 * int(bool(model.mlp_bias))
     norms = model.norms_per_layer * norm_tensors(model) + 2 * int(bool(getattr(model, "qk_norm", False)))
-    return linears + biases + norms
+    return attention + mlp + norms
+
+
+def mla_tensors(model) -> int:
+    """MLA's parameter tensors (transformers' `DeepseekV3Attention`): q_a, its norm and q_b (or
+    one q), kv_a, its norm and kv_b, o; with `attn_bias`, biases on q_a, kv_a and o."""
+    query = 3 if model.q_lora_rank else 1
+    biases = (2 + int(bool(model.q_lora_rank))) if model.attn_bias else 0
+    return query + 3 + 1 + biases
 
 
 def zero3_messages_per_gather(framework: str, model) -> int:
@@ -133,6 +142,14 @@ def zero3_bytes(plan: DpCollectives, shard: int, replicate: int, weight_bytes: f
     return cm.ring_all_gather_bytes(shard, weight_bytes) * gathers + per_reduction * plan.reductions
 
 
+def device_chunks(split: tuple[tuple[int, ...], ...], device: int) -> list[tuple[int, int]]:
+    """(first block, blocks) of each chunk a pipeline device runs: chunk c of p·v sits on device
+    c mod p (`timing.split_layers`), so its first block follows every earlier chunk's."""
+    pp = len(split)
+    sizes = [split[c % pp][c // pp] for c in range(pp * len(split[0]))]
+    return [(sum(sizes[:c]), sizes[c]) for c in range(device, len(sizes), pp)]
+
+
 def device_params(pc: ParamCount, split: tuple[tuple[int, ...], ...], device: int, tied: bool,
                   ep: int = 1) -> float:
     """Parameters one pipeline device holds (before TP): its blocks, the embedding on the
@@ -140,8 +157,8 @@ def device_params(pc: ParamCount, split: tuple[tuple[int, ...], ...], device: in
     expert parallelism 1/ep of its blocks' routed experts."""
     pp = len(split)
     if pp == 1:
-        return float(pc.total) - pc.n_layers * pc.experts_elsewhere_per_layer(ep)
-    params = float(sum(split[device]) * (pc.per_layer - pc.experts_elsewhere_per_layer(ep)))
+        return float(pc.total) - pc.moe_layers * pc.experts_elsewhere_per_layer(ep)
+    params = sum(pc.blocks_held(first, count, ep) for first, count in device_chunks(split, device))
     if device == 0:
         params += pc.embedding + pc.other
     if device == pp - 1:

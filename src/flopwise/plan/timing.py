@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from flopwise.catalog.models import kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan import comm as cm
 from flopwise.plan import finetune
 from flopwise.plan import ops
@@ -270,8 +271,9 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     if pp > 1:
         # the experts a device holds are an (ep x etp)-th of its blocks', not an ep x tp-th
         folded = pc.experts_per_layer / lay.ep * (1.0 / lay.expert_tp - 1.0 / tp)
-        psi = max(sc.device_params(pc, split, dev, model.tied_embeddings, lay.ep) / tp + sum(split[dev]) * folded
-                  for dev in range(pp))
+        psi = max(sc.device_params(pc, split, dev, model.tied_embeddings, lay.ep) / tp
+                  + sum(count - pc.dense_blocks_in(first, count) for first, count in sc.device_chunks(split, dev))
+                  * folded for dev in range(pp))
         psi *= inputs.trainable_fraction
     grads = psi * inputs.grad_bytes
     weights = psi * inputs.weight_bytes
@@ -420,12 +422,14 @@ def cp_layer_seconds(lay, layer, links: Links, model, tokens: float, e: float) -
     head dim / tp) to the next cp - 1 times in the forward, and K, V and their gradients in the
     backward: 3 (cp - 1) sends, each overlapped with the attention block being computed. What the
     attention core (forward, backward, recompute) does not cover is exposed. The cp ranks sit next
-    to the tensor-parallel ones (Megatron's tp-cp-dp-pp order): in one node while tp × cp fits."""
+    to the tensor-parallel ones (Megatron's tp-cp-dp-pp order): in one node while tp × cp fits.
+    Multi-head latent attention is assumed to send its K and V expanded to every head (a·d_qk and
+    a·d_v), as TE's ring does for any attention, not its compressed latent."""
     cp = lay.cp
     if cp <= 1:
         return 0.0, 0.0
-    kv_dim = (model.n_kv_heads or model.n_heads) * (model.head_dim or model.hidden // model.n_heads)
-    chunk = 2.0 * tokens * kv_dim / lay.tp * e
+    kv_dim = kv_heads(model) * (query_key_head_dim(model) + value_head_dim(model))  # K and V
+    chunk = tokens * kv_dim / lay.tp * e
     wire = 3 * (cp - 1) * cm.p2p_seconds(links, lay.tp * cp > links.devices_per_node, chunk)
     return wire, max(0.0, wire - layer.attention)
 
