@@ -150,6 +150,14 @@ HF_CASES = {
         dict(SMALL, intermediate_size=96, moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2,
              num_key_value_heads=2, head_dim=24),
     ),
+    # llama4: top-1 experts plus an ungated shared expert; step 2 alternates dense (intermediate_size_mlp) and MoE
+    "llama4_text": ("Llama4TextConfig", dict(SMALL, intermediate_size=32, intermediate_size_mlp=96, num_key_value_heads=2,
+                                             head_dim=24, num_local_experts=4, num_experts_per_tok=1,
+                                             max_position_embeddings=96)),
+    "llama4_text-interleaved": ("Llama4TextConfig", dict(SMALL, num_hidden_layers=4, intermediate_size=32,
+                                                         intermediate_size_mlp=64, num_key_value_heads=2, head_dim=16,
+                                                         num_local_experts=4, interleave_moe_layer_step=2,
+                                                         max_position_embeddings=96)),
     "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=211, n_positions=96)),
     "gpt_neox": ("GPTNeoXConfig", dict(SMALL, intermediate_size=160, max_position_embeddings=96)),
     "bert": ("BertConfig", dict(SMALL, intermediate_size=128, max_position_embeddings=96, type_vocab_size=3)),
@@ -463,6 +471,22 @@ def test_mpt_config_reads_its_attention_and_biases(tmp_path):
 def test_cli_shows_deepseeks_dense_blocks_apart():
     table = _cli("deepseek-v3")
     assert table.returncode == 0, table.stderr
-    assert "671,026,404,352" in table.stdout and "dense mlp per leading layer (x3)" in table.stdout
+    assert "671,026,404,352" in table.stdout and "dense mlp per dense layer (x3)" in table.stdout
     assert "mlp per layer (x58)" in table.stdout
     assert "shared_expert_gate" not in _cli("llama2-7b").stdout  # no shared expert, nothing to say
+
+
+def test_llama4_checkpoint_config_nests_the_text_model(tmp_path):
+    """A Llama 4 checkpoint's config.json keeps the text model under `text_config`; the catalog's
+    Maverick has Meta's counts (400B total, 17B active) and its dense blocks alternate."""
+    text = dict(model_type="llama4_text", hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, intermediate_size=32, intermediate_size_mlp=64,
+                num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, vocab_size=211,
+                max_position_embeddings=96, moe_layers=[1, 3])
+    nested = from_hf_config(_write_config(tmp_path, dict(model_type="llama4", text_config=text)))
+    assert (nested.dense_layers, nested.moe_layer_step, nested.dense_ffn_hidden) == (2, 2, 64)
+    with pytest.raises(UserError, match="key 'moe_layers' \\[0, 3\\] is not every 2-th block"):
+        from_hf_config(_write_config(tmp_path, dict(model_type="llama4", text_config=dict(text, moe_layers=[0, 3]))))
+    maverick = count_params(get_model("llama4-maverick"))
+    assert abs(maverick.total / 400e9 - 1) < 0.005 and abs(maverick.active / 17e9 - 1) < 0.02
+    assert [maverick.dense_blocks_in(first, 12) for first in (0, 12, 24, 36)] == [6, 6, 6, 6]

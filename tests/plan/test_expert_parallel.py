@@ -173,3 +173,13 @@ def test_deepseek_v3_plans_on_1024_h100s(layout):
     assert result.params.total == 671_026_404_352
     assert result.time.ep_exposed_seconds > 0
     assert "mixture-of-experts and expert parallelism never validated" in result.band.reasons
+
+
+@pytest.mark.parametrize(("model", "gpus", "ep"), [("llama4-scout", 256, 16), ("llama4-maverick", 512, 128)])
+def test_nemo_llama4_layouts_plan_and_fit(model, gpus, ep):
+    """NeMo's H100 Llama 4 recipes (tp 4, ep 16 / 128, etp 4, micro-batch 1, global batch 1,024,
+    seq 8,192): Scout's every block MoE, Maverick's dense and MoE blocks alternating."""
+    result = plan(build_runspec(model=model, stack="nemo", gpus=gpus, tp=4, ep=ep, etp=4, micro_batch=1,
+                                global_batch=1024, seq_len=8192, precision="bf16", recompute="none"))
+    assert result.fits and result.spec.layout.expert_tp == 4
+    assert 0.2 < result.time.mfu < 0.6

@@ -42,7 +42,9 @@ class ModelSpec:
     3 of 61) is counted exactly (every parameter, so weights, gradients and optimizer states),
     while step time and activations treat every block as an MoE block: DeepSeek sizes the
     dense MLP to the MoE block's active path (18432 = (8 routed + 1 shared) x 2048), so the
-    per-token work is the same.
+    per-token work is the same. `moe_layer_step` K > 1 interleaves them instead (Llama 4
+    Maverick's `interleave_moe_layer_step` 2: blocks K-1, 2K-1, ... are MoE, the others dense), so
+    `dense_layers` is then n_layers - n_layers // K and a pipeline stage holds its share of each.
     """
 
     key: str
@@ -78,6 +80,7 @@ class ModelSpec:
     dense_layers: int = 0  # MoE: the first blocks have a dense MLP of dense_ffn_hidden instead (DeepSeek's first_k_dense_replace)
     dense_ffn_hidden: int = 0  # width of those dense MLPs
     qk_norm: bool = False  # RMSNorm over each head's q and k (qwen3): two head_dim weights per layer
+    moe_layer_step: int = 1  # 1: the dense blocks lead; K: every K-th block is MoE, the others dense (Llama 4)
     kv_lora_rank: int = 0  # multi-head latent attention (DeepSeek-V2/V3) when > 0: K and V come from a latent this wide
     q_lora_rank: int = 0  # MLA: the query's latent width; 0 projects the query straight from the hidden state
     qk_nope_head_dim: int = 0  # MLA: the part of each query/key head without rotary embedding
@@ -256,6 +259,10 @@ def _validate_dense_layers(spec: ModelSpec, where: str) -> None:
         raise UserError(f"{where}: fields 'dense_layers' and 'dense_ffn_hidden' go together (both > 0)")
     if spec.dense_layers >= spec.n_layers:
         raise UserError(f"{where}: dense_layers {spec.dense_layers} leaves no MoE block of {spec.n_layers}")
+    step = spec.moe_layer_step
+    if step < 1 or (step > 1 and spec.dense_layers != spec.n_layers - spec.n_layers // step):
+        raise UserError(f"{where}: moe_layer_step {step} makes {spec.n_layers - spec.n_layers // max(step, 1)} of "
+                        f"{spec.n_layers} blocks dense; dense_layers says {spec.dense_layers}")
 
 
 def get_model(name_or_path: str) -> ModelSpec:
@@ -380,7 +387,7 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     """Read a HuggingFace `config.json` (or a folder holding one) offline into a ModelSpec.
 
     Plain JSON: no transformers import, no `trust_remote_code`. Families: llama, mistral,
-    mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, gpt2, gpt_neox, bert,
+    mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, llama4, deepseek_v2, deepseek_v3, gpt2, gpt_neox, bert,
     opt, bloom, falcon, mpt, nemotron. A config does not record the training context, so
     `seq_len` defaults to the longest supported one (`max_position_embeddings`); pass the run's
     sequence length to override it.
@@ -561,6 +568,39 @@ def _deepseek_like(cfg: _HFConfig, *, dense_default: int = 3, shared_default: in
     if dense:
         values.update(dense_layers=dense, dense_ffn_hidden=cfg.need("intermediate_size"))
     return values
+
+
+def _read_llama4_text(cfg: _HFConfig) -> dict:
+    """Llama 4's text model (transformers' Llama4TextModel): GQA with a head_dim of its own and
+    parameter-free q/k L2 norms; MoE blocks of `num_local_experts` experts (`intermediate_size`),
+    top-`num_experts_per_tok`, a router without bias and an ungated shared expert as wide as one
+    expert; the other blocks dense (`intermediate_size_mlp`). Which blocks are MoE: `moe_layers`,
+    by default every `interleave_moe_layer_step`-th (blocks K-1, 2K-1, ...); any other list is
+    refused. Chunked attention (`attention_chunk_size`) is planned as full causal attention."""
+    values = _llama_like(cfg, attn_bias_key="attention_bias", default_attn_bias=False)
+    layers, step = values["n_layers"], cfg.get_int("interleave_moe_layer_step", 1)
+    if step < 1:
+        raise UserError(f"{cfg.path}: key 'interleave_moe_layer_step' must be >= 1, got {step}")
+    moe = cfg.get("moe_layers", None)
+    if moe is not None and list(moe) != list(range(step - 1, layers, step)):
+        raise UserError(f"{cfg.path}: key 'moe_layers' {moe} is not every {step}-th block; only that pattern is planned")
+    ffn = cfg.need("intermediate_size")
+    values.update(ffn_hidden=ffn, n_experts=cfg.get_int("num_local_experts", 16),
+                  experts_per_token=cfg.get_int("num_experts_per_tok", 1), shared_expert_ffn_hidden=ffn,
+                  shared_expert_gate=False, head_dim=cfg.get_int("head_dim", 128))
+    if step > 1:
+        values.update(dense_layers=layers - layers // step, dense_ffn_hidden=cfg.get_int("intermediate_size_mlp", 16384),
+                      moe_layer_step=step)
+    return values
+
+
+def _read_llama4(cfg: _HFConfig) -> dict:
+    """A Llama 4 checkpoint's config.json: the text model's keys sit under `text_config` (the vision
+    encoder is not planned)."""
+    text = cfg.data.get("text_config")
+    if not isinstance(text, dict):
+        raise UserError(f"{cfg.path}: key 'text_config' must be an object (Llama 4's text model)")
+    return _read_llama4_text(_HFConfig(text, cfg.path))
 
 
 def _read_gpt2(cfg: _HFConfig) -> dict:
@@ -779,6 +819,8 @@ _READERS = {
     "qwen2": _read_qwen2,
     "qwen2_moe": _read_qwen2_moe,
     "qwen3": _read_qwen3,
+    "llama4": _read_llama4,
+    "llama4_text": _read_llama4_text,
     "qwen3_moe": _read_qwen3_moe,
     "deepseek_v2": _read_deepseek_v2,
     "deepseek_v3": _read_deepseek_v3,

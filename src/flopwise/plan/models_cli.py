@@ -139,7 +139,7 @@ def _breakdown_table(spec: ModelSpec, counts: ParamCount):
             (f"attention per layer (x{counts.n_layers})", counts.attention_per_layer),
             (f"mlp per layer (x{counts.moe_layers})", counts.mlp_per_layer),
             ("mlp active per layer", counts.mlp_active_per_layer),
-            *([(f"dense mlp per leading layer (x{counts.dense_layers})", counts.dense_mlp_per_layer)]
+            *([(f"dense mlp per dense layer (x{counts.dense_layers})", counts.dense_mlp_per_layer)]
               if counts.dense_layers else []),
             ("norms per layer", counts.norms_per_layer),
             ("final norm", counts.final_norm),

@@ -57,6 +57,7 @@ class ParamCount:
     experts_per_layer: int = 0  # the routed experts' parameters in one block (expert parallelism splits them)
     dense_layers: int = 0  # leading blocks whose MLP is dense, not MoE (DeepSeek's first_k_dense_replace)
     dense_mlp_per_layer: int = 0  # the MLP of one of those blocks
+    moe_layer_step: int = 1  # 1: the dense blocks lead; K: blocks K-1, 2K-1, ... are MoE (Llama 4)
 
     @property
     def per_layer(self) -> int:
@@ -73,7 +74,11 @@ class ParamCount:
         return self.experts_per_layer * (1 - 1 / ep)
 
     def dense_blocks_in(self, first: int, count: int) -> int:
-        """How many of blocks first .. first + count - 1 are leading dense blocks."""
+        """How many of blocks first .. first + count - 1 are dense: the leading ones, or with an
+        interleaved MoE (`moe_layer_step` K) every block but K-1, 2K-1, ..."""
+        if self.moe_layer_step > 1 and self.dense_layers:
+            step = self.moe_layer_step
+            return count - ((first + count) // step - first // step)
         return max(0, min(first + count, self.dense_layers) - first)
 
     def blocks_held(self, first: int, count: int, ep: int = 1) -> float:
@@ -169,6 +174,7 @@ def _count_params(spec: ModelSpec) -> ParamCount:
         experts_per_layer=spec.n_experts * expert if spec.n_experts > 1 else 0,
         dense_layers=spec.dense_layers,
         dense_mlp_per_layer=dense_mlp,
+        moe_layer_step=spec.moe_layer_step,
     )
 
 

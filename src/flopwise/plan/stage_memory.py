@@ -253,7 +253,9 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     whole_embedding_grad = framework == "fsdp" and lay.tp > 1 and lay.zero_stage < 2
     fraction = cluster.allocator_reserve
     rows = []  # plain tuples in StageMemory's field order: building dataclasses costs more than the sums
-    for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers, pc.dense_layers):
+    # interleaved dense blocks (Llama 4) sit in every stage: each stage is a candidate
+    leading_dense = pc.dense_layers if pc.moe_layer_step == 1 else pc.n_layers
+    for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers, leading_dense):
         n, first = layers[i], sum(layers[:i])
         params = _stage_params(pc, first, n, i == lay.pp - 1, model.tied_embeddings, lay.pp) / lay.tp
         experts = 0.0  # this device's share of the routed experts, under expert parallelism
