@@ -76,7 +76,9 @@ class ParamCount:
     def dense_blocks_in(self, first: int, count: int) -> int:
         """How many of blocks first .. first + count - 1 are dense: the leading ones, or with an
         interleaved MoE (`moe_layer_step` K) every block but K-1, 2K-1, ..."""
-        if self.moe_layer_step > 1 and self.dense_layers:
+        if not self.dense_layers:
+            return 0
+        if self.moe_layer_step > 1:
             step = self.moe_layer_step
             return count - ((first + count) // step - first // step)
         return max(0, min(first + count, self.dense_layers) - first)
@@ -84,6 +86,8 @@ class ParamCount:
     def blocks_held(self, first: int, count: int, ep: int = 1) -> float:
         """Parameters of blocks first .. first + count - 1 that one rank holds: every block's
         attention and norms, a dense block's MLP, and 1/ep of an MoE block's routed experts."""
+        if not self.dense_layers:  # every block alike (the search asks this many thousand times)
+            return count * (self.per_layer - self.experts_elsewhere_per_layer(ep))
         dense = self.dense_blocks_in(first, count)
         moe = count - dense
         return (count * (self.attention_per_layer + self.norms_per_layer) + dense * self.dense_mlp_per_layer

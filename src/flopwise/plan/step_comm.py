@@ -158,7 +158,10 @@ def device_params(pc: ParamCount, split: tuple[tuple[int, ...], ...], device: in
     pp = len(split)
     if pp == 1:
         return float(pc.total) - pc.moe_layers * pc.experts_elsewhere_per_layer(ep)
-    params = sum(pc.blocks_held(first, count, ep) for first, count in device_chunks(split, device))
+    if pc.dense_layers:  # which blocks a device runs matters only when some blocks are dense
+        params = sum(pc.blocks_held(first, count, ep) for first, count in device_chunks(split, device))
+    else:
+        params = sum(split[device]) * (pc.per_layer - pc.experts_elsewhere_per_layer(ep))
     if device == 0:
         params += pc.embedding + pc.other
     if device == pp - 1:

@@ -272,8 +272,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
         # the experts a device holds are an (ep x etp)-th of its blocks', not an ep x tp-th
         folded = pc.experts_per_layer / lay.ep * (1.0 / lay.expert_tp - 1.0 / tp)
         psi = max(sc.device_params(pc, split, dev, model.tied_embeddings, lay.ep) / tp
-                  + sum(count - pc.dense_blocks_in(first, count) for first, count in sc.device_chunks(split, dev))
-                  * folded for dev in range(pp))
+                  + (sum(count - pc.dense_blocks_in(first, count) for first, count in sc.device_chunks(split, dev))
+                     * folded if folded else 0.0) for dev in range(pp))
         psi *= inputs.trainable_fraction
     grads = psi * inputs.grad_bytes
     weights = psi * inputs.weight_bytes
