@@ -16,6 +16,7 @@ from flopwise.plan import finetune as ft
 from flopwise.plan.hybrid import Site, plan_hybrid
 from flopwise.plan.params import count_params
 from flopwise.plan.planner import build_runspec, plan
+from tests.plan.saved_tensors import saved_storage_bytes
 
 LLAMA2_7B = get_model("llama2-7b")
 H, F, L = 4096, 11008, 32  # Llama 2 7B: hidden, SwiGLU width, layers
@@ -403,14 +404,7 @@ def test_lora_llama_block_saved_tensors_match_the_formula(targets, lora_dropout)
         return out
 
     x = torch.randn(b, s, h, requires_grad=True)
-    storages = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in weights:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storage_bytes(weights) as storages:
         y = n1(x)
         q = linear("q", y).view(b, s, a, hd).transpose(1, 2).contiguous()
         k = linear("k", y).view(b, s, kv, hd).transpose(1, 2).contiguous().repeat_interleave(a // kv, dim=1)
@@ -457,17 +451,10 @@ def test_peft_lora_llama_layer_saved_tensors_match_the_formula(fp32_adapters):
     def saved_bytes(model):
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        storages = {}
-
-        def pack(t):
-            if t.untyped_storage().data_ptr() not in weights:
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
         x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
         positions = torch.arange(s).unsqueeze(0)
         rotary = inner.model.rotary_emb(x, positions)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved_storage_bytes(weights) as storages:
             inner.model.layers[0](x, position_embeddings=rotary, attention_mask=None, position_ids=positions)
         return sum(storages.values())
 

@@ -4,6 +4,7 @@ import pytest
 
 from flopwise.catalog.models import ModelSpec
 from flopwise.plan import memory as mem
+from tests.plan.saved_tensors import saved_storage_bytes
 
 GPT = ModelSpec(key="gpt", name="gpt", n_layers=96, hidden=12288, n_heads=96, ffn_hidden=4 * 12288,
                 vocab_size=51200, mlp="gelu", norm="layernorm")
@@ -179,14 +180,7 @@ def test_fp32_llama_block_saved_tensors_match_the_formula(kv_heads):
     modules = (n1, n2, wq, wk, wv, wo, w1, w2, w3)
     params = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
     x = torch.randn(b, s, h, requires_grad=True)
-    storages = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storage_bytes(params) as storages:
         y = n1(x)
         # RoPE (as in the built-in decoder) leaves q and k contiguous in [b, a, s, d]; then torch's CPU
         # flash kernel writes its output in that layout and the reshape for the out-projection copies.
@@ -399,14 +393,7 @@ def test_fp32_deepseek_v3_layer_saved_tensors_match_the_formula(q_lora_rank):
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     x = torch.randn(b, s, h, requires_grad=True)
     rotary = DeepseekV3RotaryEmbedding(config)(x, torch.arange(s)[None].expand(b, s))
-    storages = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storage_bytes(params) as storages:
         layer(x, attention_mask=None, position_embeddings=rotary)
     spec = ModelSpec(key="tiny-mla", name="tiny", n_layers=1, hidden=h, n_heads=a, n_kv_heads=a, ffn_hidden=f,
                      vocab_size=10, mlp="swiglu", norm="rmsnorm", position="rope", q_lora_rank=q_lora_rank or 0, **mla)

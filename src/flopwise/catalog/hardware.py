@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "specs" / "hardware.yaml"
@@ -384,7 +385,7 @@ def get_hardware(name: str) -> HardwareSpec:
     model fits. An unknown name suggests close matches.
     """
     catalog = load_catalog()
-    wanted = "-".join(name.strip().lower().replace("_", " ").split())  # "A100 80GB" -> "a100-80gb"
+    wanted = spelled(name)  # "A100 80GB" -> "a100-80gb"
     if wanted in catalog.devices:
         return catalog.devices[wanted]
     matching = matching_devices(wanted) or devices_with_tokens(wanted)

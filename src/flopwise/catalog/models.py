@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
 
 ARCHS = ("decoder", "encoder", "cnn")
@@ -303,7 +304,7 @@ _SUFFIXES = ("-hf", "-base", "-instruct", "-chat", "-v0.1", "-v0.2", "-v0.3")
 def _squashed(name: str) -> str:
     """A model name without its Hub organisation, tuned-variant suffixes, the "meta-" of Meta's
     repositories and separators: "meta-llama/Llama-2-7b-hf", "Llama 2 7B" and "llama2-7b" agree."""
-    text = "-".join(name.strip().lower().replace("_", " ").split()).rsplit("/", 1)[-1]
+    text = spelled(name).rsplit("/", 1)[-1]
     trimmed = True
     while trimmed:
         trimmed = False

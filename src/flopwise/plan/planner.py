@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
 from flopwise.plan import finetune as tuning
 from flopwise.plan import memory as mem
@@ -532,7 +533,7 @@ copy, which is what bf16 / fp16 plan (bf16-true is the pure-bf16 one)."""
 def spelled_precision(text: str) -> str:
     """A precision in any case, with `_` or spaces ("BF16", "amp_bf16", "bf16-mixed"), as its
     canonical name; an unknown one is returned as typed, for the check that names the choices."""
-    word = "-".join(text.strip().lower().replace("_", " ").split())
+    word = spelled(text)
     return PRECISION_WORDS.get(word, word) if word else text
 
 

@@ -7,6 +7,7 @@ or kernel micro-benchmarks (docs/planner.md, "Stacks"). The default, `flopwise`,
 
 from __future__ import annotations
 
+from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
 from flopwise.plan.stacks.base import FP8_RECIPE_ALIASES, FP8_RECIPES, Stack
 from flopwise.plan.stacks import (
@@ -28,8 +29,8 @@ __all__ = ["ALIASES", "FP8_RECIPE_ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack
 def _key(name: str) -> str:
     """A stack name as the modules spell it: case, spaces and underscores do not matter
     ("NeMo", "flash_attn", "Megatron Bridge")."""
-    spelled = "-".join(name.strip().lower().replace("_", " ").split())
-    return ALIASES.get(spelled, spelled)
+    key = spelled(name)
+    return ALIASES.get(key, key)
 
 
 def find_stack(name: str) -> Stack | None:
