@@ -227,6 +227,23 @@ def test_recipe_short_names_plan_the_same_run():
     assert "(dp 4, tp 4+SP, pp 4 interleaved x5)" in table.stdout.replace("\n", " ")
 
 
+def test_megatron_argument_names_plan_the_same_run():
+    """Megatron-LM's own argument names (--tensor-model-parallel-size, --seq-length, ...) and the
+    plain "H100" of a paper plan exactly the run the short names do, on both parsing paths."""
+    short = ("--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--stack", "nemo", "--gpus", "64", "--tp", "1",
+             "--pp", "4", "--vp", "8", "--ep", "8", "--cp", "1", "--mbs", "1", "--gbs", "256", "--seq-len", "4096")
+    spelled = ("--model", "mixtral-8x7b", "--hardware", "H100", "--stack", "nemo", "--num-gpus", "64",
+               "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "4",
+               "--virtual-pipeline-model-parallel-size", "8", "--expert-model-parallel-size", "8",
+               "--context-parallel-size", "1", "--micro-batch-size", "1", "--global-batch-size", "256",
+               "--seq", "4096")
+    for tail in (("--json",), ()):
+        a, b = run(*short, *tail), run(*spelled, *tail)
+        assert a.returncode == 0 and b.returncode == 0, b.stderr
+        assert a.stdout == b.stdout
+    assert json.loads(run(*spelled, "--sequence-length", "4096", "--vpp", "8", "--json").stdout)["layout"]["pp"] == 4
+
+
 def test_a_run_typed_as_its_source_states_it_plans_as_the_canonical_names():
     """MosaicML's table row "MPT-7B, H100-80GB, 8 GPUs, 1 x 2, act. ckpt yes" typed with the
     table's own words plans exactly as the catalog's keys and `--recompute full` do."""

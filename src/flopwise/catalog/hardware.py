@@ -377,12 +377,19 @@ def load_hardware() -> dict[str, HardwareSpec]:
     return dict(load_catalog().devices)
 
 
+VENDOR_WORDS = frozenset({"nvidia", "amd", "intel", "google", "huawei", "cambricon", "hygon"})
+"""A maker's name in front of a part's ("NVIDIA H100"): the part is named by what follows."""
+
+
 def get_hardware(name: str) -> HardwareSpec:
     """A device by key, alias or unique prefix, case-insensitive.
 
-    A name shared by several parts ('a100' is a 40 GB and two 80 GB parts) is refused with
-    one line listing them: picking one silently could tell a user with 40 GB cards that a
-    model fits. An unknown name suggests close matches.
+    A name shared by parts of different memory ('a100' is a 40 GB and two 80 GB parts) is
+    refused with one line listing them: picking one silently could tell a user with 40 GB cards
+    that a model fits. A name whose parts share their memory ('h100': the SXM5 and PCIe cards,
+    both 80 GB) is the part its alias names, the SXM module that training clusters (DGX / HGX)
+    run and that papers and NeMo's tables mean by "H100"; the plan prints the part's full name.
+    An unknown name suggests close matches.
     """
     catalog = load_catalog()
     wanted = spelled(name)  # "A100 80GB" -> "a100-80gb"
@@ -391,6 +398,10 @@ def get_hardware(name: str) -> HardwareSpec:
     matching = matching_devices(wanted) or devices_with_tokens(wanted)
     if len(matching) == 1:
         return catalog.devices[matching[0]]
+    bare = wanted.split("-", 1)[1] if wanted.split("-", 1)[0] in VENDOR_WORDS and "-" in wanted else wanted
+    owner = catalog.aliases.get(bare)
+    if owner is not None and len({catalog.devices[key].memory_gb for key in matching}) == 1:
+        return catalog.devices[owner]
     if matching:
         raise UserError(
             f"hardware '{name}' matches {len(matching)} catalog entries: {', '.join(matching)}; "
@@ -447,8 +458,9 @@ def matching_devices(wanted: str) -> list[str]:
 
 
 def names_of(key: str) -> list[str]:
-    """The aliases that name this device alone (`get_hardware` answers them with it); an alias two
-    parts share ("h100": the SXM and PCIe cards) stays for matching a device's reported name."""
+    """The aliases that name this device alone (`get_hardware` answers them with it); an alias that
+    parts of different memory share ("a100": the 40 GB and 80 GB cards) stays for matching a
+    device's reported name."""
     names = []
     for alias in load_catalog().devices[key].aliases:
         try:

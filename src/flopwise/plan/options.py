@@ -26,26 +26,26 @@ class PlanOption:
 OPTIONS = (
     PlanOption("model", "--model", str, None, "Catalog key (see `flopwise models`) or a config.json path. [default: llama2-7b]"),
     PlanOption("hardware", "--hardware", str, None, "Catalog key (see `flopwise hardware`). [default: h100-sxm]"),
-    PlanOption("gpus", "--gpus", int, None, "Devices in all. [default: 8, or dp*tp*pp]"),
+    PlanOption("gpus", "--gpus", int, None, "Devices in all. [default: 8, or dp*tp*pp]", ("--num-gpus",)),
     PlanOption("dp", "--dp", int, None, "Data-parallel size. [default: gpus/(tp*pp)]"),
-    PlanOption("tp", "--tp", int, None, "Tensor-parallel size. [default: 1]"),
-    PlanOption("pp", "--pp", int, None, "Pipeline-parallel stages. [default: 1]"),
+    PlanOption("tp", "--tp", int, None, "Tensor-parallel size. [default: 1]", ("--tensor-model-parallel-size",)),
+    PlanOption("pp", "--pp", int, None, "Pipeline-parallel stages. [default: 1]", ("--pipeline-model-parallel-size",)),
     PlanOption("cp", "--cp", int, None, "Context-parallel size: each sequence split over cp ranks, K/V passed "
-               "round a ring (Megatron-Core --context-parallel-size). [default: 1]"),
+               "round a ring (Megatron-Core --context-parallel-size). [default: 1]", ("--context-parallel-size",)),
     PlanOption("ep", "--ep", int, None, "Expert-parallel size (MoE): each rank holds E/ep of the routed experts, "
                "tokens reach them by all-to-all; divides dp x cp (Megatron-Core --expert-model-parallel-size). "
-               "[default: 1]"),
+               "[default: 1]", ("--expert-model-parallel-size",)),
     PlanOption("etp", "--etp", int, None, "Expert tensor-parallel size (MoE): the routed experts' own tp width; "
                "below --tp the experts fold over the tensor-parallel ranks and ep x etp divides dp x cp x tp "
                "(Megatron-Core --expert-tensor-parallel-size). [default: tp, or 1 when --ep needs the "
-               "tensor-parallel ranks]"),
+               "tensor-parallel ranks]", ("--expert-tensor-parallel-size",)),
     PlanOption("micro_batch", "--micro-batch", int, None, "Sequences per device per micro-step. [default: 1]",
-               ("--mbs",)),
+               ("--mbs", "--micro-batch-size")),
     PlanOption("global_batch", "--global-batch", int, None, "Sequences per optimizer step. [default: batch-tokens / seq-len]",
-               ("--gbs",)),
+               ("--gbs", "--global-batch-size")),
     PlanOption("batch_tokens", "--batch-tokens", str, None, "Tokens per optimizer step, e.g. 4M. [default: 4Mi]"),
     PlanOption("seq_len", "--seq-len", int, None, "Training sequence length. [default: the model's]",
-               ("--seq-length",)),
+               ("--seq", "--seq-length", "--sequence-length")),
     PlanOption("tokens", "--tokens", str, None, "Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T]"),
     PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8|bf16-true (pure bf16: no fp32 master, bf16 AdamW states, 8 bytes/param; "
                "updates below bf16's resolution are lost); any case, and the trainers' names (bf16-mixed, amp_bf16, "
@@ -75,7 +75,7 @@ OPTIONS = (
                "parallel.fsdp_unit_mb): fewer gathers, two larger units gathered at once. 0 = one per block."),
     PlanOption("schedule", "--schedule", str, "1f1b", "Pipeline schedule: 1f1b|gpipe|interleaved."),
     PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]",
-               ("--vp",)),
+               ("--vp", "--vpp", "--virtual-pipeline-model-parallel-size")),
     PlanOption("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", bool, None,
                "Megatron sequence parallelism with TP: norms, dropout and the activations between blocks "
                "split over the tp ranks. [default: on with tp > 1 for stacks whose recipes run it "
