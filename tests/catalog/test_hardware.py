@@ -119,7 +119,7 @@ def test_scale_up_is_stored_per_direction():
 
 @pytest.mark.parametrize(
     ("key", "per_direction", "domain", "per_node", "scale_out"),
-    [("h800", 200, 8, 8, 50), ("a800-80gb", 200, 8, 8, None), ("h20", 450, 8, 8, None),
+    [("h800", 200, 8, 8, 50), ("a800-80gb", 200, 8, 8, 25), ("h20", 450, 8, 8, 50),
      ("b200", 900, 8, 8, 50), ("gb200", 900, 72, 4, 50)],
 )
 def test_cut_and_blackwell_links_are_stored_per_direction(key, per_direction, domain, per_node, scale_out):
