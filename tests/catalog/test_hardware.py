@@ -28,6 +28,7 @@ REQUIRED_KEYS = (
     "h100-sxm", "h100-pcie", "h200", "a100-40gb", "a100-80gb", "a100-80gb-pcie", "v100-32gb",
     "v100-32gb-pcie", "rtx4090", "l40s", "tpu-v4", "tpu-v5e", "tpu-v5p", "mi300x", "gaudi2", "gaudi3",
     "ascend-910", "ascend-910b2", "ascend-910b3", "ascend-910b4", "mlu370-x8", "dcu-z100", "dcu-k100-ai",
+    "h800", "a800-80gb", "h20", "b200", "gb200",
 )
 
 
@@ -79,6 +80,9 @@ def test_every_figure_has_source_and_confidence(key):
         ("mi300x", "bf16", 1307.4), ("mi300x", "fp8", 2614.9), ("gaudi2", "bf16", 432), ("gaudi3", "bf16", 1835),
         ("ascend-910", "fp16", 256), ("ascend-910b2", "fp16", 353.8), ("ascend-910b3", "fp16", 294.9),
         ("ascend-910b4", "fp16", 245.7), ("mlu370-x8", "fp16", 96), ("dcu-k100-ai", "bf16", 196),
+        ("h800", "bf16", 989.4), ("h800", "fp8", 1978.9), ("h800", "tf32", 494.7), ("a800-80gb", "bf16", 312),
+        ("h20", "bf16", 148), ("h20", "fp8", 296), ("h20", "tf32", 74), ("h20", "fp32", 44),
+        ("b200", "bf16", 2250), ("b200", "fp8", 4500), ("gb200", "bf16", 2500), ("gb200", "fp8", 5000),
     ],
 )
 def test_dense_peaks_match_published_figures(key, dtype, tflops):
@@ -94,6 +98,8 @@ def test_dense_peaks_match_published_figures(key, dtype, tflops):
         ("a100-40gb", 40e9, 1555, 400), ("a100-80gb-pcie", 80e9, 1935, 300), ("v100-32gb", 32e9, 900, 300),
         ("rtx4090", 24e9, 1008, 450), ("l40s", 48e9, 864, 350), ("tpu-v4", 32 * 2**30, 1200, 192),
         ("mi300x", 192e9, 5300, 750), ("gaudi3", 128e9, 3670, 900), ("mlu370-x8", 48e9, 614.4, 250),
+        ("h800", 80e9, 3350, 700), ("a800-80gb", 80e9, 2039, 400), ("h20", 96e9, 4000, 400),
+        ("b200", 180e9, 8000, 1000), ("gb200", 186e9, 8000, 1200),
     ],
 )
 def test_memory_bandwidth_and_power_match_published_figures(key, memory_bytes, bandwidth_gbs, tdp_w):
@@ -109,6 +115,31 @@ def test_scale_up_is_stored_per_direction():
     assert get_hardware("tpu-v5e").scale_up_gbs == 200  # ICI 400 GBps bidirectional
     assert get_hardware("h100-sxm").scale_up_basis == "bidirectional"
     assert get_hardware("h100-sxm").scale_out_gbs == 50  # DGX H100: 8 x 400 Gb/s for 8 GPUs
+
+
+@pytest.mark.parametrize(
+    ("key", "per_direction", "domain", "per_node", "scale_out"),
+    [("h800", 200, 8, 8, 50), ("a800-80gb", 200, 8, 8, 25), ("h20", 450, 8, 8, 50),
+     ("b200", 900, 8, 8, 50), ("gb200", 900, 72, 4, 50)],
+)
+def test_cut_and_blackwell_links_are_stored_per_direction(key, per_direction, domain, per_node, scale_out):
+    """H800 and A800: NVLink cut to 400 GB/s both ways; H20 keeps 900; NVLink 5 is 1,800; NVL72's
+    NVLink reaches the 72-GPU rack while a compute tray holds 4."""
+    spec = get_hardware(key)
+    assert spec.scale_up_gbs == per_direction and spec.scale_up_basis == "bidirectional"
+    assert spec.scale_up_domain == domain and spec.devices_per_node == per_node
+    assert spec.scale_out_gbs == scale_out
+    if scale_out is None:  # no server sheet: unknown, never a guess
+        assert spec.confidence["scale_out"] == "unknown"
+
+
+def test_h800_keeps_the_datasheet_nvlink_and_deepseeks_infiniband():
+    """DeepSeek-V3 (arXiv 2412.19437, sec. 3.2): NVLink 160 GB/s achieved, InfiniBand 50 GB/s per GPU."""
+    h800 = get_hardware("h800")
+    assert h800.scale_up_published == "NVLink 4: 400 GB/s"
+    assert "160 GB/s" in h800.figure_notes["scale_up"]
+    assert h800.source_ids["scale_out"] == "deepseek-v3" and "2412.19437" in h800.sources["scale_out"]
+    assert h800.confidence["peak_tflops.bf16"] == "recalled"  # the product page was not re-read
 
 
 def test_sparse_peaks_are_dense_times_factor():
@@ -174,7 +205,13 @@ def test_ascend_cluster_claim_verdict_carries_the_arithmetic():
      ("ascend910", "ascend-910"), ("h200-s", "h200"), ("gaudi", None),
      # full names as papers and vendors print them: every word must match, the SXM generation aside
      ("A100 80GB", "a100-80gb"), ("a100-sxm4-80gb", "a100-80gb"), ("A100-SXM4-40GB", "a100-40gb"),
-     ("NVIDIA H100 SXM5 80GB", "h100-sxm"), ("h100_pcie", "h100-pcie"), ("TPU v4", "tpu-v4")],
+     ("NVIDIA H100 SXM5 80GB", "h100-sxm"), ("h100_pcie", "h100-pcie"), ("TPU v4", "tpu-v4"),
+     # the China-market and Blackwell parts, as published runs and vendors name them
+     ("H800", "h800"), ("NVIDIA H800 SXM5 80GB", "h800"), ("A800 80GB", "a800-80gb"),
+     ("A800-SXM4-80GB", "a800-80gb"), ("a800", "a800-80gb"), ("NVIDIA A800-SXM4-80GB", "a800-80gb"),
+     ("H20", "h20"), ("NVIDIA H20", "h20"), ("h200", "h200"), ("H200 SXM", "h200"),
+     ("B200", "b200"), ("DGX B200", "b200"), ("NVIDIA B200", "b200"), ("GB200", "gb200"),
+     ("GB200 NVL72", "gb200"), ("NVIDIA GB200 NVL72", "gb200")],
 )
 def test_keys_aliases_and_unique_prefixes_resolve(alias, key):
     if key is None:  # gaudi2 and gaudi3
@@ -293,11 +330,23 @@ def test_importing_the_catalog_does_not_import_torch():
     assert result.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("name", ["h20", "a10", "l4"])
+@pytest.mark.parametrize("name", ["a10", "l4"])
 def test_a_prefix_never_cuts_a_model_number_short(name):
-    """NVIDIA's H20, A10 and L4 are other parts than the H200, A100 and L40S: no prefix match."""
+    """NVIDIA's A10 and L4 are other parts than the A100 and L40S: no prefix match."""
     with pytest.raises(UserError, match=rf"unknown hardware '{name}'"):
         get_hardware(name)
+
+
+def test_h20_and_h200_and_a800_and_a100_never_read_as_each_other():
+    """The H20 (148 TFLOPS bf16) is its own part, not a prefix of the H200 (989); the A800 is not an A100."""
+    from flopwise.catalog.hardware import devices_with_tokens, matching_devices
+
+    assert get_hardware("h20").key == "h20" and get_hardware("h200").key == "h200"
+    assert matching_devices("h20") == ["h20"] and "h20" not in matching_devices("h200")
+    assert devices_with_tokens("nvidia-h20") == ["h20"] and devices_with_tokens("nvidia-h200") == ["h200"]
+    assert get_hardware("a800").key == "a800-80gb"
+    assert not any(key.startswith("a800") for key in matching_devices("a100"))
+    assert "a800-80gb" not in devices_with_tokens("a100-sxm4-80gb")
 
 
 def test_the_device_page_lists_only_aliases_that_name_it():

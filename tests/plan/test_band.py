@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
+
 from flopwise.plan import band
 from flopwise.plan.planner import build_runspec, plan
 
@@ -21,6 +23,25 @@ def test_a_device_family_never_validated_is_flagged_as_extrapolating():
     assert p.band.extrapolates
     assert any("cdna3" in reason for reason in p.band.reasons)
     assert "extrapolates" in p.band.describe()
+
+
+@pytest.mark.parametrize("hardware", ["b200", "gb200"])
+def test_a_blackwell_plan_says_it_extrapolates(hardware):
+    """No Blackwell run was validated: the band names the family and takes the extrapolation floor."""
+    p = plan(build_runspec(model="llama3-8b", hardware=hardware, gpus=8, tp=2))
+    assert p.band.extrapolates
+    assert "device family blackwell never validated" in p.band.reasons
+    assert p.band.expected_error >= band.load_bands()[band.EXTRAPOLATED_KEY]["expected_error"]
+
+
+@pytest.mark.parametrize(("hardware", "family"), [("h800", "hopper"), ("h20", "hopper"), ("a800", "ampere")])
+def test_cut_down_hopper_and_ampere_parts_take_their_familys_band(hardware, family):
+    """H800, H20 and A800 share their family's chip: a validated family, so no extrapolation from it."""
+    spec = build_runspec(model="llama3-8b", hardware=hardware, gpus=8, tp=2)
+    reference = "h100-sxm" if family == "hopper" else "a100-80gb"
+    p, same = plan(spec), plan(dataclasses.replace(spec, cluster=dataclasses.replace(
+        spec.cluster, hardware=build_runspec(hardware=reference).cluster.hardware)))
+    assert not p.band.extrapolates and p.band == same.band
 
 
 def test_a_scale_beyond_the_validated_runs_extrapolates():

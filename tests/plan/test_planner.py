@@ -230,3 +230,31 @@ def test_tp_and_pp_are_chosen_when_nothing_fits_unsplit():
     assert any(line.startswith(f"tp {spec.layout.tp}, pp {spec.layout.pp}:") for line in spec.cluster.extra["defaults"])
     kept = build_runspec(model="llama2-70b", gpus=64, tp=1)  # a given split is kept, fitting or not
     assert (kept.layout.tp, kept.layout.pp) == (1, 1)
+
+
+@pytest.mark.parametrize("hardware", ["h800", "a800", "h20", "b200", "gb200"])
+def test_the_china_market_and_blackwell_parts_plan(hardware):
+    p = plan(build_runspec(model="llama3-8b", hardware=hardware, gpus=8, tp=2, zero=2))
+    assert p.fits and 0.0 < p.time.step_seconds < float("inf") and 0.0 < p.time.mfu < 1.0
+    assert p.spec.cluster.hardware.key == get_hardware(hardware).key
+    json.dumps(p.to_dict())
+
+
+def test_b200_is_faster_than_h100_on_the_same_layout():
+    """2.3x the dense bf16 peak and 2.4x the memory bandwidth: the same layout's step is shorter."""
+    layout = dict(model="llama3-8b", gpus=8, tp=2, zero=2, micro_batch=1, global_batch=512)
+    h100 = plan(build_runspec(hardware="h100-sxm", **layout))
+    b200 = plan(build_runspec(hardware="b200", **layout))
+    assert b200.spec.layout == h100.spec.layout
+    assert b200.time.step_seconds < h100.time.step_seconds / 1.5
+
+
+def test_the_nvl72_rack_keeps_a_72_gpu_data_parallel_group_on_nvlink():
+    """GB200 NVL72: NVLink reaches the whole 72-GPU rack (scale_up.domain), past the 4-GPU compute
+    tray; B200's NVLink ends at the 8-GPU node, so the same group crosses the network."""
+    layout = dict(model="llama3-8b", gpus=72, tp=8)
+    gb200 = plan(build_runspec(hardware="gb200", **layout))
+    b200 = plan(build_runspec(hardware="b200", **layout))
+    assert gb200.comm.dp_link == gb200.comm.tp_link == "scale-up"
+    assert b200.comm.dp_link == "scale-out"
+    assert gb200.comm.dp_seconds < b200.comm.dp_seconds / 5

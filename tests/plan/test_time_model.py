@@ -24,6 +24,19 @@ def test_gemm_curve_reaches_the_micro_benchmark_at_its_shape_and_drops_for_awkwa
     assert gemm_fraction(a100, 128, 128, 8192) < 0.05  # one tile: 1 of 108 SMs busy
 
 
+@pytest.mark.parametrize(("key", "family"), [("h800", "hopper"), ("h20", "hopper"), ("h200", "hopper"),
+                                           ("a800-80gb", "ampere"), ("b200", "blackwell"), ("gb200", "blackwell")])
+def test_each_part_takes_its_familys_gemm_curve(key, family):
+    """H800 and H20 are GH100 with links or rate cut, A800 an A100 with NVLink cut; Blackwell has no
+    micro-benchmark, so its curve is the generic assumption under its own name."""
+    curve = curve_for(load_hardware()[key])
+    assert curve.family == family
+    if family == "blackwell":
+        generic = curve_for(load_hardware()["dcu-k100-ai"])
+        assert generic.family == "generic"
+        assert dataclasses.replace(curve, family="generic", source=generic.source) == generic
+
+
 def test_recompute_adds_exactly_the_rerun_operators():
     spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8)
     hw, lay, work = spec.cluster.hardware, spec.layout, spec.workload

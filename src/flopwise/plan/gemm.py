@@ -165,6 +165,17 @@ _GENERIC = DeviceCurve(
     "pass --profile with a measured profile)",
     sustained=0.81, sustained_source="no published training row: the A100 ratio (assumption)",
 )
+_BLACKWELL = dataclasses.replace(
+    _GENERIC, family="blackwell",
+    source="Blackwell (B200, GB200): no GEMM micro-benchmark for this family is in the sources, so the generic "
+           "curve as it stands: 70 % of peak for large GEMMs (assumption, low confidence; pass --profile with a "
+           "measured profile); its 100 units are not Blackwell's SM count",
+)
+"""The generic curve under its own family name, so a Blackwell plan says which family it extrapolates to
+and a measured Blackwell micro-benchmark has one place to go."""
+ASSUMED_FAMILIES = ("generic", "blackwell")
+"""Families whose curve is an assumption, not a micro-benchmark: their plans are low-confidence and no
+software stack's fitted speed applies to them."""
 _TPU = DeviceCurve(
     "tpu", 0.923, (8192, 8192, 8192), ((128, 128, 1.0),), 8, 128.0, 0.80, 6e-6, (0.45, 0.35), 0.80, 1200.0,
     "TPU (128x128 MXU systolic arrays): XLA's bf16 jnp.matmul on a TPU v5e at 8192^3 ran at 92.3 % of the "
@@ -188,10 +199,12 @@ def curve_for(hw: HardwareSpec) -> DeviceCurve:
     key = hw.key.lower()
     if hw.vendor.lower() == "cpu" or key.startswith("cpu"):
         return _CPU
-    if key.startswith("a100"):
+    if key.startswith(("a100", "a800")):  # the A800 is an A100 with NVLink cut
         return _AMPERE_PCIE if "pcie" in key else _AMPERE
-    if key.startswith(("h100", "h200", "gh200", "h800")):
+    if key.startswith(("h100", "h200", "gh200", "h800", "h20")):  # H800, H20: GH100 with links or rate cut
         return _HOPPER
+    if key.startswith(("b200", "gb200")):
+        return _BLACKWELL
     if key.startswith("mi300"):
         return _CDNA3
     if key.startswith("tpu"):
@@ -332,7 +345,7 @@ def device_rates(hw: HardwareSpec, precision: str, peak: float, profile: GemmPro
     if hit is not None and hit[0] is profile:
         return hit[1]
     rates = _device_rates(hw, precision, peak, profile, efficiency, attention_kernel, fp8_recipe)
-    if stack_speed != 1.0 and rates.curve.family not in ("cpu", "generic", "tpu"):
+    if stack_speed != 1.0 and rates.curve.family not in ("cpu", "tpu", *ASSUMED_FAMILIES):
         rates = dataclasses.replace(rates, curve=dataclasses.replace(
             rates.curve, sustained=rates.curve.sustained * stack_speed))
     if len(_RATES) > 4096:

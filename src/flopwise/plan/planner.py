@@ -29,7 +29,7 @@ from flopwise.plan.spec import (
 )
 from flopwise.plan.band import Band, band_for, model_size_reason, widened
 from flopwise.plan.fit import stack_speed
-from flopwise.plan.gemm import GemmProfile, curve_for, device_rates
+from flopwise.plan.gemm import ASSUMED_FAMILIES, GemmProfile, curve_for, device_rates
 from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
 from flopwise.plan.timing import StepInputs, TimeEstimate, flat_time, step_time
 
@@ -387,9 +387,10 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
             eff_source = (f"operator model: GEMM rates and memory bandwidth from the measured device profile "
                           f"({getattr(profile, 'device', 'profile')})" if profile is not None else
                           f"operator model: {rates.curve.family} GEMM curve ({rates.curve.source})")
-            eff_conf = "measured" if profile is not None else ("low" if rates.curve.family in ("generic", "tpu") else "medium")
+            eff_conf = "measured" if profile is not None else (
+                "low" if rates.curve.family in ("tpu", *ASSUMED_FAMILIES) else "medium")
             if eff_conf == "low":
-                what = ("no GEMM micro-benchmark for this device family" if rates.curve.family == "generic" else
+                what = ("no GEMM micro-benchmark for this device family" if rates.curve.family in ASSUMED_FAMILIES else
                         "GEMM ceiling from another chip of the family, sustained factor assumed")
                 warnings.append(f"{hw.key}: {what}; times are low-confidence "
                                 "(measure a profile with `flopwise calibrate`)")
