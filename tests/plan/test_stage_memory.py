@@ -164,3 +164,21 @@ def test_an_interleaved_stage_holds_the_blocks_of_its_own_chunks(pp, virtual, ep
         assert stage.layers == sum(split[stage.stage])
         assert stage.params == pytest.approx(sc.device_params(pc, split, stage.stage, model.tied_embeddings, ep))
     assert few.total_bytes == every.total_bytes and few.worst_stage == every.worst_stage
+
+
+def test_a_stage_may_hold_the_embedding_or_the_head_alone():
+    """Megatron-Core with two stages more than layers (account_for_embedding/loss_in_pipeline_split):
+    the first stage holds the embedding and no block, the last the final norm, head and logits; block 0
+    sits on stage 1 without the embedding."""
+    spec = build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=34, pp=34, stack="megatron-core",
+                         global_batch=64, seq_len=4096)
+    pc = count_params(spec.model)
+    stages = sm.every_stage_memory(spec)
+    assert [s.layers for s in stages] == [0] + [1] * 32 + [0]
+    assert stages[0].params == pc.embedding + pc.other and stages[0].activations > 0  # the token ids
+    assert stages[1].params == pc.per_layer and stages[1].logits == 0
+    assert stages[-1].params == pc.final_norm + pc.output_head and stages[-1].logits > 0
+    assert stages[-1].inflight_layers == 0
+    assert sum(s.params for s in stages) == pc.total
+    few = sm.estimate_memory(spec, pc, [], every_stage=False)
+    assert few.total_bytes == max(s.total_bytes for s in stages)

@@ -24,7 +24,7 @@ from flopwise.plan.params import ParamCount
 from flopwise.plan.spec import RunSpec, local_seq_len
 from flopwise.plan.stacks import find_stack
 from flopwise.plan.stacks.conventions import FRAMEWORK_DEFAULTS, MemoryConventions, conventions, option_ladder
-from flopwise.plan.timing import split_layers
+from flopwise.plan.timing import pipeline_split, split_layers
 
 
 SAVED_LOSS_BYTES_PER_LOGIT = 4.0
@@ -192,8 +192,8 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         warnings.append("CNN activation memory is not modelled; memory covers model states only")
     if framework == "deepspeed" and lay.pp > 1 and lay.zero_stage >= 2:
         warnings.append("deepspeed: pipeline parallelism runs with ZeRO-0/1 only; planned as asked")
-    virtual = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
-    split = ((0,),) if cnn else split_layers(model.n_layers, lay.pp, virtual)  # the split the step is timed on
+    # the split the step is timed on, the embedding or loss in a layer's slot where the stack counts them
+    split = ((0,),) if cnn else pipeline_split(spec)
     layers = tuple(sum(chunks) for chunks in split)
     blocks = stage_blocks(split)
     per_unit = planned_blocks_per_unit(lay, work, pc.per_layer, max(layers))  # FSDP2 units of grouped blocks
