@@ -2,14 +2,19 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 
 from flopwise.catalog.hardware import get_hardware
 from flopwise.catalog.models import ModelSpec
 from flopwise.errors import UserError
+from flopwise.plan import step_comm as sc
+from flopwise.plan.params import count_params
 from flopwise.plan.planner import build_runspec, parse_count, plan
 from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
+from flopwise.plan.stage_memory import every_stage_memory
+from flopwise.plan.timing import split_layers
 
 GIB = 2**30
 
@@ -258,3 +263,64 @@ def test_the_nvl72_rack_keeps_a_72_gpu_data_parallel_group_on_nvlink():
     assert gb200.comm.dp_link == gb200.comm.tp_link == "scale-up"
     assert b200.comm.dp_link == "scale-out"
     assert gb200.comm.dp_seconds < b200.comm.dp_seconds / 5
+
+
+NEMO_DEEPSEEK_V3_SFT = dict(model="deepseek-v3", hardware="h100-sxm", gpus=992, tp=1, pp=31, virtual_stages=2,
+                            schedule="interleaved", ep=8, micro_batch=1, global_batch=3968, seq_len=4096,
+                            recompute="full", stack="nemo")
+"""NeMo's recommended H100 layout for DeepSeek-V3 SFT (model_configs_h100.csv at NeMo 8cfedd7; its
+finetune_deepseek_v3.py recomputes full and sets account_for_loss_in_pipeline_split): 61 layers, 62 chunks."""
+
+
+def test_nemo_deepseek_v3_sft_layout_plans_with_the_loss_in_a_layers_slot():
+    spec = build_runspec(**NEMO_DEEPSEEK_V3_SFT)
+    p = plan(spec)
+    assert math.isfinite(p.time.step_seconds) and p.time.step_seconds > 0
+    assert math.isfinite(p.memory.total_bytes) and p.fits
+    assert p.time.stage_layers == ",".join(["1+1"] * 30 + ["1+0"])  # the last chunk: the output layer and loss
+    assert any("account_for_loss_in_pipeline_split" in note for note in p.to_dict()["defaults"])
+    # each stage's memory counts the blocks its chunks hold: device 0 the embedding, dense block 0 and
+    # MoE block 31; device 30 block 30, the final norm and the head
+    pc, split = count_params(spec.model), split_layers(61, 31, 2, False, True)
+    stages = every_stage_memory(spec)
+    assert [s.layers for s in stages] == [2] * 30 + [1]
+    for s in stages:
+        assert s.params == pytest.approx(sc.device_params(pc, split, s.stage, False, ep=8))
+    assert stages[p.memory.worst_stage].layers == 2
+    # the step is timed on its busiest device, two layers (and the embedding): twice the GEMM time of a
+    # layout whose busiest device runs one layer
+    one = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, pp=61, virtual_stages=1,
+                                                               pipeline_schedule="1f1b"))
+    per_micro_batch = p.time.gemm_seconds / spec.layout.grad_accum
+    assert per_micro_batch == pytest.approx(2 * plan(one).time.gemm_seconds / spec.layout.grad_accum)
+
+
+LOSS_SLOT, BOTH_SLOTS = "account_for_loss_in_pipeline_split)", "account_for_embedding_in_pipeline_split and"
+
+
+@pytest.mark.parametrize("layout, slots, stage_layers", [
+    (dict(gpus=33, pp=11, virtual_stages=3), LOSS_SLOT, "1+1+1," * 10 + "1+1+0"),
+    (dict(gpus=34, pp=17, virtual_stages=2), BOTH_SLOTS, "0+1," + "1+1," * 15 + "1+0"),
+    (dict(gpus=33, pp=33), LOSS_SLOT, "1," * 32 + "0"),  # one stage per chunk alike
+    (dict(gpus=34, pp=34), BOTH_SLOTS, "0," + "1," * 32 + "0"),
+])
+def test_a_dense_model_with_one_or_two_chunks_more_than_layers_plans_under_megatron_core(layout, slots, stage_layers):
+    spec = build_runspec(model="llama3-8b", hardware="h100-sxm", stack="megatron-core", global_batch=64,
+                         seq_len=4096, **layout)
+    p = plan(spec)
+    assert math.isfinite(p.time.step_seconds) and math.isfinite(p.memory.total_bytes)
+    assert p.time.stage_layers == stage_layers
+    assert any(slots in note and "Megatron-Core" in note for note in p.to_dict()["defaults"])
+
+
+@pytest.mark.parametrize("stack, layout, fragment", [
+    ("torchtitan", dict(gpus=33, pp=11, virtual_stages=3), "(11 × 3) is more than 32 layers"),
+    ("torchtitan", dict(gpus=34, pp=17, virtual_stages=2), "(17 × 2) is more than 32 layers"),
+    ("flopwise", dict(gpus=33, pp=33), "--pp 33 is more than llama3-8b's 32 layers"),
+    ("megatron-core", dict(gpus=35, pp=35), "its embedding and loss (which megatron-core counts as a layer each)"),
+    ("megatron-core", dict(gpus=36, pp=12, virtual_stages=3), "(12 × 3) is more than 32 layers and its embedding"),
+])
+def test_more_chunks_than_layers_is_refused_in_one_line_where_the_stack_cannot_fill_them(stack, layout, fragment):
+    with pytest.raises(UserError) as err:
+        build_runspec(model="llama3-8b", hardware="h100-sxm", stack=stack, global_batch=64, seq_len=4096, **layout)
+    assert fragment in str(err.value) and "\n" not in str(err.value)

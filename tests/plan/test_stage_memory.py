@@ -119,8 +119,9 @@ def test_the_busiest_stage_is_among_the_candidates(model, pp, schedule, accum):
 
 
 @pytest.mark.parametrize("layers, dense, candidates", [
-    ((4, 4, 4, 4), 0, (0, 3)), ((3, 4, 4, 4, 3), 3, (0, 1, 4)), ((4, 4, 4, 4), 6, (0, 1, 2, 3)),
-    ((4, 4, 4, 4, 4), 4, (0, 1, 4)),
+    ((4, 4, 4, 4), None, (0, 3)), ((3, 4, 4, 4, 3), (3, 0, 0, 0, 0), (0, 1, 4)),
+    ((4, 4, 4, 4), (4, 2, 0, 0), (0, 1, 2, 3)), ((4, 4, 4, 4, 4), (4, 0, 0, 0, 0), (0, 1, 4)),
+    ((2, 2, 2, 2, 1), (1, 1, 1, 0, 0), (0, 1, 2, 3, 4)),  # interleaved: a dense block in each of three stages
 ])
 def test_stages_holding_lighter_dense_blocks_and_the_first_past_them_are_candidates(layers, dense, candidates):
     assert sm.busiest_stage_candidates(layers, dense) == candidates
@@ -142,3 +143,42 @@ def test_deepseek_stages_hold_their_dense_blocks_and_the_busiest_is_a_candidate(
     first = pc.embedding + 3 * dense_block + (layers[0] - 3) * moe_block
     assert every.stages[0].params == pytest.approx(first)
     assert every.stages[1].params == pytest.approx(layers[1] * moe_block)
+
+
+@pytest.mark.parametrize("pp, virtual, ep", [(16, 3, 1), (16, 3, 8), (8, 4, 8)])
+def test_an_interleaved_stage_holds_the_blocks_of_its_own_chunks(pp, virtual, ep):
+    """DeepSeek-V3 over 16 devices × 3 chunks: device 0 runs chunks 0, 16 and 32, one dense block and
+    two MoE ones, not the first three (dense) blocks; its memory counts the parameters the step's
+    time counts for it (`step_comm.device_params`), and the busiest stage is still among the few."""
+    from flopwise.plan import step_comm as sc
+    from flopwise.plan.timing import split_layers
+
+    model = get_model("deepseek-v3")
+    spec = RunSpec(model, Layout(dp=8, tp=1, pp=pp, ep=ep, grad_accum=32, zero_stage=1,
+                                 pipeline_schedule="interleaved", virtual_stages=virtual),
+                   Workload(seq_len=4096), Cluster(get_hardware("h100-sxm")))
+    pc = count_params(model)
+    split = split_layers(61, pp, virtual)
+    every, few = sm.estimate_memory(spec, pc, []), sm.estimate_memory(spec, pc, [], every_stage=False)
+    for stage in every.stages:
+        assert stage.layers == sum(split[stage.stage])
+        assert stage.params == pytest.approx(sc.device_params(pc, split, stage.stage, model.tied_embeddings, ep))
+    assert few.total_bytes == every.total_bytes and few.worst_stage == every.worst_stage
+
+
+def test_a_stage_may_hold_the_embedding_or_the_head_alone():
+    """Megatron-Core with two stages more than layers (account_for_embedding/loss_in_pipeline_split):
+    the first stage holds the embedding and no block, the last the final norm, head and logits; block 0
+    sits on stage 1 without the embedding."""
+    spec = build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=34, pp=34, stack="megatron-core",
+                         global_batch=64, seq_len=4096)
+    pc = count_params(spec.model)
+    stages = sm.every_stage_memory(spec)
+    assert [s.layers for s in stages] == [0] + [1] * 32 + [0]
+    assert stages[0].params == pc.embedding + pc.other and stages[0].activations > 0  # the token ids
+    assert stages[1].params == pc.per_layer and stages[1].logits == 0
+    assert stages[-1].params == pc.final_norm + pc.output_head and stages[-1].logits > 0
+    assert stages[-1].inflight_layers == 0
+    assert sum(s.params for s in stages) == pc.total
+    few = sm.estimate_memory(spec, pc, [], every_stage=False)
+    assert few.total_bytes == max(s.total_bytes for s in stages)

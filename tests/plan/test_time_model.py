@@ -11,7 +11,8 @@ from flopwise.plan import ops
 from flopwise.plan.gemm import curve_for, device_rates, gemm_fraction
 from flopwise.plan.planner import build_runspec, plan
 from flopwise.plan.search import above_published, search_layouts
-from flopwise.plan.timing import split_layers
+from flopwise.plan import stage_memory, timing
+from flopwise.plan.timing import end_slots, split_layers
 
 
 def test_gemm_curve_reaches_the_micro_benchmark_at_its_shape_and_drops_for_awkward_shapes():
@@ -72,6 +73,61 @@ def test_uneven_interleaved_pipeline_is_planned_and_stated():
                                      sequence_parallel=True, seq_len=8192, global_batch=2048))
     assert p.time.stage_layers.count(",") == 15 and "+" in p.time.stage_layers
     assert p.time.bubble_fraction < one_f_one_b.time.bubble_fraction
+
+
+def _split_before_the_ends_took_slots(n_layers, pp, virtual):
+    """`split_layers` as it was before an end could take a layer's slot (the reference: a layout with
+    a layer for every chunk must split as before)."""
+    chunks = pp * virtual
+    base, extra = divmod(n_layers, chunks)
+    counts = [base] * chunks
+    order = list(range(1, chunks - 1)) + [chunks - 1, 0] if chunks > 2 else list(range(chunks))[::-1]
+    for c in order[:extra]:
+        counts[c] += 1
+    return tuple(tuple(counts[c] for c in range(dev, chunks, pp)) for dev in range(pp))
+
+
+def test_a_layout_with_a_layer_for_every_chunk_splits_as_before_under_every_stack():
+    for n in range(1, 130):
+        for pp in range(1, 33):
+            for v in range(1, 5):
+                if pp * v <= n:
+                    assert split_layers(n, pp, v) == _split_before_the_ends_took_slots(n, pp, v)
+                    assert end_slots(n, pp, v, "megatron-core") == (False, False)
+
+
+@pytest.mark.parametrize("layout", [dict(gpus=64, tp=4, pp=8, virtual_stages=2),
+                                    dict(gpus=64, tp=4, pp=4, virtual_stages=5), dict(gpus=128, tp=4, pp=32)])
+def test_a_layout_with_a_layer_for_every_chunk_plans_as_before(monkeypatch, layout):
+    spec = build_runspec(model="llama3-70b", hardware="h100-sxm", stack="megatron-core", global_batch=128,
+                         seq_len=8192, **layout)
+    now = plan(spec)
+
+    def before(s):
+        v = s.layout.virtual_stages if s.layout.pipeline_schedule == "interleaved" else 1
+        return _split_before_the_ends_took_slots(s.model.n_layers, s.layout.pp, v)
+
+    monkeypatch.setattr(timing, "pipeline_split", before)
+    monkeypatch.setattr(stage_memory, "pipeline_split", before)
+    old = plan(spec)
+    assert now.time.step_seconds == old.time.step_seconds and now.memory.total_bytes == old.memory.total_bytes
+    assert not any("account_for" in note for note in spec.cluster.extra.get("defaults", ()))
+
+
+def test_megatron_counts_the_loss_then_the_embedding_as_a_layer_when_chunks_outnumber_layers():
+    # NeMo's DeepSeek-V3 SFT: 61 layers in 31 × 2 chunks, the loss alone in the last (account_for_loss)
+    assert end_slots(61, 31, 2, "megatron-core") == (False, True)
+    split = split_layers(61, 31, 2, False, True)
+    assert split[0] == (1, 1) and split[-1] == (1, 0) and set(split[1:-1]) == {(1, 1)}
+    # two chunks more: the embedding alone in the first as well; one stage per chunk alike
+    assert end_slots(32, 17, 2, "megatron-core") == (True, True) == end_slots(32, 34, 1, "megatron-lm")
+    assert split_layers(32, 17, 2, True, True)[0] == (0, 1) and split_layers(32, 34, 1, True, True)[-1] == (0,)
+    # three more, or a stack that does not count them: no slot (the planner refuses the layout)
+    assert end_slots(32, 35, 1, "megatron-core") == (False, False) == end_slots(61, 31, 2, "torchtitan")
+    # where Megatron-Core's own rule applies ((L + ends) divisible by p·v), the same split: 126 layers and
+    # both ends over 16 stages are 8 slots each, the ends' stages 7 layers (transformer_block.get_num_layers_to_build)
+    assert split_layers(126, 16, 1, True, True) == ((7,),) + ((8,),) * 14 + ((7,),)
+    assert split_layers(126, 8, 8, True, True)[0][0] == 1 and split_layers(126, 8, 8, True, True)[-1][-1] == 1
 
 
 def test_zero3_regathers_cost_only_what_compute_does_not_hide():

@@ -31,7 +31,7 @@ from flopwise.plan.band import Band, band_for, model_size_reason, widened
 from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import ASSUMED_FAMILIES, GemmProfile, curve_for, device_rates
 from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
-from flopwise.plan.timing import StepInputs, TimeEstimate, flat_time, step_time
+from flopwise.plan.timing import StepInputs, TimeEstimate, end_slots_note, flat_time, stack_ends_in_split, step_time
 
 GIB = mem.GIB
 SCHEMA_VERSION = 2
@@ -204,12 +204,16 @@ def validate(spec: RunSpec) -> None:
             raise UserError(f"--cp {lay.cp} needs flash attention (ring attention passes K/V blocks through it)")
         if model.n_heads % lay.tp:
             raise UserError(f"--tp {lay.tp} does not divide {model.key}'s {model.n_heads} attention heads")
-        if lay.pp > model.n_layers:
-            raise UserError(f"--pp {lay.pp} is more than {model.key}'s {model.n_layers} layers")
-        if lay.pipeline_schedule == "interleaved" and lay.pp * lay.virtual_stages > model.n_layers:
+        # a Megatron stack counts the embedding and the loss as a layer each when layers are short (`timing.end_slots`)
+        ends = stack_ends_in_split(spec.stack)
+        room = model.n_layers + 2 * ends
+        and_ends = f" and its embedding and loss (which {spec.stack} counts as a layer each)" if ends else ""
+        if lay.pp > room:
+            raise UserError(f"--pp {lay.pp} is more than {model.key}'s {model.n_layers} layers{and_ends}")
+        if lay.pipeline_schedule == "interleaved" and lay.pp * lay.virtual_stages > room:
             raise UserError(
                 f"interleaved schedule needs at least one layer per chunk: pp × virtual stages "
-                f"({lay.pp} × {lay.virtual_stages}) is more than {model.n_layers} layers"
+                f"({lay.pp} × {lay.virtual_stages}) is more than {model.n_layers} layers{and_ends}"
             )
     elif lay.tp > 1 or lay.pp > 1:
         raise UserError(f"{model.key} is a CNN: only data parallelism is planned (use --dp, not --tp/--pp)")
@@ -756,6 +760,9 @@ def build_runspec(
         extra["defaults"] = (*extra.get("defaults", ()),
                              f"etp 1: --ep {ep} spans the tensor-parallel ranks (dp x cp = {dp * cp}), so the experts "
                              "fold: each rank holds whole experts (Megatron-Core --expert-tensor-parallel-size 1)")
+    split_note = None if cnn else end_slots_note(model_spec.n_layers, pp, virtual_stages or 1, stack)
+    if split_note:  # an end of the model takes a decoder layer's place in the pipeline split
+        extra["defaults"] = (*extra.get("defaults", ()), split_note)
     layout = Layout(
         dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, grad_accum=accum, zero_stage=zero,
         sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,

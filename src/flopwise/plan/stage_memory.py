@@ -17,13 +17,14 @@ from typing import NamedTuple
 
 from flopwise.plan import finetune
 from flopwise.plan import memory as mem
+from flopwise.plan import step_comm as sc
 from flopwise.plan.fsdp_units import planned_blocks_per_unit
 from flopwise.plan.band import memory_band
 from flopwise.plan.params import ParamCount
 from flopwise.plan.spec import RunSpec, local_seq_len
 from flopwise.plan.stacks import find_stack
 from flopwise.plan.stacks.conventions import FRAMEWORK_DEFAULTS, MemoryConventions, conventions, option_ladder
-from flopwise.plan.timing import split_layers
+from flopwise.plan.timing import pipeline_split, split_layers
 
 
 SAVED_LOSS_BYTES_PER_LOGIT = 4.0
@@ -119,26 +120,31 @@ def held_loss_micro_batches(pp: int, micro_batches: int, schedule: str, variant:
     return 1
 
 
-def busiest_stage_candidates(layers: tuple[int, ...], dense_layers: int = 0) -> tuple[int, ...]:
+def busiest_stage_candidates(layers: tuple[int, ...], dense: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """Stages that can be the busiest: the first (embedding, most micro-batches in flight),
     the last (head and logits) and, when it holds more layers than the first, the second
     (the first to get a remainder layer, the most in flight of the middle ones). Every other
     middle stage holds no more layers and no more micro-batches than the second (see
-    `stage_layers` and `inflight_chunks`). With leading dense blocks (lighter than MoE ones),
-    every stage that holds one and the first stage past them are candidates too."""
+    `stage_layers` and `inflight_chunks`). With dense blocks (lighter than MoE ones; `dense`:
+    how many each stage holds), every stage that holds one and the first that holds none are
+    candidates too."""
     pp = len(layers)
     if pp > 2 and layers[1] > layers[0]:
         candidates = {0, 1, pp - 1}
     else:
         candidates = {0, pp - 1} if pp > 1 else {0}
-    first = 0
-    for i, n in enumerate(layers):
-        if first >= dense_layers:
-            candidates.add(i)  # the first all-MoE stage
+    for i, held in enumerate(dense or (0,) * pp):
+        candidates.add(i)
+        if not held:  # the first all-MoE stage
             break
-        candidates.add(i)  # holds a dense block
-        first += n
     return tuple(sorted(candidates))
+
+
+@lru_cache(maxsize=4096)
+def stage_blocks(split: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """(first block, blocks) of each chunk every stage holds (`step_comm.device_chunks`): an
+    interleaved stage's chunks are not contiguous, and which blocks it holds matters when some are dense."""
+    return tuple(tuple(sc.device_chunks(split, stage)) for stage in range(len(split)))
 
 
 def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: bool = True) -> mem.MemoryEstimate:
@@ -186,7 +192,10 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         warnings.append("CNN activation memory is not modelled; memory covers model states only")
     if framework == "deepspeed" and lay.pp > 1 and lay.zero_stage >= 2:
         warnings.append("deepspeed: pipeline parallelism runs with ZeRO-0/1 only; planned as asked")
-    layers = (0,) if cnn else stage_layers(model.n_layers, lay.pp)
+    # the split the step is timed on, the embedding or loss in a layer's slot where the stack counts them
+    split = ((0,),) if cnn else pipeline_split(spec)
+    layers = tuple(sum(chunks) for chunks in split)
+    blocks = stage_blocks(split)
     per_unit = planned_blocks_per_unit(lay, work, pc.per_layer, max(layers))  # FSDP2 units of grouped blocks
     largest = mem.largest_unit_params(pc, lay.tp, per_unit)
     gather_unit = largest
@@ -253,14 +262,15 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     whole_embedding_grad = framework == "fsdp" and lay.tp > 1 and lay.zero_stage < 2
     fraction = cluster.allocator_reserve
     rows = []  # plain tuples in StageMemory's field order: building dataclasses costs more than the sums
-    # interleaved dense blocks (Llama 4) sit in every stage: each stage is a candidate
-    leading_dense = pc.dense_layers if pc.moe_layer_step == 1 else pc.n_layers
-    for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers, leading_dense):
-        n, first = layers[i], sum(layers[:i])
-        params = _stage_params(pc, first, n, i == lay.pp - 1, model.tied_embeddings, lay.pp) / lay.tp
+    # dense blocks each stage holds (the leading ones of DeepSeek-V3, every other one of Llama 4)
+    dense = tuple(sum(pc.dense_blocks_in(first, n) for first, n in chunks) for chunks in blocks) \
+        if pc.dense_layers else None
+    for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers, dense):
+        n = layers[i]
+        params = _stage_params(pc, blocks[i], i, model.tied_embeddings, lay.pp) / lay.tp
         experts = 0.0  # this device's share of the routed experts, under expert parallelism
         if experts_apart:  # 1/(ep x etp) of the stage's MoE blocks' experts, for the tp-th `params` counted
-            routed = n - pc.dense_blocks_in(first, n)
+            routed = n - (dense[i] if dense else 0)
             experts = routed * pc.experts_per_layer / (lay.expert_tp * lay.ep)
             params += experts - routed * pc.experts_per_layer / lay.tp  # the parameters this device holds
         if cnn:
@@ -349,17 +359,17 @@ def _states_per_param(sb: mem.StateBytes, zero_stage: int, dp: int, offload: str
     return mem.model_states(1.0, sb, zero_stage, dp, offload)
 
 
-def _stage_params(pc: ParamCount, first_block: int, layers: int, last: bool, tied: bool, pp: int) -> float:
-    """Parameters held by one stage: its blocks (DeepSeek's leading dense ones smaller), the
-    embedding (and position/other terms) on the first, the head and final norm on the last. A
-    tied head is a second copy of the embedding on the last stage when the pipeline splits them
-    (Megatron keeps both)."""
+def _stage_params(pc: ParamCount, chunks: tuple[tuple[int, int], ...], stage: int, tied: bool, pp: int) -> float:
+    """Parameters held by one stage: its blocks (`chunks`: first block and count of each; DeepSeek's
+    leading dense ones smaller), the embedding (and position/other terms) on the first, the head
+    and final norm on the last, whether or not the stage holds any block. A tied head is a second
+    copy of the embedding on the last stage when the pipeline splits them (Megatron keeps both)."""
     if pp == 1:
         return float(pc.total)
-    params = float(pc.blocks_held(first_block, layers))
-    if first_block == 0:
+    params = float(sum(pc.blocks_held(first, count) for first, count in chunks))
+    if stage == 0:
         params += pc.embedding + pc.other
-    if last:
+    if stage == pp - 1:
         params += pc.final_norm + (pc.embedding if tied and not pc.output_head else pc.output_head)
     return params
 

@@ -8,6 +8,8 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
   micro-batch): step = m·max t_i + (Σ t_i − max t_i)/v. Uniform stages give the familiar
   bubble (p−1)/(m·v) (Narayanan et al. 2021 §2.2); uneven splits (126 layers over 16
   stages) and the embedding/head on the end stages make the slowest stage set the pace.
+  A Megatron stack with one or two chunks more than layers counts the loss, then the
+  embedding, as a layer (`end_slots`): its end chunk holds it alone.
   GPipe and 1F1B have the same bubble (v = 1); they differ in memory only.
 - tensor parallel: 2 collectives forward and 2 backward per layer (all-reduce, or
   all-gather + reduce-scatter with sequence parallelism), 2 more with full recompute.
@@ -140,20 +142,75 @@ def bubble_fraction(pp: int, micro_batches: int, schedule: str, virtual: int) ->
 
 
 @lru_cache(maxsize=4096)
-def split_layers(n_layers: int, pp: int, virtual: int) -> tuple[tuple[int, ...], ...]:
+def split_layers(n_layers: int, pp: int, virtual: int, embedding_slot: bool = False,
+                 loss_slot: bool = False) -> tuple[tuple[int, ...], ...]:
     """Layers of each chunk per device: chunk c of p·v runs on device c mod p.
 
     Layers are spread evenly; the remainder goes to the middle chunks first, then the last,
     then the first: the first chunk carries the embedding and (1F1B) the most micro-batches
     in flight, the last the head. The one split rule for time, memory (`stage_memory.py`)
-    and the trainer's pipeline stages."""
+    and the trainer's pipeline stages.
+
+    `embedding_slot` / `loss_slot` (Megatron-Core's account_for_embedding_in_pipeline_split /
+    account_for_loss_in_pipeline_split): the embedding (the loss) counts as one more layer, and
+    the first (last) chunk builds one decoder layer fewer, none at all allowed
+    (megatron/core/transformer/transformer_block.py, `get_num_layers_to_build`)."""
     chunks = pp * virtual
-    base, extra = divmod(n_layers, chunks)
+    base, extra = divmod(n_layers + int(embedding_slot) + int(loss_slot), chunks)
     counts = [base] * chunks
     order = list(range(1, chunks - 1)) + [chunks - 1, 0] if chunks > 2 else list(range(chunks))[::-1]
     for c in order[:extra]:
         counts[c] += 1
+    counts[0] -= int(embedding_slot)
+    counts[-1] -= int(loss_slot)
     return tuple(tuple(counts[c] for c in range(dev, chunks, pp)) for dev in range(pp))
+
+
+def stack_ends_in_split(stack_name: str) -> bool:
+    """Whether the stack can count the embedding and the loss as pipeline layers (`Stack.ends_in_pipeline_split`)."""
+    from flopwise.plan.stacks import find_stack
+
+    stack = find_stack(stack_name)
+    return bool(stack is not None and stack.ends_in_pipeline_split)
+
+
+@lru_cache(maxsize=4096)
+def end_slots(n_layers: int, pp: int, virtual: int, stack_name: str) -> tuple[bool, bool]:
+    """(embedding, loss): which ends take a decoder layer's slot in the split (`split_layers`).
+
+    Neither while the p·v chunks are no more than the layers. Under a stack that counts them
+    (`stack_ends_in_split`: Megatron-Core), the loss when the chunks are one more than the
+    layers, both when two more: every chunk then holds one slot, and the last (first) holds the
+    loss (embedding) alone. More chunks than that, neither (`planner.validate` refuses the layout).
+    The loss first: NeMo's one recipe with a chunk more than layers (DeepSeek-V3 SFT, 61 layers in
+    pp 31 × vp 2) sets account_for_loss_in_pipeline_split and not the embedding's
+    (scripts/performance/llm/finetune_deepseek_v3.py), and the head's GEMMs outweigh a block's
+    (DeepSeek-V3: 0.93B parameters against a block's 0.59B active), where the embedding is a lookup."""
+    extra = pp * virtual - n_layers
+    if extra not in (1, 2) or not stack_ends_in_split(stack_name):
+        return False, False
+    return extra == 2, True
+
+
+def pipeline_split(spec) -> tuple[tuple[int, ...], ...]:
+    """The spec's layers per chunk and device (`split_layers`), its ends counted as `end_slots` says."""
+    lay = spec.layout
+    v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
+    return split_layers(spec.model.n_layers, lay.pp, v, *end_slots(spec.model.n_layers, lay.pp, v, spec.stack))
+
+
+def end_slots_note(n_layers: int, pp: int, virtual: int, stack_name: str) -> str | None:
+    """What a plan assumes when an end takes a layer's slot (`end_slots`), for its defaults; else None."""
+    embedding, loss = end_slots(n_layers, pp, virtual, stack_name)
+    if not loss:
+        return None
+    chunks = f"{pp} × {virtual} chunks" if virtual > 1 else f"{pp} stages"
+    if embedding:
+        return (f"the embedding and the loss take the first and last pipeline chunks' layer slots ({n_layers} "
+                f"layers in {chunks}; Megatron-Core account_for_embedding_in_pipeline_split and "
+                "account_for_loss_in_pipeline_split)")
+    return (f"the loss takes the last pipeline chunk's layer slot ({n_layers} layers in {chunks}, the output layer and "
+            "loss alone in the last; Megatron-Core account_for_loss_in_pipeline_split)")
 
 
 @lru_cache(maxsize=4096)
@@ -214,7 +271,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     cp_wire, cp_layer = cp_layer_seconds(lay, layer, links, model, s * b, e)
     # expert parallelism's token all-to-alls, on the critical path
     ep_layer = ep_layer_seconds(lay, links, model, s * b, e)
-    split = split_layers(model.n_layers, pp, v)
+    split = pipeline_split(spec)
     per_layer = layer.total + tp_layer + cp_layer + ep_layer
     # the embedding's and head's tensor-parallel collectives (`step_comm.tp_ends`), per micro-batch
     pc = count_params(model)

@@ -62,6 +62,9 @@ class Stack:
     zero3_gathers_modules: bool = False  # ZeRO-3 fetches one module at a time (DeepSpeed), not a block (FSDP)
     sequence_parallel: bool = False  # its recipes run sequence parallelism whenever tp > 1
     overlap_p2p_comm: bool = False  # interleaved pipeline sends/receives posted ahead and overlapped with compute
+    # the loss, then the embedding, may take a decoder layer's place in the pipeline split when the layers
+    # are one or two fewer than the chunks (Megatron's --account-for-{loss,embedding}-in-pipeline-split)
+    ends_in_pipeline_split: bool = False
     compiles_loss: bool = False  # `--compile` compiles the loss as well (torchtitan's build_cross_entropy_loss)
     # what the stack's users mean by "selective" recompute: Megatron's attention core (Korthikanti et al.
     # 2022), or another policy the stack names so (torchtitan: per-op, "op")

@@ -36,6 +36,12 @@ STACK = Stack(
     # overlap_p2p_comm on, forced off for non-interleaved schedules; schedules.py then posts the
     # next chunk's isend/irecv before computing and waits after
     overlap_p2p_comm=True,
+    # TransformerConfig.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split: the
+    # embedding (loss) counts as one more layer of the split and the first (last) chunk builds one decoder
+    # layer fewer, none at all allowed (megatron/core/transformer/transformer_block.py get_num_layers_to_build);
+    # NeMo's DeepSeek-V3 SFT recipe runs 61 layers in 62 chunks so, the loss alone in the last
+    # (scripts/performance/llm/finetune_deepseek_v3.py)
+    ends_in_pipeline_split=True,
     lora_rank=32,  # NeMo nemo/collections/llm/peft/lora.py LoRA: dim 32, alpha 32, the four linears of a block
     memory_options=("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "recompute"),
     sources=("NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py",

@@ -19,6 +19,10 @@ STACK = Stack(
     fp8_gemm_input_bytes=2.0,
     loss_bytes_per_logit=4.0,  # _VocabParallelCrossEntropy keeps the fp32 softmax
     allocator_reserve=0.10,
+    # Megatron-LM's trainer has taken --account-for-embedding-in-pipeline-split and
+    # --account-for-loss-in-pipeline-split since 2025-02 (megatron/training/arguments.py, Megatron-Core's
+    # split rule): one or two chunks more than layers plan as today's trainer runs them (the 2021 tree refused)
+    ends_in_pipeline_split=True,
     memory_options=("recompute",),
     sources=("NVIDIA/Megatron-LM megatron/arguments.py, megatron/mpu/cross_entropy.py (2021 tree)",),
 )
