@@ -57,7 +57,11 @@ def test_get_model_is_case_insensitive():
     ("GPT-3 175B", "gpt3-175b"), ("gpt3-xl", "gpt3-1.3b"), ("gpt2", "gpt2-124m"), ("gpt2-xl", "gpt2-1.5b"),
     ("Nemotron-4-340B", "nemotron4-340b"), ("mosaicml/mpt-7b", "mpt-7b"), ("bigscience/bloom", "bloom-176b"),
     ("Qwen/Qwen2.5-7B", "qwen2.5-7b"), ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
-    ("deepseek-ai/DeepSeek-V3-Base", "deepseek-v3"), ("deepseek-ai/DeepSeek-V2-Lite", "deepseek-v2-lite")])
+    ("deepseek-ai/DeepSeek-V3-Base", "deepseek-v3"), ("deepseek-ai/DeepSeek-V2-Lite", "deepseek-v2-lite"),
+    # the GPT-3 paper's size names with their spaces, GPT-2's, flash-attention's experiment names
+    ("GPT-3 XL", "gpt3-1.3b"), ("GPT-3 Small", "gpt3-125m"), ("GPT-3 Large", "gpt3-760m"), ("GPT-2 XL", "gpt2-1.5b"),
+    ("GPT2-small", "gpt2-124m"), ("gpt3xl", "gpt3-1.3b"), ("gpt3m", "gpt3-350m"), ("gpt2l", "gpt2-774m"),
+    ("meta-llama/Llama-3.3-70B-Instruct", "llama3.1-70b")])
 def test_a_model_as_papers_and_the_hub_name_it_resolves(name, key):
     assert get_model(name).key == key
 

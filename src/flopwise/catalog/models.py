@@ -291,11 +291,19 @@ def get_model(name_or_path: str) -> ModelSpec:
 NAMES = {
     # the Hub's names for GPT-2 (openai-community/gpt2 ...) and the GPT-3 paper's (Brown et al. 2020,
     # Table 2.1: Small ... XL); Llama 3's 405B was released as 3.1 only
-    "gpt2": "gpt2-124m", "gpt2-medium": "gpt2-355m", "gpt2-large": "gpt2-774m", "gpt2-xl": "gpt2-1.5b",
+    "gpt2": "gpt2-124m", "gpt2-small": "gpt2-124m", "gpt2-medium": "gpt2-355m", "gpt2-large": "gpt2-774m",
+    "gpt2-xl": "gpt2-1.5b",
     "gpt3-small": "gpt3-125m", "gpt3-medium": "gpt3-350m", "gpt3-large": "gpt3-760m", "gpt3-xl": "gpt3-1.3b",
-    "llama3-405b": "llama3.1-405b", "bloom": "bloom-176b",
+    # flash-attention's trainer names its experiments by these (training/configs/experiment/owt/gpt2s-flash.yaml,
+    # pile/gpt3xl-flash.yaml ...: GPT-2 shapes at 1,024 tokens, the GPT-3 paper's at 2,048)
+    "gpt2s": "gpt2-124m", "gpt2m": "gpt2-355m", "gpt2l": "gpt2-774m", "gpt2xl": "gpt2-1.5b",
+    "gpt3s": "gpt3-125m", "gpt3m": "gpt3-350m", "gpt3l": "gpt3-760m", "gpt3xl": "gpt3-1.3b",
+    # Llama 3.3 70B is Llama 3.1 70B's architecture (meta-llama/Llama-3.3-70B-Instruct config.json)
+    "llama3-405b": "llama3.1-405b", "llama3.3-70b": "llama3.1-70b", "bloom": "bloom-176b",
 }
-"""Names the sources use for catalog models that the catalog's key does not spell."""
+"""Names the sources use for catalog models that the catalog's key does not spell (compared without
+separators: "GPT-3 XL", "gpt3-xl" and "gpt3xl" are one name)."""
+_SQUASHED_NAMES = {name.replace("-", ""): key.replace("-", "") for name, key in NAMES.items()}
 
 _SUFFIXES = ("-hf", "-base", "-instruct", "-chat", "-v0.1", "-v0.2", "-v0.3")
 """Hub repository suffixes that name the same architecture (weights format, tuned variants)."""
@@ -311,8 +319,8 @@ def _squashed(name: str) -> str:
         for suffix in _SUFFIXES:
             if text.endswith(suffix):
                 text, trimmed = text[: -len(suffix)], True
-    text = text.removeprefix("meta-")
-    return NAMES.get(text, text).replace("-", "")
+    text = text.removeprefix("meta-").replace("-", "")
+    return _SQUASHED_NAMES.get(text, text)
 
 
 @lru_cache(maxsize=1)
