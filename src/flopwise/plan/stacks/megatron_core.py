@@ -43,8 +43,8 @@ STACK = Stack(
     # does the same on H100 ("not supported for deepEP") and keeps alltoall elsewhere. No other MoE recipe
     # (Mixtral, Qwen3, Llama 4) touches the dispatcher: their configs' moe_token_dispatcher_type "alltoall"
     deepep_families=("ampere", "hopper"),
-    # DeepSeekConfig (gpt/model/deepseek.py) and Llama4Config (gpt/model/llama.py) set
-    # moe_shared_expert_overlap=True with the alltoall dispatcher
+    # NeMo's only configs with a shared expert, DeepSeekConfig (gpt/model/deepseek.py) and Llama4Config
+    # (gpt/model/llama.py), both set moe_shared_expert_overlap=True with the alltoall dispatcher
     shared_expert_overlap=("alltoall",),
     memory_options=("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "recompute"),
     sources=("NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py",
