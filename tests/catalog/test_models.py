@@ -447,6 +447,36 @@ def test_deepseek_v3_config_reads_mla_dense_blocks_and_shared_experts(tmp_path):
     assert no_latent.q_lora_rank == 0
 
 
+def test_deepseek_configs_read_group_limited_routing(tmp_path):
+    """DeepSeek-V3's router always limits a token to its best topk_group of n_group groups
+    (transformers' DeepseekV3TopkRouter); DeepSeek-V2's only with topk_method group_limited_greedy
+    (V2-Lite's greedy has none). The catalog's entry says the same as the published file."""
+    v3 = from_hf_config(_write_config(tmp_path, DEEPSEEK_V3_JSON))
+    assert (v3.expert_groups, v3.expert_groups_per_token) == (8, 4)
+    catalog = get_model("deepseek-v3")
+    assert (catalog.expert_groups, catalog.expert_groups_per_token) == (8, 4)
+    v2 = dict(DEEPSEEK_V3_JSON, model_type="deepseek_v2", num_nextn_predict_layers=0, n_group=8, topk_group=3)
+    assert from_hf_config(_write_config(tmp_path, dict(v2, topk_method="group_limited_greedy"))).expert_groups == 8
+    greedy = from_hf_config(_write_config(tmp_path, dict(v2, topk_method="greedy")))
+    assert (greedy.expert_groups, greedy.expert_groups_per_token) == (0, 0)
+    assert get_model("deepseek-v2-lite").expert_groups == 0
+
+
+@pytest.mark.parametrize("edit, message", [
+    (dict(expert_groups=8), "'expert_groups' and 'expert_groups_per_token' go together"),
+    (dict(expert_groups=3, expert_groups_per_token=1), "expert_groups 3 does not divide the 8 routed experts"),
+    (dict(expert_groups=8, expert_groups_per_token=1), "leaves fewer than experts_per_token 2 experts"),
+])
+def test_group_limited_routing_fields_are_checked(edit, message):
+    entry = "\n".join(f"    {k}: {v}" for k, v in dict(n_layers=2, hidden=64, n_heads=4, ffn_hidden=96, vocab_size=211,
+                                                         seq_len=128, mlp="swiglu", norm="rmsnorm", position="rope",
+                                                         n_experts=8, experts_per_token=2, source="test",
+                                                         **edit).items())
+    with pytest.raises(UserError, match=message) as caught:
+        models_from_yaml(f"models:\n  tiny-moe:\n{entry}\n", origin="test.yaml")
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize("edit, message", [
     (dict(num_nextn_predict_layers="one"), r"config\.json: key 'num_nextn_predict_layers' must be a whole number"),
     (dict(num_nextn_predict_layers=0, moe_layer_freq=2), r"config\.json: key 'moe_layer_freq' must be 1"),

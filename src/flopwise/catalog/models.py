@@ -82,6 +82,11 @@ class ModelSpec:
     dense_ffn_hidden: int = 0  # width of those dense MLPs
     qk_norm: bool = False  # RMSNorm over each head's q and k (qwen3): two head_dim weights per layer
     moe_layer_step: int = 1  # 1: the dense blocks lead; K: every K-th block is MoE, the others dense (Llama 4)
+    # group-limited routing (DeepSeek-V2 §2.1.3, V3 §2.1.2): the routed experts split into `expert_groups` equal
+    # groups and a token picks its experts from its best `expert_groups_per_token` of them (HF n_group /
+    # topk_group; Megatron-Core moe_router_num_groups / moe_router_group_topk); 0: no limit
+    expert_groups: int = 0
+    expert_groups_per_token: int = 0
     kv_lora_rank: int = 0  # multi-head latent attention (DeepSeek-V2/V3) when > 0: K and V come from a latent this wide
     q_lora_rank: int = 0  # MLA: the query's latent width; 0 projects the query straight from the hidden state
     qk_nope_head_dim: int = 0  # MLA: the part of each query/key head without rotary embedding
@@ -236,6 +241,7 @@ def validate_spec(spec: ModelSpec, where: str) -> None:
         raise UserError(f"{where}: field 'max_positions' is required for learned positions")
     _validate_mla(spec, where)
     _validate_dense_layers(spec, where)
+    _validate_expert_groups(spec, where)
 
 
 def _validate_mla(spec: ModelSpec, where: str) -> None:
@@ -264,6 +270,21 @@ def _validate_dense_layers(spec: ModelSpec, where: str) -> None:
     if step < 1 or (step > 1 and spec.dense_layers != spec.n_layers - spec.n_layers // step):
         raise UserError(f"{where}: moe_layer_step {step} makes {spec.n_layers - spec.n_layers // max(step, 1)} of "
                         f"{spec.n_layers} blocks dense; dense_layers says {spec.dense_layers}")
+
+
+def _validate_expert_groups(spec: ModelSpec, where: str) -> None:
+    """Group-limited routing needs both numbers, groups that split the experts evenly and enough
+    experts in the groups a token may use for its k."""
+    groups, chosen = spec.expert_groups, spec.expert_groups_per_token
+    if not groups and not chosen:
+        return
+    if not groups or not chosen:
+        raise UserError(f"{where}: fields 'expert_groups' and 'expert_groups_per_token' go together (both > 0)")
+    if spec.n_experts <= 1 or spec.n_experts % groups:
+        raise UserError(f"{where}: expert_groups {groups} does not divide the {spec.n_experts} routed experts")
+    if chosen > groups or chosen * spec.n_experts // groups < spec.experts_per_token:
+        raise UserError(f"{where}: expert_groups_per_token {chosen} of {groups} groups leaves fewer than "
+                        f"experts_per_token {spec.experts_per_token} experts to route to")
 
 
 def get_model(name_or_path: str) -> ModelSpec:
@@ -536,7 +557,7 @@ def _read_deepseek_v3(cfg: _HFConfig) -> dict:
     checkpoint, 1 in its config.json and in every config transformers writes) is not planned:
     the main model is, as transformers builds it and as the report's 671B counts it (the MTP
     module's 14B apart); the plan names that in the model's source line."""
-    return _deepseek_like(cfg)
+    return _deepseek_like(cfg, group_limited=True)
 
 
 def _read_deepseek_v2(cfg: _HFConfig) -> dict:
@@ -545,12 +566,18 @@ def _read_deepseek_v2(cfg: _HFConfig) -> dict:
     multi-token prediction."""
     if cfg.get_bool("mlp_bias", False):  # on the dense MLP and shared experts but not the routed ones
         raise UserError(f"{cfg.path}: deepseek_v2 with mlp_bias true is not supported")
-    return _deepseek_like(cfg, dense_default=0, shared_default=2)
+    # transformers' DeepseekV2MoEGate limits a token's groups only with topk_method group_limited_greedy
+    # (DeepSeek-V2's own config; V2-Lite's is greedy)
+    return _deepseek_like(cfg, dense_default=0, shared_default=2,
+                          group_limited=cfg.get("topk_method", "greedy") == "group_limited_greedy")
 
 
-def _deepseek_like(cfg: _HFConfig, *, dense_default: int = 3, shared_default: int = 1) -> dict:
+def _deepseek_like(cfg: _HFConfig, *, dense_default: int = 3, shared_default: int = 1,
+                   group_limited: bool = False) -> dict:
     """The DeepSeek-V2/V3 shape: MLA, a fine-grained MoE with shared experts and leading dense
-    blocks (module docstrings of `_read_deepseek_v3` and `ModelSpec`)."""
+    blocks (module docstrings of `_read_deepseek_v3` and `ModelSpec`); with `group_limited`, the
+    router's `n_group` / `topk_group` (transformers' DeepseekV3TopkRouter always applies them,
+    defaults 8 and 4)."""
     cfg.get_int("num_nextn_predict_layers", 0)  # checked as a number; the MTP module is not planned
     if cfg.get("moe_layer_freq", 1) != 1:
         raise UserError(f"{cfg.path}: key 'moe_layer_freq' must be 1 (an MoE in every block after the dense ones)")
@@ -576,6 +603,9 @@ def _deepseek_like(cfg: _HFConfig, *, dense_default: int = 3, shared_default: in
     dense = cfg.get_int("first_k_dense_replace", dense_default)
     if dense:
         values.update(dense_layers=dense, dense_ffn_hidden=cfg.need("intermediate_size"))
+    groups = cfg.get_int("n_group", 8) if group_limited else 0
+    if groups > 1:
+        values.update(expert_groups=groups, expert_groups_per_token=cfg.get_int("topk_group", 4))
     return values
 
 

@@ -250,7 +250,8 @@ def _layout_words(lay) -> str:
     elif lay.pp > 1 and lay.pipeline_schedule != "1f1b":
         pp += f" {lay.pipeline_schedule}"
     return ", ".join([f"dp {lay.dp}", f"tp {lay.tp}{sp}", pp] + ([f"cp {lay.cp}"] if lay.cp > 1 else [])
-                     + ([f"ep {lay.ep}" + (f" etp {lay.expert_tp}" if lay.expert_tp != lay.tp else "")]
+                     + ([f"ep {lay.ep}" + (f" etp {lay.expert_tp}" if lay.expert_tp != lay.tp else "")
+                         + (" (DeepEP)" if lay.moe_dispatcher == "deepep" else "")]
                         if lay.ep > 1 else []))
 
 
@@ -336,7 +337,8 @@ def print_plan(result) -> None:
          f"TP {_duration(tm.tp_exposed_seconds)}, DP {_duration(tm.dp_exposed_seconds)}, "
          f"PP {_duration(tm.pp_exposed_seconds)}"
          + (f", CP {_duration(tm.cp_exposed_seconds)}" if spec.layout.cp > 1 else "")
-         + (f", EP all-to-all {_duration(tm.ep_exposed_seconds)}" if spec.layout.ep > 1 else "") + ")"),
+         + (f", EP {'DeepEP' if spec.layout.moe_dispatcher == 'deepep' else 'all-to-all'} "
+            f"{_duration(tm.ep_exposed_seconds)}" if spec.layout.ep > 1 else "") + ")"),
         ("step", _duration(tm.step_seconds)),
         (f"{unit}s / s", f"{tm.tokens_per_second:,.0f} ({tm.tokens_per_second_per_device:,.0f} per device)"),
         *([("expected error (validated)", result.band.describe())] if result.band is not None else []),

@@ -600,6 +600,8 @@ def layer_times(layer, spec, rates):
         + (adapters_bwd - dgrad - wgrad) + dequant,
         wgrad=wgrad,
         forward_gemm=layer.forward_gemm + fwd,
+        # the frozen shared expert computes no weight gradient
+        shared_up=(*layer.shared_up[:2], 0.0), shared_down=(*layer.shared_down[:2], 0.0),
     )
 
 

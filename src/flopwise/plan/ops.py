@@ -93,6 +93,11 @@ class LayerTimes:
     memory_bound: float  # element-wise kernels, forward + backward + recompute
     wgrad: float  # weight-gradient GEMMs of the backward (what a backward collective can hide behind)
     forward_gemm: float  # forward GEMMs (what an overlapped forward collective can hide behind)
+    # an MoE's shared expert, (forward, data-gradient, weight-gradient) GEMM seconds of its up (fc1) and
+    # down (fc2) projections, included above: what Megatron-Core's moe_shared_expert_overlap runs beside
+    # the token dispatch and combine (plan/expert_comm.py)
+    shared_up: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    shared_down: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def total(self) -> float:
@@ -196,6 +201,7 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
 
     # ---- GEMMs
     fwd_g = dgrad_g = wgrad_g = 0.0
+    shared_up = shared_down = (0.0, 0.0, 0.0)
     shapes = attention_gemms(model, T, tp, sp)
     if experts > 1:
         etp = etp or tp  # folded experts (etp < tp) see the tokens of tp / etp sequence-parallel ranks, whole
@@ -205,7 +211,10 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         shapes += [(per_expert, up_width // etp, h, local), (per_expert, h, f // etp, local)]
         if model.shared_expert_ffn_hidden:
             sf = model.shared_expert_ffn_hidden
-            shapes += [(T, (2 if model.mlp == "swiglu" else 1) * sf // tp, h, 1.0), (T, h, sf // tp, 1.0)]
+            up, down = (T, (2 if model.mlp == "swiglu" else 1) * sf // tp, h, 1.0), (T, h, sf // tp, 1.0)
+            shapes += [up, down]
+            shared_up, shared_down = (_gemm_fwd_bwd(rates, m, max(1, n), max(1, k), ge, count)
+                                      for m, n, k, count in (up, down))
     else:
         shapes += [(T, up_width // tp, h, 1.0), (T, h, f // tp, 1.0)]
     for m, n, k, count in shapes:
@@ -293,6 +302,7 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         forward=forward, backward=backward, recompute=extra,
         gemm=fwd_g + dgrad_g + wgrad_g + extra_g, attention=attn_f + attn_b + extra_a,
         memory_bound=mem_f + mem_b + extra_m, wgrad=wgrad_g, forward_gemm=fwd_g,
+        shared_up=shared_up, shared_down=shared_down,
     )
 
 

@@ -60,6 +60,12 @@ OPTIONS = (
                "fp8 scaling: delayed|tensorwise|rowwise|mxfp8 (current = tensorwise, hybrid = delayed; "
                "'Row-wise', 'current scaling' read the same). "
                "[default: the stack's]"),
+    PlanOption("moe_dispatcher", "--moe-dispatcher", str, None,
+               "MoE with --ep: how tokens reach their experts: alltoall (Megatron-Core's all-to-all, each "
+               "(token, expert) copy sent apart) | deepep (DeepEP, Megatron-Core's flex dispatcher: once per "
+               "destination node over RDMA, then once per rank over NVLink); any case, all-to-all and flex read "
+               "the same. [default: the stack's recipes: deepep under megatron-core for a DeepSeek-family MoE "
+               "(MLA + routed experts) on Ampere or Hopper, as NeMo's DeepSeek recipes run it; else alltoall]"),
     PlanOption("zero", "--zero", int, None,
                "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3). [default: the fastest stage the "
                "framework offers that fits, printed with the reason; 0 without data parallelism]"),
@@ -132,7 +138,7 @@ RUNSPEC_OPTIONS = (
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
-    "lora_dropout", "stack", "fp8_recipe", "fsdp_unit_mb", "compiled", "cp", "ep", "etp",
+    "lora_dropout", "stack", "fp8_recipe", "moe_dispatcher", "fsdp_unit_mb", "compiled", "cp", "ep", "etp",
     "fsdp_sync_every_micro_step", "interruptions_per_device_day", "restart_seconds", "host_copy_gbps",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""

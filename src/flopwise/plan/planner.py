@@ -109,7 +109,8 @@ class Plan:
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "micro_batch": lay.micro_batch_size,
                        "grad_accum": lay.grad_accum, "zero": lay.zero_stage, "framework": lay.framework,
                        "recompute": lay.recompute, "compiled": lay.compiled, "cp": lay.cp, "ep": lay.ep,
-                       "etp": lay.expert_tp, "sequence_parallel": lay.sequence_parallel},
+                       "etp": lay.expert_tp, "sequence_parallel": lay.sequence_parallel,
+                       "moe_dispatcher": lay.moe_dispatcher, "moe_shared_expert_overlap": lay.moe_shared_expert_overlap},
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
@@ -588,6 +589,7 @@ def build_runspec(
     profile: GemmProfile | None = None,
     stack: str = "flopwise",
     fp8_recipe: str | None = None,
+    moe_dispatcher: str | None = None,
     finetune: str = "full",
     lora_rank: int | None = None,
     lora_targets: str = "all-linear",
@@ -754,6 +756,23 @@ def build_runspec(
                              *tuning.default_notes(tokens is None,
                                                    options["batch_tokens"] is None and options["global_batch"] is None))
 
+    # how MoE tokens reach their experts: as asked, or as the stack's recipes dispatch this model on this device
+    from flopwise.plan.expert_comm import spelled_dispatcher, stack_moe_defaults
+    from flopwise.plan.gemm import curve_for
+
+    family = curve_for(hw).family
+    dispatcher, shared_overlap, dispatcher_reason = stack_moe_defaults(
+        stack_spec, model_spec, family, None if moe_dispatcher is None else spelled_dispatcher(moe_dispatcher))
+    if ep and ep > 1 and model_spec.n_experts > 1:
+        if dispatcher_reason:
+            extra["defaults"] = (*extra.get("defaults", ()), dispatcher_reason)
+        if shared_overlap:
+            extra["defaults"] = (*extra.get("defaults", ()),
+                                 f"shared expert overlapped: {stack}'s recipes run it beside the {dispatcher} "
+                                 "dispatch and combine (moe_shared_expert_overlap)")
+        if dispatcher == "deepep" and family not in ("ampere", "hopper"):
+            extra["warnings"] = (*extra["warnings"], f"--moe-dispatcher deepep: DeepEP's kernels run on Ampere and "
+                                 f"Hopper GPUs; planned on {hw.key} at its H800 rates scaled to this device's links")
     if ep and ep > 1 and etp is None and tp > 1 and (dp * cp) % ep and (dp * cp * tp) % ep == 0:
         # the only layout that runs: Megatron-Core's MoE parallel folding, as NeMo's MoE recipes set it
         etp = 1
@@ -768,6 +787,7 @@ def build_runspec(
         sequence_parallel=sequence_parallel, recompute=recompute or "none", offload=offload,
         pipeline_schedule=schedule, virtual_stages=virtual_stages or 1, flash_attention=flash_attention,
         compiled=compiled, cp=cp, ep=ep or 1, etp=0 if etp is None or etp == tp else etp,
+        moe_dispatcher=dispatcher, moe_shared_expert_overlap=shared_overlap,
         fsdp_sync_every_micro_step=fsdp_sync_every_micro_step,
         tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
         framework=framework,

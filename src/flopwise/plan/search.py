@@ -315,6 +315,8 @@ def search_layouts(
                     dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
                     sequence_parallel=sequence_parallel and tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
                     virtual_stages=v, flash_attention=flash, compiled=spec.layout.compiled, cp=cp, ep=ep,
+                    moe_dispatcher=spec.layout.moe_dispatcher,
+                    moe_shared_expert_overlap=spec.layout.moe_shared_expert_overlap,
                     **stack_layout), spec.workload, spec.cluster,
                     stack=spec.stack)
 
@@ -483,7 +485,8 @@ def describe_layout(lay: Layout) -> str:
     """One short line naming a layout, in the `flopwise plan` option vocabulary."""
     sp = "+SP" if (lay.tp > 1 and lay.sequence_parallel) else ""
     text = f"dp {lay.dp} tp {lay.tp}{sp} pp {lay.pp}" + (f" cp {lay.cp}" if lay.cp > 1 else "") \
-        + (f" ep {lay.ep}" + (f" etp {lay.expert_tp}" if lay.expert_tp != lay.tp else "") if lay.ep > 1 else "") \
+        + (f" ep {lay.ep}" + (f" etp {lay.expert_tp}" if lay.expert_tp != lay.tp else "")
+           + (" deepep" if lay.moe_dispatcher == "deepep" else "") if lay.ep > 1 else "") \
         + f", micro-batch {lay.micro_batch_size} x {lay.grad_accum}, ZeRO-{lay.zero_stage}"
     if lay.recompute != "none":
         text += f", recompute {lay.recompute}"

@@ -72,6 +72,11 @@ class Layout:
     # Core's MoE parallel folding, the layout NeMo's MoE recipes run with etp 1): a rank holds whole
     # experts, the ep group spans the tensor-parallel ranks too, so ep x etp divides dp x cp x tp
     etp: int = 0
+    # how MoE tokens reach their experts (plan/expert_comm.py): Megatron-Core's all-to-all dispatcher or DeepEP
+    # (its flex dispatcher, `moe_enable_deepep`); and whether the shared expert runs beside the dispatch and
+    # combine (Megatron-Core `moe_shared_expert_overlap`)
+    moe_dispatcher: str = "alltoall"
+    moe_shared_expert_overlap: bool = False
 
     @property
     def expert_tp(self) -> int:

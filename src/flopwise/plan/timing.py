@@ -37,6 +37,9 @@ it holds the last; tensor-parallel collectives sit inside every layer. Then:
 - tensor parallel at the ends (`step_comm.tp_ends`): the embedding's output all-reduce, the
   head's input collectives and (flopwise's trainer) the logits' all-gather, on the end devices.
 - optimizer step: memory-bound over the parameters this rank owns (1/dp of them with ZeRO).
+- expert parallel (MoE): each layer's token dispatch and combine, forward and backward, as the
+  dispatcher runs them (`expert_comm`: Megatron-Core's all-to-all or DeepEP); with the shared expert
+  overlapped, what runs beside its GEMMs is hidden.
 - hidden communication is not free: compute slows by OVERLAP_SLOWDOWN × the hidden time
   (NCCL's thread blocks occupy SMs while they run).
 - on a CPU, collectives run on the cores the compute needs: no DP overlap is credited;
@@ -54,6 +57,7 @@ from functools import lru_cache
 
 from flopwise.catalog.models import kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan import comm as cm
+from flopwise.plan import expert_comm
 from flopwise.plan import finetune
 from flopwise.plan import ops
 from flopwise.plan import step_comm as sc
@@ -120,7 +124,7 @@ class TimeEstimate:
     stage_layers: str = ""
     model: str = "operator"
     cp_exposed_seconds: float = 0.0  # context parallelism's K/V ring, beyond the attention it overlaps
-    ep_exposed_seconds: float = 0.0  # expert parallelism's token all-to-alls
+    ep_exposed_seconds: float = 0.0  # expert parallelism's token dispatch and combine, less what the shared expert hides
     # fp8: the same MFU over the device's dense 16-bit peak, torchtitan's denominator for every precision
     # (Composer's SpeedMonitor divides by the fp8 peak, as `mfu` does); None for other precisions
     mfu_16bit_peak: float | None = None
@@ -269,8 +273,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     # context parallelism's ring: each rank passes its K/V chunk cp - 1 times in the forward and K/V
     # and their gradients in the backward, overlapped with the attention blocks it computes meanwhile
     cp_wire, cp_layer = cp_layer_seconds(lay, layer, links, model, s * b, e)
-    # expert parallelism's token all-to-alls, on the critical path
-    ep_layer = ep_layer_seconds(lay, links, model, s * b, e)
+    # expert parallelism's token dispatch and combine, on the critical path but what the shared expert hides
+    ep_wire, ep_layer = ep_layer_seconds(lay, layer, links, model, s * b, e)
     split = pipeline_split(spec)
     per_layer = layer.total + tp_layer + cp_layer + ep_layer
     # the embedding's and head's tensor-parallel collectives (`step_comm.tp_ends`), per micro-batch
@@ -409,9 +413,10 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     # communication hidden behind compute still slows it (NCCL's thread blocks take SMs)
     tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
     cp_hidden = m * layers_busiest * max(0.0, cp_wire - cp_layer)
+    ep_hidden = m * layers_busiest * max(0.0, ep_wire - ep_layer)  # behind the shared expert (`ep_layer_seconds`)
     # sends overlapped with compute (an interleaved schedule of a stack that overlaps them) take SMs too
     pp_hidden = max(0.0, pp_wire - pp_exposed) if v > 1 and p2p_overlap else 0.0
-    contention = OVERLAP_SLOWDOWN * (max(0.0, dp_wire - dp_exposed) + tp_hidden + cp_hidden + pp_hidden)
+    contention = OVERLAP_SLOWDOWN * (max(0.0, dp_wire - dp_exposed) + tp_hidden + cp_hidden + pp_hidden + ep_hidden)
     step = pipeline + pp_exposed + dp_exposed + optimizer + offload_seconds + contention
     compute = m * layers_busiest * layer.total + optimizer
     if busiest == 0:
@@ -491,29 +496,22 @@ def cp_layer_seconds(lay, layer, links: Links, model, tokens: float, e: float) -
     return wire, max(0.0, wire - layer.attention)
 
 
-def ep_layer_seconds(lay, links: Links, model, tokens: float, e: float) -> float:
-    """Seconds per layer and micro-batch of expert parallelism's all-to-alls, none hidden.
+def ep_layer_seconds(lay, layer, links: Links, model, tokens: float, e: float) -> tuple[float, float]:
+    """(wire seconds, exposed seconds) of expert parallelism's token transfers per layer and micro-batch.
 
-    Megatron-Core's all-to-all dispatcher (`MoEAlltoAllTokenDispatcher`) sends each of a rank's tokens
-    to the ranks of its k experts and back: a dispatch and a combine in the forward, their
-    gradients in the backward, again in a recomputed forward. A rank sends its tokens (a tp-th with
-    sequence parallelism) × k × h × (ep − 1)/ep; the ep ranks are tp × cp apart, so the part bound
-    for other nodes goes over the network. Load imbalance between experts is not modelled."""
+    A dispatch and a combine in the forward, their gradients (a combine and a dispatch) in the
+    backward, both again in a recomputed forward, each as the layout's dispatcher runs it
+    (`expert_comm.token_passes`: Megatron-Core's all-to-all or DeepEP). With the shared expert
+    overlapped (`Layout.moe_shared_expert_overlap`) the part that runs beside its GEMMs is hidden
+    (`expert_comm.shared_expert_hidden`); the rest waits on the critical path."""
     if lay.ep <= 1 or model.n_experts <= 1:
-        return 0.0
-    sp = lay.sequence_parallel and lay.tp > 1
-    routed = tokens / (lay.tp if sp else 1) * max(1, model.experts_per_token) * model.hidden * e
-    sent = routed * (lay.ep - 1) / lay.ep
-    # Megatron-Core orders ranks tp-cp-ep-dp: the ep ranks sit tp x cp apart; folded (etp < tp), the
-    # experts' own order etp-ep-dp puts them etp apart, the tensor-parallel ranks of a node first
-    stride = lay.expert_tp if lay.expert_tp != lay.tp else lay.tp * lay.cp
-    members, nodes = cm.group_shape(lay.ep, stride, links.devices_per_node)
-    if nodes == 1:
-        one = sent / links.node_bps + cm.INTRA_LATENCY_S
-    else:
-        off_node = routed * (lay.ep - members) / lay.ep
-        one = max((sent - off_node) / links.node_bps, off_node / links.net_bps) + cm.INTER_LATENCY_S
-    return (4.0 + 2.0 * ops.full_recompute_share(lay.recompute)) * one
+        return 0.0, 0.0
+    passes = expert_comm.token_passes(lay, links, model, tokens, e)
+    rerun = ops.full_recompute_share(lay.recompute)
+    wire = (2.0 + rerun) * passes.dispatch_seconds + (2.0 + rerun) * passes.combine_seconds
+    if not lay.moe_shared_expert_overlap:
+        return wire, wire
+    return wire, wire - expert_comm.shared_expert_hidden(layer, passes, rerun)
 
 
 def tp_layer_seconds(lay, layer, links: Links, message: float, model=None) -> tuple[float, int, float, float]:
@@ -665,7 +663,7 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
             if inputs is not None else 0.0
         per_layer += tp_layer_seconds(lay, layer, links, message, model)[3]
         if inputs is not None:
-            per_layer += ep_layer_seconds(lay, links, model, s * lay.micro_batch_size, inputs.activation_bytes)
+            per_layer += ep_layer_seconds(lay, layer, links, model, s * lay.micro_batch_size, inputs.activation_bytes)[1]
         p2p = pipeline_p2p_exposed(lay, links, message, stack_p2p_overlap(spec.stack))
     # the slowest device is at least the average one, embedding and head included
     average = (model.n_layers * per_layer + ends.embedding + ends.head) / pp

@@ -70,5 +70,10 @@ class Stack:
     # 2022), or another policy the stack names so (torchtitan: per-op, "op")
     selective_recompute: str = "selective"
     lora_rank: int = 16  # the adapter rank its LoRA recipes default to (PEFT / torchtune / flopwise: 8-16)
+    # MoE token dispatch (plan/expert_comm.py): the device families (`gemm.DeviceCurve.family`) on which its
+    # recipes dispatch a DeepSeek-family MoE with DeepEP rather than all-to-all, and the dispatchers with
+    # which its recipes run the shared expert beside the dispatch and combine (moe_shared_expert_overlap)
+    deepep_families: tuple[str, ...] = ()
+    shared_expert_overlap: tuple[str, ...] = ()
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

@@ -43,6 +43,15 @@ STACK = Stack(
     # (scripts/performance/llm/finetune_deepseek_v3.py)
     ends_in_pipeline_split=True,
     lora_rank=32,  # NeMo nemo/collections/llm/peft/lora.py LoRA: dim 32, alpha 32, the four linears of a block
+    # NeMo's DeepSeek recipes (recipes/deepseek_v2.py, deepseek_v2_lite.py, deepseek_v3.py) add DeepEPCallback
+    # (nemo/lightning/pytorch/callbacks/deepep.py): on compute capability 8 or 9 it sets the flex dispatcher with
+    # moe_enable_deepep and turns moe_shared_expert_overlap off; scripts/performance/llm/pretrain_deepseek_v3.py
+    # does the same on H100 ("not supported for deepEP") and keeps alltoall elsewhere. No other MoE recipe
+    # (Mixtral, Qwen3, Llama 4) touches the dispatcher: their configs' moe_token_dispatcher_type "alltoall"
+    deepep_families=("ampere", "hopper"),
+    # NeMo's only configs with a shared expert, DeepSeekConfig (gpt/model/deepseek.py) and Llama4Config
+    # (gpt/model/llama.py), both set moe_shared_expert_overlap=True with the alltoall dispatcher
+    shared_expert_overlap=("alltoall",),
     memory_options=("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "recompute"),
     sources=("NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py",
              "NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py (bucket_size: max(40M, "
@@ -52,5 +61,13 @@ STACK = Stack(
              "--no-overlap-p2p-communication), megatron/core/pipeline_parallel/schedules.py",
              "NVIDIA/Megatron-LM megatron/core/fusions/fused_cross_entropy.py",
              "NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py, layernorm_linear.py",
-             "NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py"),
+             "NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py",
+             "NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher, "
+             "MoEFlexTokenDispatcher), shared_experts.py, moe_layer.py, fused_a2a.py, transformer_config.py "
+             "(moe_shared_expert_overlap, moe_token_dispatcher_type, moe_enable_deepep), at d98e8a64",
+             "NVIDIA/NeMo nemo/lightning/pytorch/callbacks/deepep.py, nemo/collections/llm/recipes/deepseek_v2.py, "
+             "deepseek_v2_lite.py, deepseek_v3.py, gpt/model/deepseek.py, gpt/model/llama.py, "
+             "scripts/performance/llm/pretrain_deepseek_v3.py, at 8cfedd72 (settings only)",
+             "deepseek-ai/DeepEP docs/legacy.md (the V1 README's normal-kernel benchmark on H800: NVLink and RDMA "
+             "bottleneck bandwidths), tests/legacy/test_internode.py (how they count bytes), at dd758caf"),
 )
