@@ -267,7 +267,11 @@ def test_precision_as_trainers_and_papers_spell_it(typed, precision):
 
 @pytest.mark.parametrize(("typed", "recipe"), [
     ("Row-wise", "rowwise"), ("current scaling", "tensorwise"), ("MXFP8", "mxfp8"), ("delayed scaling", "delayed"),
-    ("Tensor-wise", "tensorwise"), ("hybrid", "delayed")])
+    ("Tensor-wise", "tensorwise"), ("hybrid", "delayed"),
+    # NeMo's performance scripts (--fp8_recipe ds|cs|mxfp8|ss) and Transformer Engine's recipe classes
+    ("ds", "delayed"), ("cs", "tensorwise"), ("ss", "blockwise"), ("Float8CurrentScaling", "tensorwise"),
+    ("DelayedScaling", "delayed"), ("Float8BlockScaling", "blockwise"), ("MXFP8BlockScaling", "mxfp8"),
+    ("per-tensor delayed", "delayed"), ("sub-channel", "blockwise")])
 def test_fp8_recipe_as_sources_spell_it(typed, recipe):
     from flopwise.plan.planner import build_runspec
 

@@ -96,7 +96,7 @@ K = h/tp) gain less than long ones. On the H200 this alone turns the fast-accumu
 ratios at K 2,048 / 4,096 / 8,192 (0.92 / 0.88-0.99 / 1.01 of 2x) into one factor (0.98 / 0.91-1.02
 / 1.03), `benchmarks/fp8_kernel_factor.py`."""
 
-FP8_RECIPE_FACTOR = {"delayed": 1.0, "tensorwise": 1.0, "rowwise": 0.90, "mxfp8": 1.0}
+FP8_RECIPE_FACTOR = {"delayed": 1.0, "tensorwise": 1.0, "rowwise": 0.90, "blockwise": 0.89, "mxfp8": 1.0}
 """fp8 GEMM rate of a scaling recipe relative to per-tensor scaling (delayed and tensorwise run the
 same cuBLAS per-tensor-scaled GEMM). rowwise: torch `_scaled_mm` with row-wise scales runs a CUTLASS
 kernel that reaches 90-100 % of the tensor-wise cuBLAS one on most shapes with a tail down to 50 %
@@ -104,7 +104,11 @@ kernel that reaches 90-100 % of the tensor-wise cuBLAS one on most shapes with a
 2.11 the row-wise GEMM alone ran at 0.89-1.12x (median 1.02x) of the per-tensor one at seven
 transformer shapes (benchmarks/hopper_kernels.py, BENCHMARKS.md), so 0.90 stands for the recipe end to
 end (row-wise scaling of the backward's transposed operands) rather than for the GEMM. mxfp8
-(Blackwell block scales) is native to the tensor cores: 1.0."""
+(Blackwell block scales) is native to the tensor cores: 1.0. blockwise (TE `Float8BlockScaling`,
+1x128 / 128x128 scales applied inside the GEMM as row-wise scales are) takes the row-wise factor,
+times 0.932 / 0.946: the recipe fixes split accumulation for the forward GEMM too
+(transformer_engine/common/recipe/__init__.py), where the others run it with fast accumulation
+(`FP8_KERNEL_FACTOR_HOPPER`)."""
 
 ATTENTION_KERNEL_FRACTION_HOPPER = {
     "fa2": (0.339, 0.295),

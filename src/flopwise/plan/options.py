@@ -57,7 +57,7 @@ OPTIONS = (
                "Training software stack whose kernels and memory conventions are planned: flopwise|megatron-core"
                "(nemo, megatron-bridge)|megatron-lm|deepspeed|megatron-deepspeed|composer|torchtitan|flash-attn."),
     PlanOption("fp8_recipe", "--fp8-recipe", str, None,
-               "fp8 scaling: delayed|tensorwise|rowwise|mxfp8 (current = tensorwise, hybrid = delayed; "
+               "fp8 scaling: delayed|tensorwise|rowwise|blockwise|mxfp8 (current = tensorwise, hybrid = delayed; NeMo ds|cs|ss; "
                "'Row-wise', 'current scaling' read the same). "
                "[default: the stack's]"),
     PlanOption("moe_dispatcher", "--moe-dispatcher", str, None,

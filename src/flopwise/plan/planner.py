@@ -634,8 +634,8 @@ def build_runspec(
         fp8_recipe = "".join(fp8_recipe.lower().replace("scaling", " ").replace("_", " ").replace("-", " ").split())
         fp8_recipe = FP8_RECIPE_ALIASES.get(fp8_recipe, fp8_recipe)
         if fp8_recipe not in FP8_RECIPES:
-            raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)} "
-                            f"(or {', '.join(FP8_RECIPE_ALIASES)})")
+            raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)} (or current, "
+                            "hybrid, row; NeMo's ds, cs, ss; Transformer Engine's Float8CurrentScaling ...)")
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
     stack_selective = None
     if recompute is not None:  # "activation checkpointing: yes" as a source states it
