@@ -278,6 +278,20 @@ def test_fp8_recipe_as_sources_spell_it(typed, recipe):
     assert build_runspec(precision="fp8", fp8_recipe=typed).cluster.extra["fp8_recipe"] == recipe
 
 
+@pytest.mark.parametrize(("typed", "recipe"), [
+    ("FP8-CS", "tensorwise"), ("fp8 (DS)", "delayed"), ("MXFP8", "mxfp8"), ("fp8_blockwise", "blockwise"),
+    ("FP8-MX", "mxfp8"), ("fp8", None), ("fp8-mixed", None)])
+def test_a_precision_that_names_its_fp8_recipe_plans_fp8_with_it(typed, recipe):
+    """NVIDIA's tables print the recipe in the precision column ("FP8-CS", "MXFP8"): fp8 with that
+    recipe, unless --fp8-recipe says otherwise; "fp8" alone keeps the stack's recipe."""
+    from flopwise.plan.planner import build_runspec
+
+    spec = build_runspec(precision=typed, stack="nemo")
+    assert spec.workload.precision == "fp8"
+    assert spec.cluster.extra["fp8_recipe"] == (recipe or "delayed")  # megatron-core's default: delayed
+    assert build_runspec(precision=typed, fp8_recipe="rowwise").cluster.extra["fp8_recipe"] == "rowwise"
+
+
 def test_an_unknown_precision_still_names_the_choices():
     bad = run("--precision", "fp9", "--json")
     assert bad.returncode == 2

@@ -530,6 +530,7 @@ PRECISION_WORDS = {
     # PyTorch Lightning's and Composer's names (Trainer(precision=...), `precision: amp_bf16`)
     "bf16-mixed": "bf16", "amp-bf16": "bf16", "16-mixed": "fp16", "fp16-mixed": "fp16", "amp-fp16": "fp16",
     "16": "fp16", "32": "fp32", "32-true": "fp32", "fp32-true": "fp32", "amp-fp8": "fp8", "float8": "fp8",
+    "fp8-mixed": "fp8", "transformer-engine": "fp8",
     "bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
 }
 """--precision as the trainers and papers spell it; the mixed-precision names keep an fp32 master
@@ -541,6 +542,22 @@ def spelled_precision(text: str) -> str:
     canonical name; an unknown one is returned as typed, for the check that names the choices."""
     word = spelled(text)
     return PRECISION_WORDS.get(word, word) if word else text
+
+
+def precision_and_recipe(text: str) -> tuple[str, str | None]:
+    """A precision that names its fp8 recipe as NVIDIA's tables print it ("FP8-CS", "fp8 (DS)",
+    "MXFP8", "fp8_blockwise") is fp8 with that recipe; any other precision as `spelled_precision`
+    reads it, with no recipe."""
+    known = spelled_precision(text)
+    if known in PRECISIONS:
+        return known, None
+    word = spelled(text).replace("(", "").replace(")", "").strip("-")
+    if word == "mxfp8":
+        return "fp8", "mxfp8"
+    head, _, tail = word.partition("-")
+    if head == "fp8" and tail:
+        return "fp8", tail
+    return spelled_precision(text), None
 
 
 RECOMPUTE_WORDS = {"true": "full", "yes": "full", "on": "full", "ckpt": "full",
@@ -628,7 +645,8 @@ def build_runspec(
     if allocator_reserve is None:
         allocator_reserve = stack_spec.allocator_reserve
     if precision is not None:
-        precision = spelled_precision(precision)
+        precision, named_recipe = precision_and_recipe(precision)
+        fp8_recipe = fp8_recipe if fp8_recipe is not None else named_recipe
     if fp8_recipe is not None:
         # "Row-wise", "current scaling", "MXFP8": the recipe's name as a source prints it
         fp8_recipe = "".join(fp8_recipe.lower().replace("scaling", " ").replace("_", " ").replace("-", " ").split())

@@ -24,7 +24,7 @@ FP8_RECIPE_ALIASES = {
     "pertensordelayed": "delayed", "pertensorcurrent": "tensorwise", "pertensor": "tensorwise",
     # Transformer Engine's recipe classes (transformer_engine/common/recipe/__init__.py)
     "float8current": "tensorwise", "float8block": "blockwise",
-    "mxfp8block": "mxfp8",
+    "mxfp8block": "mxfp8", "mx": "mxfp8",
 }
 """Names the stacks use for the same recipes: Transformer Engine's `Float8CurrentScaling` (NeMo
 `fp8_recipe: current`, its scripts' `cs`) scales per tensor from the current amax, as tensorwise does;
