@@ -29,7 +29,7 @@ from flopwise.plan.spec import (
 )
 from flopwise.plan.band import Band, band_for, model_size_reason, widened
 from flopwise.plan.fit import stack_speed
-from flopwise.plan.gemm import ASSUMED_FAMILIES, GemmProfile, curve_for, device_rates
+from flopwise.plan.gemm import ASSUMED_FAMILIES, ASSUMED_SUSTAINED, GemmProfile, curve_for, device_rates
 from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
 from flopwise.plan.timing import StepInputs, TimeEstimate, end_slots_note, flat_time, stack_ends_in_split, step_time
 
@@ -393,10 +393,10 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
                           f"({getattr(profile, 'device', 'profile')})" if profile is not None else
                           f"operator model: {rates.curve.family} GEMM curve ({rates.curve.source})")
             eff_conf = "measured" if profile is not None else (
-                "low" if rates.curve.family in ("tpu", *ASSUMED_FAMILIES) else "medium")
+                "low" if rates.curve.family in (*ASSUMED_SUSTAINED, *ASSUMED_FAMILIES) else "medium")
             if eff_conf == "low":
                 what = ("no GEMM micro-benchmark for this device family" if rates.curve.family in ASSUMED_FAMILIES else
-                        "GEMM ceiling from another chip of the family, sustained factor assumed")
+                        ASSUMED_SUSTAINED[rates.curve.family])
                 warnings.append(f"{hw.key}: {what}; times are low-confidence "
                                 "(measure a profile with `flopwise calibrate`)")
         inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
