@@ -472,3 +472,11 @@ def test_fp8_kernel_factor_is_what_the_kernel_benchmarks_give():
     assert FP8_KERNEL_FACTOR_HOPPER == pytest.approx(derived["training_factor"], abs=0.0015)
     assert derived["fast_accumulation_median"] == pytest.approx(derived["fbgemm_h100_fast_accumulation_median"], abs=0.01)
     assert module.K0_HOPPER == curve_for(get_hardware("h100-sxm")).k0 and FP8_K_LOOP == 2.0
+
+
+def test_mxfp8_off_blackwell_is_planned_with_a_warning():
+    """MXFP8's block scales need Blackwell tensor cores: on an H100 the plan says so; on a B200 not."""
+    hopper = plan(build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=8, precision="mxfp8"))
+    blackwell = plan(build_runspec(model="llama3-8b", hardware="b200", gpus=8, precision="mxfp8"))
+    assert any("MXFP8" in w and "Blackwell" in w for w in hopper.warnings)
+    assert not any("MXFP8" in w for w in blackwell.warnings)

@@ -399,6 +399,10 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
                         ASSUMED_SUSTAINED[rates.curve.family])
                 warnings.append(f"{hw.key}: {what}; times are low-confidence "
                                 "(measure a profile with `flopwise calibrate`)")
+        if work.precision == "fp8" and spec.cluster.extra.get("fp8_recipe") == "mxfp8" \
+                and rates.curve.family != "blackwell":
+            warnings.append(f"{hw.key}: MXFP8 block scales are native to Blackwell's tensor cores only; "
+                            "planned at the per-tensor fp8 rate, which this device's stacks cannot run it at")
         inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
                             _framework(spec))
         if tuned is not None:
