@@ -267,11 +267,29 @@ def test_precision_as_trainers_and_papers_spell_it(typed, precision):
 
 @pytest.mark.parametrize(("typed", "recipe"), [
     ("Row-wise", "rowwise"), ("current scaling", "tensorwise"), ("MXFP8", "mxfp8"), ("delayed scaling", "delayed"),
-    ("Tensor-wise", "tensorwise"), ("hybrid", "delayed")])
+    ("Tensor-wise", "tensorwise"), ("hybrid", "delayed"),
+    # NeMo's performance scripts (--fp8_recipe ds|cs|mxfp8|ss) and Transformer Engine's recipe classes
+    ("ds", "delayed"), ("cs", "tensorwise"), ("ss", "blockwise"), ("Float8CurrentScaling", "tensorwise"),
+    ("DelayedScaling", "delayed"), ("Float8BlockScaling", "blockwise"), ("MXFP8BlockScaling", "mxfp8"),
+    ("per-tensor delayed", "delayed"), ("sub-channel", "blockwise")])
 def test_fp8_recipe_as_sources_spell_it(typed, recipe):
     from flopwise.plan.planner import build_runspec
 
     assert build_runspec(precision="fp8", fp8_recipe=typed).cluster.extra["fp8_recipe"] == recipe
+
+
+@pytest.mark.parametrize(("typed", "recipe"), [
+    ("FP8-CS", "tensorwise"), ("fp8 (DS)", "delayed"), ("MXFP8", "mxfp8"), ("fp8_blockwise", "blockwise"),
+    ("FP8-MX", "mxfp8"), ("fp8", None), ("fp8-mixed", None)])
+def test_a_precision_that_names_its_fp8_recipe_plans_fp8_with_it(typed, recipe):
+    """NVIDIA's tables print the recipe in the precision column ("FP8-CS", "MXFP8"): fp8 with that
+    recipe, unless --fp8-recipe says otherwise; "fp8" alone keeps the stack's recipe."""
+    from flopwise.plan.planner import build_runspec
+
+    spec = build_runspec(precision=typed, stack="nemo")
+    assert spec.workload.precision == "fp8"
+    assert spec.cluster.extra["fp8_recipe"] == (recipe or "delayed")  # megatron-core's default: delayed
+    assert build_runspec(precision=typed, fp8_recipe="rowwise").cluster.extra["fp8_recipe"] == "rowwise"
 
 
 def test_an_unknown_precision_still_names_the_choices():

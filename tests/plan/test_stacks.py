@@ -154,8 +154,19 @@ def test_fp8_recipe_and_attention_kernel_change_the_step():
 
 def test_unknown_fp8_recipe_is_one_line():
     with pytest.raises(UserError) as err:
-        build_runspec(model="llama2-7b", precision="fp8", fp8_recipe="blockwise")
+        build_runspec(model="llama2-7b", precision="fp8", fp8_recipe="nvfp4")
     assert "\n" not in str(err.value) and "rowwise" in str(err.value)
+
+
+def test_blockwise_fp8_is_slower_than_rowwise_and_plans_under_nemos_name():
+    """TE's Float8BlockScaling (NeMo's `ss`) applies per-block scales as row-wise scaling does and
+    fixes split accumulation for the forward GEMM too: a little slower than row-wise."""
+    layout = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="fp8", seq_len=4096, zero=1,
+                  stack="nemo")
+    rowwise = _plan(fp8_recipe="rowwise", **layout).time.step_seconds
+    blockwise = _plan(fp8_recipe="ss", **layout)
+    assert blockwise.spec.cluster.extra["fp8_recipe"] == "blockwise"
+    assert rowwise < blockwise.time.step_seconds < rowwise * 1.02
 
 
 def test_fp8_recipe_names_stacks_use_are_the_same_recipes():
@@ -461,3 +472,11 @@ def test_fp8_kernel_factor_is_what_the_kernel_benchmarks_give():
     assert FP8_KERNEL_FACTOR_HOPPER == pytest.approx(derived["training_factor"], abs=0.0015)
     assert derived["fast_accumulation_median"] == pytest.approx(derived["fbgemm_h100_fast_accumulation_median"], abs=0.01)
     assert module.K0_HOPPER == curve_for(get_hardware("h100-sxm")).k0 and FP8_K_LOOP == 2.0
+
+
+def test_mxfp8_off_blackwell_is_planned_with_a_warning():
+    """MXFP8's block scales need Blackwell tensor cores: on an H100 the plan says so; on a B200 not."""
+    hopper = plan(build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=8, precision="mxfp8"))
+    blackwell = plan(build_runspec(model="llama3-8b", hardware="b200", gpus=8, precision="mxfp8"))
+    assert any("MXFP8" in w and "Blackwell" in w for w in hopper.warnings)
+    assert not any("MXFP8" in w for w in blackwell.warnings)

@@ -96,7 +96,7 @@ K = h/tp) gain less than long ones. On the H200 this alone turns the fast-accumu
 ratios at K 2,048 / 4,096 / 8,192 (0.92 / 0.88-0.99 / 1.01 of 2x) into one factor (0.98 / 0.91-1.02
 / 1.03), `benchmarks/fp8_kernel_factor.py`."""
 
-FP8_RECIPE_FACTOR = {"delayed": 1.0, "tensorwise": 1.0, "rowwise": 0.90, "mxfp8": 1.0}
+FP8_RECIPE_FACTOR = {"delayed": 1.0, "tensorwise": 1.0, "rowwise": 0.90, "blockwise": 0.89, "mxfp8": 1.0}
 """fp8 GEMM rate of a scaling recipe relative to per-tensor scaling (delayed and tensorwise run the
 same cuBLAS per-tensor-scaled GEMM). rowwise: torch `_scaled_mm` with row-wise scales runs a CUTLASS
 kernel that reaches 90-100 % of the tensor-wise cuBLAS one on most shapes with a tail down to 50 %
@@ -104,7 +104,11 @@ kernel that reaches 90-100 % of the tensor-wise cuBLAS one on most shapes with a
 2.11 the row-wise GEMM alone ran at 0.89-1.12x (median 1.02x) of the per-tensor one at seven
 transformer shapes (benchmarks/hopper_kernels.py, BENCHMARKS.md), so 0.90 stands for the recipe end to
 end (row-wise scaling of the backward's transposed operands) rather than for the GEMM. mxfp8
-(Blackwell block scales) is native to the tensor cores: 1.0."""
+(Blackwell block scales) is native to the tensor cores: 1.0. blockwise (TE `Float8BlockScaling`,
+1x128 / 128x128 scales applied inside the GEMM as row-wise scales are) takes the row-wise factor,
+times 0.932 / 0.946: the recipe fixes split accumulation for the forward GEMM too
+(transformer_engine/common/recipe/__init__.py), where the others run it with fast accumulation
+(`FP8_KERNEL_FACTOR_HOPPER`)."""
 
 ATTENTION_KERNEL_FRACTION_HOPPER = {
     "fa2": (0.339, 0.295),
@@ -165,17 +169,31 @@ _GENERIC = DeviceCurve(
     "pass --profile with a measured profile)",
     sustained=0.81, sustained_source="no published training row: the A100 ratio (assumption)",
 )
-_BLACKWELL = dataclasses.replace(
-    _GENERIC, family="blackwell",
-    source="Blackwell (B200, GB200): no GEMM micro-benchmark for this family is in the sources, so the generic "
-           "curve as it stands: 70 % of peak for large GEMMs (assumption, low confidence; pass --profile with a "
-           "measured profile); its 100 units are not Blackwell's SM count",
+_BLACKWELL = DeviceCurve(
+    "blackwell", 0.776, (1792, 16128, 3072), _HOPPER.tiles, 148, 128.0, 0.90, 4e-6, _HOPPER.attention_fraction,
+    0.763 / 0.776, 8000.0,
+    "B200 SXM MAMF 1,745 of 2,250 TFLOP/s (77.6 %) at 1792x16128x3072 bf16, fp8 3,432.5 of 4,500 (76.3 %) "
+    "(ml-engineering MAMF table, torch 2.7.1+cu128); 148 SMs (recalled); Hopper's tile set, memory fraction "
+    "and attention fractions of peak (assumptions: no Blackwell attention kernel benchmark in the sources)",
+    sustained=0.67,
+    sustained_source="no published Blackwell training row: the Hopper value sustained_hopper ships with "
+                     "(assumption; the B200's 1,000 W limit is not the H100's 700 W)",
 )
-"""The generic curve under its own family name, so a Blackwell plan says which family it extrapolates to
-and a measured Blackwell micro-benchmark has one place to go."""
-ASSUMED_FAMILIES = ("generic", "blackwell")
+_BLACKWELL_GB200 = dataclasses.replace(
+    _BLACKWELL, mamf_fraction=0.729, mamf_shape=(4096, 9728, 2048), fp8_factor=0.723 / 0.729,
+    source="GB200 MAMF 1,822 of 2,500 TFLOP/s (72.9 %) at 4096x9728x2048 bf16, fp8 3,615.6 of 5,000 (72.3 %) "
+           "(ml-engineering MAMF table, torch 2.10 nightly +cu130); otherwise the B200 curve's assumptions",
+)
+"""Blackwell: the GEMM ceiling is a micro-benchmark (MAMF) like the A100's and H100's; what turns it into
+training speed (`sustained`) and the attention kernels' share of peak are Hopper's, assumed: a plan on
+Blackwell says so and takes the extrapolation band (plan/band.py)."""
+ASSUMED_FAMILIES = ("generic",)
 """Families whose curve is an assumption, not a micro-benchmark: their plans are low-confidence and no
 software stack's fitted speed applies to them."""
+ASSUMED_SUSTAINED = {"tpu": "GEMM ceiling from another chip of the family, sustained factor assumed",
+                     "blackwell": "GEMM ceiling measured (MAMF), sustained factor and attention kernels assumed "
+                                  "from Hopper; no Blackwell training run validated"}
+"""Families whose GEMM ceiling is measured but whose sustained factor is not validated: low confidence, why."""
 _TPU = DeviceCurve(
     "tpu", 0.923, (8192, 8192, 8192), ((128, 128, 1.0),), 8, 128.0, 0.80, 6e-6, (0.45, 0.35), 0.80, 1200.0,
     "TPU (128x128 MXU systolic arrays): XLA's bf16 jnp.matmul on a TPU v5e at 8192^3 ran at 92.3 % of the "
@@ -203,7 +221,9 @@ def curve_for(hw: HardwareSpec) -> DeviceCurve:
         return _AMPERE_PCIE if "pcie" in key else _AMPERE
     if key.startswith(("h100", "h200", "gh200", "h800", "h20")):  # H800, H20: GH100 with links or rate cut
         return _HOPPER
-    if key.startswith(("b200", "gb200")):
+    if key.startswith("gb200"):
+        return _BLACKWELL_GB200
+    if key.startswith("b200"):
         return _BLACKWELL
     if key.startswith("mi300"):
         return _CDNA3
@@ -231,20 +251,22 @@ ATTENTION_HALF_SEQ = 256.0
 (too few query blocks per head to fill the SMs, and the causal diagonal blocks' masking
 cost weighs more; fitted to the FlashAttention-2 H100 curve quoted in `attention_seconds`)."""
 
-_FRACTIONS: dict[tuple[str, float, int, int, int], float] = {}
-_CEILINGS: dict[str, float] = {}
+_FRACTIONS: dict[tuple, float] = {}
+_CEILINGS: dict[tuple, float] = {}
 
 
 def gemm_fraction(curve: DeviceCurve, m: int, n: int, k: int) -> float:
-    """Achievable fraction of the dense peak for an (M, N, K) GEMM on this family (cached)."""
-    key = (curve.family, curve.sustained, curve.k_loop_speed, m, n, k)
+    """Achievable fraction of the dense peak for an (M, N, K) GEMM on this curve (cached; two parts
+    of one family, B200 and GB200, have their own MAMF)."""
+    key = (curve.family, curve.mamf_fraction, curve.sustained, curve.k_loop_speed, m, n, k)
     value = _FRACTIONS.get(key)
     if value is None:
         if len(_FRACTIONS) > 200_000:
             _FRACTIONS.clear()
-        ceiling = _CEILINGS.get(curve.family)
+        measured = (curve.family, curve.mamf_fraction, curve.mamf_shape)
+        ceiling = _CEILINGS.get(measured)
         if ceiling is None:
-            ceiling = _CEILINGS[curve.family] = curve.ceiling
+            ceiling = _CEILINGS[measured] = curve.ceiling
         value = _FRACTIONS[key] = ceiling * curve.sustained * _shape_factor(curve, m, n, k,
                                                                            curve.k0 * curve.k_loop_speed)
     return value
@@ -380,7 +402,7 @@ def stack_curve(curve: DeviceCurve, attention_kernel: str | None, fp8_recipe: st
     import dataclasses
 
     changes = {}
-    if curve.family == "hopper" and attention_kernel in ATTENTION_KERNEL_FRACTION_HOPPER:
+    if curve.family in ("hopper", "blackwell") and attention_kernel in ATTENTION_KERNEL_FRACTION_HOPPER:
         changes["attention_fraction"] = ATTENTION_KERNEL_FRACTION_HOPPER[attention_kernel]
     factor = curve.fp8_factor * FP8_RECIPE_FACTOR.get(fp8_recipe or "tensorwise", 1.0)
     if factor != curve.fp8_factor:

@@ -49,7 +49,7 @@ OPTIONS = (
     PlanOption("tokens", "--tokens", str, None, "Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T]"),
     PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8|bf16-true (pure bf16: no fp32 master, bf16 AdamW states, 8 bytes/param; "
                "updates below bf16's resolution are lost); any case, and the trainers' names (bf16-mixed, amp_bf16, "
-               "16-mixed). [default: bf16]"),
+               "16-mixed); fp8 with its recipe as NVIDIA's tables print it (FP8-CS, FP8-DS, MXFP8). [default: bf16]"),
     PlanOption("optimizer", "--optimizer", str, None, "adamw|sgd|adam8bit. [default: adamw]"),
     PlanOption("framework", "--framework", str, "fsdp",
                "Memory conventions: fsdp|megatron|deepspeed (gradient dtype, buffers, ZeRO-3 gathers)."),
@@ -57,7 +57,7 @@ OPTIONS = (
                "Training software stack whose kernels and memory conventions are planned: flopwise|megatron-core"
                "(nemo, megatron-bridge)|megatron-lm|deepspeed|megatron-deepspeed|composer|torchtitan|flash-attn."),
     PlanOption("fp8_recipe", "--fp8-recipe", str, None,
-               "fp8 scaling: delayed|tensorwise|rowwise|mxfp8 (current = tensorwise, hybrid = delayed; "
+               "fp8 scaling: delayed|tensorwise|rowwise|blockwise|mxfp8 (current = tensorwise, hybrid = delayed; NeMo ds|cs|ss; "
                "'Row-wise', 'current scaling' read the same). "
                "[default: the stack's]"),
     PlanOption("moe_dispatcher", "--moe-dispatcher", str, None,

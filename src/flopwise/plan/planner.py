@@ -29,7 +29,7 @@ from flopwise.plan.spec import (
 )
 from flopwise.plan.band import Band, band_for, model_size_reason, widened
 from flopwise.plan.fit import stack_speed
-from flopwise.plan.gemm import ASSUMED_FAMILIES, GemmProfile, curve_for, device_rates
+from flopwise.plan.gemm import ASSUMED_FAMILIES, ASSUMED_SUSTAINED, GemmProfile, curve_for, device_rates
 from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
 from flopwise.plan.timing import StepInputs, TimeEstimate, end_slots_note, flat_time, stack_ends_in_split, step_time
 
@@ -393,12 +393,16 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
                           f"({getattr(profile, 'device', 'profile')})" if profile is not None else
                           f"operator model: {rates.curve.family} GEMM curve ({rates.curve.source})")
             eff_conf = "measured" if profile is not None else (
-                "low" if rates.curve.family in ("tpu", *ASSUMED_FAMILIES) else "medium")
+                "low" if rates.curve.family in (*ASSUMED_SUSTAINED, *ASSUMED_FAMILIES) else "medium")
             if eff_conf == "low":
                 what = ("no GEMM micro-benchmark for this device family" if rates.curve.family in ASSUMED_FAMILIES else
-                        "GEMM ceiling from another chip of the family, sustained factor assumed")
+                        ASSUMED_SUSTAINED[rates.curve.family])
                 warnings.append(f"{hw.key}: {what}; times are low-confidence "
                                 "(measure a profile with `flopwise calibrate`)")
+        if work.precision == "fp8" and spec.cluster.extra.get("fp8_recipe") == "mxfp8" \
+                and rates.curve.family != "blackwell":
+            warnings.append(f"{hw.key}: MXFP8 block scales are native to Blackwell's tensor cores only; "
+                            "planned at the per-tensor fp8 rate, which this device's stacks cannot run it at")
         inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
                             _framework(spec))
         if tuned is not None:
@@ -530,6 +534,7 @@ PRECISION_WORDS = {
     # PyTorch Lightning's and Composer's names (Trainer(precision=...), `precision: amp_bf16`)
     "bf16-mixed": "bf16", "amp-bf16": "bf16", "16-mixed": "fp16", "fp16-mixed": "fp16", "amp-fp16": "fp16",
     "16": "fp16", "32": "fp32", "32-true": "fp32", "fp32-true": "fp32", "amp-fp8": "fp8", "float8": "fp8",
+    "fp8-mixed": "fp8", "transformer-engine": "fp8",
     "bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
 }
 """--precision as the trainers and papers spell it; the mixed-precision names keep an fp32 master
@@ -541,6 +546,22 @@ def spelled_precision(text: str) -> str:
     canonical name; an unknown one is returned as typed, for the check that names the choices."""
     word = spelled(text)
     return PRECISION_WORDS.get(word, word) if word else text
+
+
+def precision_and_recipe(text: str) -> tuple[str, str | None]:
+    """A precision that names its fp8 recipe as NVIDIA's tables print it ("FP8-CS", "fp8 (DS)",
+    "MXFP8", "fp8_blockwise") is fp8 with that recipe; any other precision as `spelled_precision`
+    reads it, with no recipe."""
+    known = spelled_precision(text)
+    if known in PRECISIONS:
+        return known, None
+    word = spelled(text).replace("(", "").replace(")", "").strip("-")
+    if word == "mxfp8":
+        return "fp8", "mxfp8"
+    head, _, tail = word.partition("-")
+    if head == "fp8" and tail:
+        return "fp8", tail
+    return spelled_precision(text), None
 
 
 RECOMPUTE_WORDS = {"true": "full", "yes": "full", "on": "full", "ckpt": "full",
@@ -628,14 +649,15 @@ def build_runspec(
     if allocator_reserve is None:
         allocator_reserve = stack_spec.allocator_reserve
     if precision is not None:
-        precision = spelled_precision(precision)
+        precision, named_recipe = precision_and_recipe(precision)
+        fp8_recipe = fp8_recipe if fp8_recipe is not None else named_recipe
     if fp8_recipe is not None:
         # "Row-wise", "current scaling", "MXFP8": the recipe's name as a source prints it
         fp8_recipe = "".join(fp8_recipe.lower().replace("scaling", " ").replace("_", " ").replace("-", " ").split())
         fp8_recipe = FP8_RECIPE_ALIASES.get(fp8_recipe, fp8_recipe)
         if fp8_recipe not in FP8_RECIPES:
-            raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)} "
-                            f"(or {', '.join(FP8_RECIPE_ALIASES)})")
+            raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)} (or current, "
+                            "hybrid, row; NeMo's ds, cs, ss; Transformer Engine's Float8CurrentScaling ...)")
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
     stack_selective = None
     if recompute is not None:  # "activation checkpointing: yes" as a source states it

@@ -11,14 +11,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "mxfp8")
-FP8_RECIPE_ALIASES = {"current": "tensorwise", "hybrid": "delayed", "tensor": "tensorwise", "row": "rowwise"}
-"""Names the stacks use for the same recipes: Transformer Engine's `Float8CurrentScaling` (NeMo
-`fp8_recipe: current`) scales per tensor from the current amax, as tensorwise does; NeMo's
-`fp8: hybrid` is the e4m3-forward / e5m2-backward format of its default delayed scaling."""
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
 """fp8 scaling recipes: delayed (per-tensor amax history, TE `DelayedScaling`), tensorwise
 (per-tensor, current scaling), rowwise (per-row scales, torchao `Float8LinearConfig.from_recipe_name
-("rowwise")`), mxfp8 (32-element blocks with an 8-bit exponent scale, Blackwell)."""
+("rowwise")`), blockwise (1x128 scales for activations and gradients, 128x128 for weights, TE
+`Float8BlockScaling`, DeepSeek-V3's fine-grained recipe), mxfp8 (32-element blocks with an 8-bit
+exponent scale, Blackwell)."""
+FP8_RECIPE_ALIASES = {
+    "current": "tensorwise", "hybrid": "delayed", "tensor": "tensorwise", "row": "rowwise",
+    # NVIDIA NeMo's performance scripts (scripts/performance/argument_parser.py --fp8_recipe): ds, cs, ss
+    "ds": "delayed", "cs": "tensorwise", "ss": "blockwise", "subchannel": "blockwise", "block": "blockwise",
+    "pertensordelayed": "delayed", "pertensorcurrent": "tensorwise", "pertensor": "tensorwise",
+    # Transformer Engine's recipe classes (transformer_engine/common/recipe/__init__.py)
+    "float8current": "tensorwise", "float8block": "blockwise",
+    "mxfp8block": "mxfp8", "mx": "mxfp8",
+}
+"""Names the stacks use for the same recipes: Transformer Engine's `Float8CurrentScaling` (NeMo
+`fp8_recipe: current`, its scripts' `cs`) scales per tensor from the current amax, as tensorwise does;
+NeMo's `fp8: hybrid` is the e4m3-forward / e5m2-backward format of its default delayed scaling
+(`ds`); its scripts' `ss` (sub-channel) is TE's `Float8BlockScaling`. Names are compared lower-case
+without spaces, `-`, `_` or the word "scaling"."""
 
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
 CROSS_ENTROPY_KERNELS = ("single-pass", "compiled", "megatron-fused", "megatron", "eager")
