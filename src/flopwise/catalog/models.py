@@ -87,10 +87,29 @@ class ModelSpec:
     qk_nope_head_dim: int = 0  # MLA: the part of each query/key head without rotary embedding
     qk_rope_head_dim: int = 0  # MLA: the rotary part of each query head, and the one key part all heads share
     v_head_dim: int = 0  # MLA: width of each value head (and of each head of the attention output)
+    # hybrid Mamba-2 / Transformer stacks (Megatron-Core's hybrid models, NVIDIA Nemotron-H): one character
+    # per layer of Megatron's `hybrid_override_pattern`, each layer one mixer with its own pre-norm and residual
+    hybrid_pattern: str = ""  # "M" Mamba-2 mixer, "*" self-attention, "-" MLP; n_layers is its length
+    mamba_heads: int = 0  # Mamba-2: SSM heads (mamba_num_heads); the inner width is heads x mamba_head_dim
+    mamba_head_dim: int = 0  # Mamba-2: channels per head (mamba_head_dim, P)
+    mamba_state: int = 0  # Mamba-2: state size per group (mamba_state_dim, N)
+    mamba_groups: int = 0  # Mamba-2: groups sharing one B and C (mamba_num_groups, G)
+    mamba_conv: int = 4  # Mamba-2: the depthwise causal conv1d's kernel width (MambaMixer d_conv)
+    mamba_chunk: int = 128  # Mamba-2: the SSD scan's chunk length (MambaMixer chunk_size)
     reported_params: float = 0.0  # the size the source publishes (often rounded), for comparison
     params: int = 0  # CNN: total parameters (decoders/encoders derive it)
     flops_per_sample: float = 0.0  # CNN: forward FLOPs per sample
     source: str = ""
+
+
+HYBRID_LAYERS = {"M": "mamba", "*": "attention", "-": "mlp"}
+"""The layer symbols of Megatron-Core's hybrid pattern that flopwise plans
+(megatron/core/models/hybrid/hybrid_layer_allocation.py `Symbols`); "E" (an MoE layer) is not planned."""
+
+
+def is_hybrid(spec: ModelSpec) -> bool:
+    """Whether the model is a hybrid stack of single-mixer layers (`hybrid_pattern`), not uniform blocks."""
+    return bool(spec.hybrid_pattern)
 
 
 def is_mla(spec: ModelSpec) -> bool:
@@ -236,6 +255,37 @@ def validate_spec(spec: ModelSpec, where: str) -> None:
         raise UserError(f"{where}: field 'max_positions' is required for learned positions")
     _validate_mla(spec, where)
     _validate_dense_layers(spec, where)
+    _validate_hybrid(spec, where)
+
+
+_MAMBA_DIMS = ("mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups")
+
+
+def _validate_hybrid(spec: ModelSpec, where: str) -> None:
+    """A hybrid pattern of planned symbols, one per layer; the Mamba-2 widths its "M" layers need; and
+    none of the uniform-block options the layer mix does not model (MoE, MLA, parallel blocks)."""
+    if not spec.hybrid_pattern:
+        for name in _MAMBA_DIMS:
+            if getattr(spec, name):
+                raise UserError(f"{where}: field '{name}' needs hybrid_pattern (the layers that are Mamba-2 mixers)")
+        return
+    unknown = sorted(set(spec.hybrid_pattern) - set(HYBRID_LAYERS))
+    if unknown:
+        what = "MoE layers ('E')" if unknown == ["E"] else f"symbols {', '.join(repr(c) for c in unknown)}"
+        raise UserError(f"{where}: hybrid_pattern has {what}; planned: 'M' Mamba-2, '*' attention, '-' MLP")
+    if len(spec.hybrid_pattern) != spec.n_layers:
+        raise UserError(f"{where}: hybrid_pattern has {len(spec.hybrid_pattern)} layers, n_layers says {spec.n_layers}")
+    if spec.norms_per_layer != 1:
+        raise UserError(f"{where}: a hybrid layer holds one mixer and its one pre-norm: norms_per_layer must be 1")
+    if spec.n_experts > 1 or is_mla(spec) or spec.parallel_block or spec.qk_norm or spec.arch != "decoder":
+        raise UserError(f"{where}: hybrid_pattern is planned for decoders with dense MLPs and standard attention")
+    if "M" in spec.hybrid_pattern:
+        for name in _MAMBA_DIMS + ("mamba_conv", "mamba_chunk"):
+            if not getattr(spec, name):
+                raise UserError(f"{where}: field '{name}' is required (> 0) with Mamba-2 layers ('M') in hybrid_pattern")
+        if spec.mamba_heads % spec.mamba_groups:
+            raise UserError(f"{where}: mamba_heads {spec.mamba_heads} is not a multiple of mamba_groups "
+                            f"{spec.mamba_groups}")
 
 
 def _validate_mla(spec: ModelSpec, where: str) -> None:
@@ -300,6 +350,9 @@ NAMES = {
     "gpt3s": "gpt3-125m", "gpt3m": "gpt3-350m", "gpt3l": "gpt3-760m", "gpt3xl": "gpt3-1.3b",
     # Llama 3.3 70B is Llama 3.1 70B's architecture (meta-llama/Llama-3.3-70B-Instruct config.json)
     "llama3-405b": "llama3.1-405b", "llama3.3-70b": "llama3.1-70b", "bloom": "bloom-176b",
+    # the Hub's Nemotron-H repositories (nvidia/Nemotron-H-8B-Base-8K ...); NeMo's recipes say nemotronh 8b
+    "nemotron-h-8b-base-8k": "nemotron-h-8b", "nemotron-h-47b-base-8k": "nemotron-h-47b",
+    "nemotron-h-56b-base-8k": "nemotron-h-56b",
 }
 """Names the sources use for catalog models that the catalog's key does not spell (compared without
 separators: "GPT-3 XL", "gpt3-xl" and "gpt3xl" are one name)."""
