@@ -202,6 +202,15 @@ HF_CASES = {
         SMALL, num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=160, moe_intermediate_size=24,
         n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=3, q_lora_rank=None, kv_lora_rank=32,
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=128)),
+    # Nemotron-H: Mamba-2, attention and MLP layers by Megatron's pattern (mamba d = 8 x 16 = 2h)
+    "nemotron_h": ("NemotronHConfig", dict(
+        hidden_size=64, hybrid_override_pattern="M-M*-M", num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=96, vocab_size=211, mamba_num_heads=8, mamba_head_dim=16,
+        ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=32, max_position_embeddings=128)),
+    "nemotron_h-mlp-bias-tied": ("NemotronHConfig", dict(
+        hidden_size=64, hybrid_override_pattern="*-M-", num_attention_heads=4, num_key_value_heads=4,
+        head_dim=8, intermediate_size=48, vocab_size=211, mamba_num_heads=4, mamba_head_dim=8,
+        ssm_state_size=8, n_groups=1, mlp_bias=True, tie_word_embeddings=True)),
 }
 
 
@@ -430,6 +439,12 @@ def test_cli_shows_a_config_file(tmp_path):
                                   n_routed_experts=64, num_experts_per_tok=6, first_k_dense_replace=1,
                                   q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
                                   v_head_dim=128, max_position_embeddings=163840, topk_method="greedy")),
+        # NeMo's NemotronHConfig56B shapes in transformers' NemotronHConfig keys
+        ("nemotron-h-56b", dict(model_type="nemotron_h", hidden_size=8192, num_attention_heads=64,
+                                num_key_value_heads=8, head_dim=128, intermediate_size=32768, vocab_size=131072,
+                                hybrid_override_pattern=get_model("nemotron-h-56b").hybrid_pattern,
+                                mamba_num_heads=256, mamba_head_dim=64, ssm_state_size=256, n_groups=8,
+                                conv_kernel=4, chunk_size=128, mlp_hidden_act="relu2", max_position_embeddings=8192)),
     ],
 )
 def test_hf_config_of_a_catalog_model_gives_the_same_counts(key, config, tmp_path):

@@ -450,7 +450,7 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
 
     Plain JSON: no transformers import, no `trust_remote_code`. Families: llama, mistral,
     mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, llama4, deepseek_v2, deepseek_v3, gpt2, gpt_neox, bert,
-    opt, bloom, falcon, mpt, nemotron. A config does not record the training context, so
+    opt, bloom, falcon, mpt, nemotron, nemotron_h. A config does not record the training context, so
     `seq_len` defaults to the longest supported one (`max_position_embeddings`); pass the run's
     sequence length to override it.
     """
@@ -874,6 +874,54 @@ def _read_nemotron(cfg: _HFConfig) -> dict:
     return values
 
 
+_NEMOTRON_H_LAYERS = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "mlp": "-",
+                      "moe": "E"}
+"""transformers' NemotronHConfig layer names (`layers_block_type`; `_pattern_to_list`) as pattern symbols."""
+
+
+def _read_nemotron_h(cfg: _HFConfig) -> dict:
+    """NVIDIA Nemotron-H (transformers' NemotronHConfig, `model_type` nemotron_h): a hybrid stack whose
+    layers are named by `hybrid_override_pattern` (the Hub's files) or `layers_block_type` (what
+    transformers 5 writes); Mamba-2 mixers of `mamba_num_heads` x `mamba_head_dim`, `ssm_state_size`,
+    `n_groups`, `conv_kernel`, `chunk_size`; attention of `head_dim` without biases or rotary
+    embedding (NemotronHAttention); a squared-ReLU MLP of two matrices (`relu2`, planned as relu);
+    one RMSNorm per layer (NemotronHBlock); an output head of its own even under tie_word_embeddings
+    (NemotronHForCausalLM ties nothing: `_tied_weights_keys = {}`). MoE layers and multi-token
+    prediction are refused."""
+    pattern = cfg.data.get("hybrid_override_pattern")
+    if pattern is None and isinstance(cfg.data.get("layers_block_type"), list):
+        names = cfg.data["layers_block_type"]
+        unknown = sorted({str(n) for n in names} - set(_NEMOTRON_H_LAYERS))
+        if unknown:
+            raise UserError(f"{cfg.path}: key 'layers_block_type' has unknown layer types {', '.join(unknown)}")
+        pattern = "".join(_NEMOTRON_H_LAYERS[n] for n in names)
+    if not isinstance(pattern, str) or not pattern:
+        raise UserError(f"{cfg.path}: missing key 'hybrid_override_pattern' (or 'layers_block_type')")
+    if cfg.get_int("num_hidden_layers", len(pattern)) != len(pattern):
+        raise UserError(f"{cfg.path}: num_hidden_layers {cfg.data['num_hidden_layers']} is not the pattern's "
+                        f"{len(pattern)} layers")
+    activation = cfg.get("mlp_hidden_act", "relu2")
+    if activation != "relu2":
+        raise UserError(f"{cfg.path}: mlp_hidden_act '{activation}' is not supported (relu2)")
+    if cfg.get_bool("use_bias", False) or not cfg.get_bool("use_conv_bias", True):
+        raise UserError(f"{cfg.path}: nemotron_h with use_bias true or use_conv_bias false is not supported")
+    if cfg.get_int("num_nextn_predict_layers", 0):
+        raise UserError(f"{cfg.path}: nemotron_h with multi-token prediction layers is not supported")
+    positions = cfg.get_int("max_position_embeddings", 4096)
+    cfg.get_bool("tie_word_embeddings", False)  # checked as true/false; the head is counted apart either way
+    return dict(
+        n_layers=len(pattern), hidden=cfg.need("hidden_size"), n_heads=cfg.get_int("num_attention_heads", 32),
+        n_kv_heads=cfg.get_int("num_key_value_heads", 8), head_dim=cfg.get_int("head_dim", 128),
+        ffn_hidden=cfg.get_int("intermediate_size", 21504), vocab_size=cfg.get_int("vocab_size", 131072),
+        seq_len=positions, max_positions=positions, mlp="relu", norm="rmsnorm", position="none",
+        tied_embeddings=False, mlp_bias=cfg.get_bool("mlp_bias", False),
+        norms_per_layer=1, hybrid_pattern=pattern, mamba_heads=cfg.get_int("mamba_num_heads", 128),
+        mamba_head_dim=cfg.get_int("mamba_head_dim", 64), mamba_state=cfg.get_int("ssm_state_size", 128),
+        mamba_groups=cfg.get_int("n_groups", 8), mamba_conv=cfg.get_int("conv_kernel", 4),
+        mamba_chunk=cfg.get_int("chunk_size", 128),
+    )
+
+
 _READERS = {
     "llama": _read_llama,
     "mistral": _read_mistral,
@@ -894,6 +942,7 @@ _READERS = {
     "falcon": _read_falcon,
     "mpt": _read_mpt,
     "nemotron": _read_nemotron,
+    "nemotron_h": _read_nemotron_h,
 }
 
 
