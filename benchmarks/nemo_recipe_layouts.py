@@ -6,7 +6,7 @@ Source of the layouts (layouts only: no throughput figure is in that file or use
 NVIDIA/NeMo `scripts/performance/recommended_model_configs/model_configs_h100.csv` at commit
 8cfedd7203462cb251a914e700e5605444277561 (2025-09-20). Columns kept: task, model, size, dtype,
 num_gpus, seq_len, tp, pp, cp, ep, vp, mbs, gbs, etp. Rows of models flopwise does not plan
-(Nemotron-H's hybrid Mamba, vision-language and diffusion models) are listed as skipped.
+(vision-language and diffusion models) are listed as skipped.
 
     .venv/bin/python benchmarks/nemo_recipe_layouts.py   # writes benchmarks/results/nemo_recipe_layouts.json
 """
@@ -75,7 +75,9 @@ CATALOG = {("gpt3", "175b"): "gpt3-175b", ("llama31", "405b"): "llama3.1-405b", 
            ("nemotron4", "15b"): "nemotron4-15b", ("nemotron4", "340b"): "nemotron4-340b",
            ("nemotron3", "8b"): "nemotron3-8b", ("nemotron3", "22b"): "nemotron3-22b",
            ("qwen3", "30b_a3b"): "qwen3-30b-a3b", ("qwen3", "235b_a22b"): "qwen3-235b-a22b",
-           ("deepseek", "v3"): "deepseek-v3", ("llama4", "e16"): "llama4-scout", ("llama4", "e128"): "llama4-maverick"}
+           ("deepseek", "v3"): "deepseek-v3", ("llama4", "e16"): "llama4-scout", ("llama4", "e128"): "llama4-maverick",
+           ("nemotronh", "8b"): "nemotron-h-8b", ("nemotronh", "47b"): "nemotron-h-47b",
+           ("nemotronh", "56b"): "nemotron-h-56b"}
 """NeMo's (model, size) names -> flopwise catalog keys; anything else is not a language model flopwise plans."""
 
 

@@ -25,7 +25,7 @@ REQUIRED_KEYS = (
     "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "mistral-7b",
     "mixtral-8x7b", "bloom-176b", "opt-175b", "resnet50", "mpt-1b", "mpt-3b", "mpt-7b", "mpt-13b",
     "mpt-30b", "mpt-70b", "nemotron4-15b", "nemotron4-340b", "mixtral-8x22b", "gpt-neox-20b",
-    "llama3.2-1b", "llama3.2-3b", "qwen2.5-7b", "deepseek-v3",
+    "llama3.2-1b", "llama3.2-3b", "qwen2.5-7b", "deepseek-v3", "nemotron-h-8b", "nemotron-h-47b", "nemotron-h-56b",
 )
 
 
@@ -61,7 +61,10 @@ def test_get_model_is_case_insensitive():
     # the GPT-3 paper's size names with their spaces, GPT-2's, flash-attention's experiment names
     ("GPT-3 XL", "gpt3-1.3b"), ("GPT-3 Small", "gpt3-125m"), ("GPT-3 Large", "gpt3-760m"), ("GPT-2 XL", "gpt2-1.5b"),
     ("GPT2-small", "gpt2-124m"), ("gpt3xl", "gpt3-1.3b"), ("gpt3m", "gpt3-350m"), ("gpt2l", "gpt2-774m"),
-    ("meta-llama/Llama-3.3-70B-Instruct", "llama3.1-70b")])
+    ("meta-llama/Llama-3.3-70B-Instruct", "llama3.1-70b"),
+    # Nemotron-H as its report, the Hub and NeMo's recipes (nemotronh_56b.py) name it
+    ("Nemotron-H 8B", "nemotron-h-8b"), ("nvidia/Nemotron-H-8B-Base-8K", "nemotron-h-8b"),
+    ("nvidia/Nemotron-H-47B-Base-8K", "nemotron-h-47b"), ("nemotronh 56b", "nemotron-h-56b")])
 def test_a_model_as_papers_and_the_hub_name_it_resolves(name, key):
     assert get_model(name).key == key
 
@@ -199,6 +202,15 @@ HF_CASES = {
         SMALL, num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=160, moe_intermediate_size=24,
         n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=3, q_lora_rank=None, kv_lora_rank=32,
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=128)),
+    # Nemotron-H: Mamba-2, attention and MLP layers by Megatron's pattern (mamba d = 8 x 16 = 2h)
+    "nemotron_h": ("NemotronHConfig", dict(
+        hidden_size=64, hybrid_override_pattern="M-M*-M", num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=96, vocab_size=211, mamba_num_heads=8, mamba_head_dim=16,
+        ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=32, max_position_embeddings=128)),
+    "nemotron_h-mlp-bias-tied": ("NemotronHConfig", dict(
+        hidden_size=64, hybrid_override_pattern="*-M-", num_attention_heads=4, num_key_value_heads=4,
+        head_dim=8, intermediate_size=48, vocab_size=211, mamba_num_heads=4, mamba_head_dim=8,
+        ssm_state_size=8, n_groups=1, mlp_bias=True, tie_word_embeddings=True)),
 }
 
 
@@ -319,9 +331,23 @@ models:
 """
 
 
+HYBRID = """    norms_per_layer: 1
+    hybrid_pattern: M*
+    mamba_heads: 8
+    mamba_head_dim: 16
+    mamba_state: 16
+    mamba_groups: 2"""
+"""A two-layer hybrid (a Mamba-2 layer, an attention layer) added to GOOD_ENTRY."""
+
+
 def test_yaml_entry_loads():
     spec = models_from_yaml(GOOD_ENTRY, "t.yaml")["tiny"]
     assert spec.name == "tiny" and spec.mlp == "swiglu"
+
+
+def test_a_hybrid_entry_loads():
+    spec = models_from_yaml(GOOD_ENTRY.replace("n_heads: 4", "n_heads: 4\n" + HYBRID), "t.yaml")["tiny"]
+    assert spec.hybrid_pattern == "M*" and spec.mamba_chunk == 128 and spec.mamba_conv == 4
 
 
 @pytest.mark.parametrize(
@@ -341,6 +367,15 @@ def test_yaml_entry_loads():
         (("n_heads: 4", "n_heads: 4\n    n_experts: 4\n    dense_layers: 1"), r"'dense_layers' and 'dense_ffn_hidden' go together"),
         (("n_heads: 4", "n_heads: 4\n    n_experts: 4\n    dense_layers: 2\n    dense_ffn_hidden: 96"),
          r"dense_layers 2 leaves no MoE block of 2"),
+        (("n_heads: 4", "n_heads: 4\n    mamba_heads: 8"), r"field 'mamba_heads' needs hybrid_pattern"),
+        (("n_heads: 4", f"n_heads: 4\n{HYBRID}\n    hybrid_pattern: ME"), r"MoE layers \('E'\)"),
+        (("n_heads: 4", f"n_heads: 4\n{HYBRID}\n    hybrid_pattern: M-*"), r"has 3 layers, n_layers says 2"),
+        (("n_heads: 4", f"n_heads: 4\n{HYBRID.replace('norms_per_layer: 1', 'norms_per_layer: 2')}"),
+         r"norms_per_layer must be 1"),
+        (("n_heads: 4", f"n_heads: 4\n{HYBRID.replace('    mamba_state: 16', '')}"),
+         r"field 'mamba_state' is required \(> 0\) with Mamba-2 layers"),
+        (("n_heads: 4", f"n_heads: 4\n{HYBRID.replace('mamba_groups: 2', 'mamba_groups: 3')}"),
+         r"mamba_heads 8 is not a multiple of mamba_groups 3"),
     ],
 )
 def test_yaml_errors_name_entry_and_field(edit, message):
@@ -404,6 +439,12 @@ def test_cli_shows_a_config_file(tmp_path):
                                   n_routed_experts=64, num_experts_per_tok=6, first_k_dense_replace=1,
                                   q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
                                   v_head_dim=128, max_position_embeddings=163840, topk_method="greedy")),
+        # NeMo's NemotronHConfig56B shapes in transformers' NemotronHConfig keys
+        ("nemotron-h-56b", dict(model_type="nemotron_h", hidden_size=8192, num_attention_heads=64,
+                                num_key_value_heads=8, head_dim=128, intermediate_size=32768, vocab_size=131072,
+                                hybrid_override_pattern=get_model("nemotron-h-56b").hybrid_pattern,
+                                mamba_num_heads=256, mamba_head_dim=64, ssm_state_size=256, n_groups=8,
+                                conv_kernel=4, chunk_size=128, mlp_hidden_act="relu2", max_position_embeddings=8192)),
     ],
 )
 def test_hf_config_of_a_catalog_model_gives_the_same_counts(key, config, tmp_path):

@@ -92,10 +92,29 @@ class ModelSpec:
     qk_nope_head_dim: int = 0  # MLA: the part of each query/key head without rotary embedding
     qk_rope_head_dim: int = 0  # MLA: the rotary part of each query head, and the one key part all heads share
     v_head_dim: int = 0  # MLA: width of each value head (and of each head of the attention output)
+    # hybrid Mamba-2 / Transformer stacks (Megatron-Core's hybrid models, NVIDIA Nemotron-H): one character
+    # per layer of Megatron's `hybrid_override_pattern`, each layer one mixer with its own pre-norm and residual
+    hybrid_pattern: str = ""  # "M" Mamba-2 mixer, "*" self-attention, "-" MLP; n_layers is its length
+    mamba_heads: int = 0  # Mamba-2: SSM heads (mamba_num_heads); the inner width is heads x mamba_head_dim
+    mamba_head_dim: int = 0  # Mamba-2: channels per head (mamba_head_dim, P)
+    mamba_state: int = 0  # Mamba-2: state size per group (mamba_state_dim, N)
+    mamba_groups: int = 0  # Mamba-2: groups sharing one B and C (mamba_num_groups, G)
+    mamba_conv: int = 4  # Mamba-2: the depthwise causal conv1d's kernel width (MambaMixer d_conv)
+    mamba_chunk: int = 128  # Mamba-2: the SSD scan's chunk length (MambaMixer chunk_size)
     reported_params: float = 0.0  # the size the source publishes (often rounded), for comparison
     params: int = 0  # CNN: total parameters (decoders/encoders derive it)
     flops_per_sample: float = 0.0  # CNN: forward FLOPs per sample
     source: str = ""
+
+
+HYBRID_LAYERS = {"M": "mamba", "*": "attention", "-": "mlp"}
+"""The layer symbols of Megatron-Core's hybrid pattern that flopwise plans
+(megatron/core/models/hybrid/hybrid_layer_allocation.py `Symbols`); "E" (an MoE layer) is not planned."""
+
+
+def is_hybrid(spec: ModelSpec) -> bool:
+    """Whether the model is a hybrid stack of single-mixer layers (`hybrid_pattern`), not uniform blocks."""
+    return bool(spec.hybrid_pattern)
 
 
 def is_mla(spec: ModelSpec) -> bool:
@@ -242,6 +261,37 @@ def validate_spec(spec: ModelSpec, where: str) -> None:
     _validate_mla(spec, where)
     _validate_dense_layers(spec, where)
     _validate_expert_groups(spec, where)
+    _validate_hybrid(spec, where)
+
+
+_MAMBA_DIMS = ("mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups")
+
+
+def _validate_hybrid(spec: ModelSpec, where: str) -> None:
+    """A hybrid pattern of planned symbols, one per layer; the Mamba-2 widths its "M" layers need; and
+    none of the uniform-block options the layer mix does not model (MoE, MLA, parallel blocks)."""
+    if not spec.hybrid_pattern:
+        for name in _MAMBA_DIMS:
+            if getattr(spec, name):
+                raise UserError(f"{where}: field '{name}' needs hybrid_pattern (the layers that are Mamba-2 mixers)")
+        return
+    unknown = sorted(set(spec.hybrid_pattern) - set(HYBRID_LAYERS))
+    if unknown:
+        what = "MoE layers ('E')" if unknown == ["E"] else f"symbols {', '.join(repr(c) for c in unknown)}"
+        raise UserError(f"{where}: hybrid_pattern has {what}; planned: 'M' Mamba-2, '*' attention, '-' MLP")
+    if len(spec.hybrid_pattern) != spec.n_layers:
+        raise UserError(f"{where}: hybrid_pattern has {len(spec.hybrid_pattern)} layers, n_layers says {spec.n_layers}")
+    if spec.norms_per_layer != 1:
+        raise UserError(f"{where}: a hybrid layer holds one mixer and its one pre-norm: norms_per_layer must be 1")
+    if spec.n_experts > 1 or is_mla(spec) or spec.parallel_block or spec.qk_norm or spec.arch != "decoder":
+        raise UserError(f"{where}: hybrid_pattern is planned for decoders with dense MLPs and standard attention")
+    if "M" in spec.hybrid_pattern:
+        for name in _MAMBA_DIMS + ("mamba_conv", "mamba_chunk"):
+            if not getattr(spec, name):
+                raise UserError(f"{where}: field '{name}' is required (> 0) with Mamba-2 layers ('M') in hybrid_pattern")
+        if spec.mamba_heads % spec.mamba_groups:
+            raise UserError(f"{where}: mamba_heads {spec.mamba_heads} is not a multiple of mamba_groups "
+                            f"{spec.mamba_groups}")
 
 
 def _validate_mla(spec: ModelSpec, where: str) -> None:
@@ -321,6 +371,9 @@ NAMES = {
     "gpt3s": "gpt3-125m", "gpt3m": "gpt3-350m", "gpt3l": "gpt3-760m", "gpt3xl": "gpt3-1.3b",
     # Llama 3.3 70B is Llama 3.1 70B's architecture (meta-llama/Llama-3.3-70B-Instruct config.json)
     "llama3-405b": "llama3.1-405b", "llama3.3-70b": "llama3.1-70b", "bloom": "bloom-176b",
+    # the Hub's Nemotron-H repositories (nvidia/Nemotron-H-8B-Base-8K ...); NeMo's recipes say nemotronh 8b
+    "nemotron-h-8b-base-8k": "nemotron-h-8b", "nemotron-h-47b-base-8k": "nemotron-h-47b",
+    "nemotron-h-56b-base-8k": "nemotron-h-56b",
 }
 """Names the sources use for catalog models that the catalog's key does not spell (compared without
 separators: "GPT-3 XL", "gpt3-xl" and "gpt3xl" are one name)."""
@@ -418,7 +471,7 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
 
     Plain JSON: no transformers import, no `trust_remote_code`. Families: llama, mistral,
     mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, llama4, deepseek_v2, deepseek_v3, gpt2, gpt_neox, bert,
-    opt, bloom, falcon, mpt, nemotron. A config does not record the training context, so
+    opt, bloom, falcon, mpt, nemotron, nemotron_h. A config does not record the training context, so
     `seq_len` defaults to the longest supported one (`max_position_embeddings`); pass the run's
     sequence length to override it.
     """
@@ -851,6 +904,54 @@ def _read_nemotron(cfg: _HFConfig) -> dict:
     return values
 
 
+_NEMOTRON_H_LAYERS = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "mlp": "-",
+                      "moe": "E"}
+"""transformers' NemotronHConfig layer names (`layers_block_type`; `_pattern_to_list`) as pattern symbols."""
+
+
+def _read_nemotron_h(cfg: _HFConfig) -> dict:
+    """NVIDIA Nemotron-H (transformers' NemotronHConfig, `model_type` nemotron_h): a hybrid stack whose
+    layers are named by `hybrid_override_pattern` (the Hub's files) or `layers_block_type` (what
+    transformers 5 writes); Mamba-2 mixers of `mamba_num_heads` x `mamba_head_dim`, `ssm_state_size`,
+    `n_groups`, `conv_kernel`, `chunk_size`; attention of `head_dim` without biases or rotary
+    embedding (NemotronHAttention); a squared-ReLU MLP of two matrices (`relu2`, planned as relu);
+    one RMSNorm per layer (NemotronHBlock); an output head of its own even under tie_word_embeddings
+    (NemotronHForCausalLM ties nothing: `_tied_weights_keys = {}`). MoE layers and multi-token
+    prediction are refused."""
+    pattern = cfg.data.get("hybrid_override_pattern")
+    if pattern is None and isinstance(cfg.data.get("layers_block_type"), list):
+        names = cfg.data["layers_block_type"]
+        unknown = sorted({str(n) for n in names} - set(_NEMOTRON_H_LAYERS))
+        if unknown:
+            raise UserError(f"{cfg.path}: key 'layers_block_type' has unknown layer types {', '.join(unknown)}")
+        pattern = "".join(_NEMOTRON_H_LAYERS[n] for n in names)
+    if not isinstance(pattern, str) or not pattern:
+        raise UserError(f"{cfg.path}: missing key 'hybrid_override_pattern' (or 'layers_block_type')")
+    if cfg.get_int("num_hidden_layers", len(pattern)) != len(pattern):
+        raise UserError(f"{cfg.path}: num_hidden_layers {cfg.data['num_hidden_layers']} is not the pattern's "
+                        f"{len(pattern)} layers")
+    activation = cfg.get("mlp_hidden_act", "relu2")
+    if activation != "relu2":
+        raise UserError(f"{cfg.path}: mlp_hidden_act '{activation}' is not supported (relu2)")
+    if cfg.get_bool("use_bias", False) or not cfg.get_bool("use_conv_bias", True):
+        raise UserError(f"{cfg.path}: nemotron_h with use_bias true or use_conv_bias false is not supported")
+    if cfg.get_int("num_nextn_predict_layers", 0):
+        raise UserError(f"{cfg.path}: nemotron_h with multi-token prediction layers is not supported")
+    positions = cfg.get_int("max_position_embeddings", 4096)
+    cfg.get_bool("tie_word_embeddings", False)  # checked as true/false; the head is counted apart either way
+    return dict(
+        n_layers=len(pattern), hidden=cfg.need("hidden_size"), n_heads=cfg.get_int("num_attention_heads", 32),
+        n_kv_heads=cfg.get_int("num_key_value_heads", 8), head_dim=cfg.get_int("head_dim", 128),
+        ffn_hidden=cfg.get_int("intermediate_size", 21504), vocab_size=cfg.get_int("vocab_size", 131072),
+        seq_len=positions, max_positions=positions, mlp="relu", norm="rmsnorm", position="none",
+        tied_embeddings=False, mlp_bias=cfg.get_bool("mlp_bias", False),
+        norms_per_layer=1, hybrid_pattern=pattern, mamba_heads=cfg.get_int("mamba_num_heads", 128),
+        mamba_head_dim=cfg.get_int("mamba_head_dim", 64), mamba_state=cfg.get_int("ssm_state_size", 128),
+        mamba_groups=cfg.get_int("n_groups", 8), mamba_conv=cfg.get_int("conv_kernel", 4),
+        mamba_chunk=cfg.get_int("chunk_size", 128),
+    )
+
+
 _READERS = {
     "llama": _read_llama,
     "mistral": _read_mistral,
@@ -871,6 +972,7 @@ _READERS = {
     "falcon": _read_falcon,
     "mpt": _read_mpt,
     "nemotron": _read_nemotron,
+    "nemotron_h": _read_nemotron_h,
 }
 
 

@@ -294,7 +294,8 @@ def print_plan(result) -> None:
     table("FLOPs", [
         (f"N for 6N (active non-embedding + head)", _count(f.matmul_params)),
         (f"model FLOPs / {unit} ({'4N + 6·adapters' if tuned else '6N'} + attention)", f"{f.model_per_unit:.4g}"),
-        (f"  of which attention (12·L·s·d)", f"{f.attention_per_unit:.4g}"),
+        ("  of which attention (12·L·s·d)" + (" and SSD scans (21·d·N per Mamba layer)"
+                                              if spec.model.hybrid_pattern else ""), f"{f.attention_per_unit:.4g}"),
         (f"hardware FLOPs / {unit} (with recompute)", f"{f.hardware_per_unit:.4g}"),
         (f"{unit}s", _count(f.units)),
         ("model FLOPs, whole job", f"{f.model_total:.4g}"),

@@ -22,6 +22,14 @@ Conventions (stated once, used everywhere):
   "8N" rule), selective recompute (Korthikanti et al. 2022, §4.2) re-runs only the
   attention core (+4·s·d·L). Flash attention's own backward recompute of Q·Kᵀ is not
   counted (it is inside the kernel's measured speed, like MosaicML's figures).
+- Hybrid Mamba-2 / Transformer stacks (plan/mamba.py): the attention-score term counts the "*" layers
+  only, and each Mamba layer adds its SSD scan as Megatron counts it for MFU, 7·d·N per token forward
+  (`megatron/training/training.py`, `mamba_layer_flops`), carried in `attention_per_unit` with the
+  attention scores (the sequence-mixing work that is not a weight's). The conv1d's weights, like every
+  norm's, stay in N. Against Megatron's `hybrid_flops` this differs only by the conventions above: no
+  causal halving of the attention scores, and 6 FLOPs per token for each weight that is not a GEMM's
+  (norms, conv1d, dt_bias, A_log, D), which Megatron leaves out. Full recompute re-runs the scan;
+  selective recompute (Megatron's core attention) does not.
 - CNN (ResNet-50): `flops_per_sample` is the forward cost of one sample; training is 3×
   forward (1 forward + 2 for backward), full recompute adds one forward (4×).
 """
@@ -31,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec, query_key_head_dim, value_head_dim
+from flopwise.plan.mamba import attention_layers, scan_flops_forward
 from flopwise.plan.memory import recompute_forward_fraction
 from flopwise.plan.params import ParamCount
 
@@ -100,18 +109,19 @@ def estimate_flops(
             model * units, hardware * units, pf_days(model * units), model * units,
         )
     n = matmul_params(spec, params)
-    attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec))
+    attn_fwd = attention_flops_forward(attention_layers(spec), seq_len, attention_dim(spec))
+    mixer_fwd = attn_fwd + scan_flops_forward(spec)  # a hybrid's SSD scans too (0 for other models)
     dense = 6.0 * n
-    attention = 3.0 * attn_fwd
+    attention = 3.0 * mixer_fwd
     model = dense + attention
     if recompute == "full":
-        hardware = model + 2.0 * n + attn_fwd
+        hardware = model + 2.0 * n + mixer_fwd
     elif recompute == "selective":
         hardware = model + attn_fwd
     elif recompute == "op":  # per-op policy: every second matmul re-run, attention output kept
         hardware = model + recompute_forward_fraction(recompute) * 2.0 * n
     else:  # none, or every:K (full recompute of one block in K)
-        hardware = model + recompute_forward_fraction(recompute) * (2.0 * n + attn_fwd)
+        hardware = model + recompute_forward_fraction(recompute) * (2.0 * n + mixer_fwd)
     model_total = model * units
     return FlopsEstimate(
         "token", float(n), dense, attention, model, hardware, units,

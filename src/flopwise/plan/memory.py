@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
+from flopwise.plan import mamba
 from flopwise.plan.params import ParamCount
 from flopwise.plan.step_comm import zero3_collectives
 
@@ -214,7 +215,12 @@ def activation_terms(
     when the reshape copies (torch's CPU flash kernel, measured): + e·sbd.
     With e = 2, dropout, f = 4h, d = k = h and LayerNorm this is 34·sbh + 5·as²b
     (Table 2). O(s·b) terms (norm statistics) are ignored, as in the paper.
+    A hybrid Mamba-2 stack's terms are its average layer's (`hybrid_activation_terms`).
     """
+    if mamba.layer_mix(spec) is not None:
+        return hybrid_activation_terms(spec, seq_len, micro_batch, dtype_bytes, dropout, flash_attention,
+                                       rmsnorm_saves_normalized, kv_repeated, attn_output_copy, gemm_input_bytes,
+                                       fused_swiglu, act_input_bytes)
     e = dtype_bytes
     sb = float(seq_len) * micro_batch
     h = spec.hidden
@@ -257,6 +263,68 @@ def activation_terms(
     matmul_outputs = e * sb * (attention_matmul_outputs(spec, d, k) + h + mlp_out + h)  # + MLP up(/gate), down
     routed = 2.0 * e * sb * spec.experts_per_token * h if spec.n_experts > 1 else 0.0
     return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * out, routed)
+
+
+def hybrid_activation_terms(
+    spec: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: float = 2.0, dropout: bool = True,
+    flash_attention: bool = False, rmsnorm_saves_normalized: bool = True, kv_repeated: bool = False,
+    attn_output_copy: bool = False, gemm_input_bytes: float | None = None, fused_swiglu: bool = False,
+    act_input_bytes: float | None = None,
+) -> ActivationTerms:
+    """The average layer of a hybrid Mamba-2 stack (plan/mamba.py): each kind's terms, weighted by how
+    many layers of it the pattern holds. Every layer keeps its pre-norm's input (and normalised copy,
+    as `activation_terms` counts norms), its first linear's input and, with dropout, its residual's
+    mask, replicated over TP; then, sharded:
+
+      attention ("*"): Q, K, V, the out-projection's input and flash's statistics, as in `activation_terms`
+      MLP ("-"):       the activation's input and the down projection's input, as in `activation_terms`
+      Mamba ("M"):     what `MambaSplitConv1dScanCombinedFn` saves, in_proj's output zxBCdt (2d + 2GN + H)
+                       and the pre-gate scan output (d), the conv recomputed in backward; the grouped
+                       RMSNorm's input (d); out_proj's input (d, at the GEMM input's bytes)
+
+    An attention layer plus an MLP layer keep exactly one `activation_terms` block."""
+    mix = mamba.layer_mix(spec)
+    e = dtype_bytes
+    g = e if gemm_input_bytes is None else gemm_input_bytes
+    sb = float(seq_len) * micro_batch
+    h = spec.hidden
+    per_norm = 2.0 if (spec.norm == "rmsnorm" and rmsnorm_saves_normalized) else 1.0
+    mask = 1.0 if dropout else 0.0
+    replicated = per_norm * e * sb * h + g * sb * h + mask * sb * h  # the same for every kind
+
+    d = spec.n_heads * query_key_head_dim(spec)
+    k = d if kv_repeated else kv_heads(spec) * query_key_head_dim(spec)
+    out = spec.n_heads * value_head_dim(spec)
+    attention_sharded = e * sb * (d + 2 * k) + g * sb * out
+    if flash_attention:
+        scores, flash_stats = 0.0, 4.0 * spec.n_heads * seq_len * micro_batch
+        attention_sharded += e * sb * out if attn_output_copy else 0.0
+    else:
+        scores, flash_stats = (e + (1.0 + e) * mask) * spec.n_heads * seq_len * sb, 0.0
+    attention_outputs = e * sb * (attention_matmul_outputs(spec, d, k) + h)
+
+    f = mlp_width_per_token(spec)
+    if spec.mlp == "swiglu" and fused_swiglu:
+        mlp_sharded = 2.0 * (e if act_input_bytes is None else act_input_bytes) * sb * f + g * sb * f
+    else:
+        mlp_sharded = (3.0 if spec.mlp == "swiglu" else 1.0) * e * sb * f + g * sb * f
+    mlp_outputs = e * sb * ((2.0 if spec.mlp == "swiglu" else 1.0) * f + h)
+
+    scan_saved, norm_saved = mamba.saved_widths(spec)
+    inner = mamba.inner_width(spec)
+    mamba_sharded = e * sb * (scan_saved + norm_saved) + g * sb * inner
+    mamba_outputs = e * sb * (mamba.in_proj_width(spec) + h)
+
+    n = float(mix.layers)
+    return ActivationTerms(
+        replicated=replicated,
+        sharded=(mix.attention * attention_sharded + mix.mlp * mlp_sharded + mix.mamba * mamba_sharded) / n,
+        scores=mix.attention * scores / n,
+        flash_stats=mix.attention * flash_stats / n,
+        layer_input=e * sb * h,
+        matmul_outputs=(mix.attention * attention_outputs + mix.mlp * mlp_outputs + mix.mamba * mamba_outputs) / n,
+        attention_output=mix.attention * e * sb * out / n,
+    )
 
 
 def mlp_width_per_token(spec: ModelSpec) -> int:

@@ -12,7 +12,8 @@ from dataclasses import asdict
 import typer
 
 from flopwise.catalog.models import ModelSpec, get_model, load_models
-from flopwise.plan.params import ParamCount, count_params
+from flopwise.plan.mamba import layer_mix, mixer_params
+from flopwise.plan.params import ParamCount, attention_params, count_params, mlp_params
 
 
 def register_models(app: typer.Typer) -> None:
@@ -132,7 +133,19 @@ def _breakdown_table(spec: ModelSpec, counts: ParamCount):
     table.add_column("count", justify="right")
     table.add_column("exact", justify="right")
     rows = [("total", counts.total), ("active per token", counts.active)]
-    if spec.arch != "cnn":
+    mix = layer_mix(spec)
+    if mix is not None:  # a hybrid's layers by kind (the ParamCount's per-layer fields are their average)
+        rows += [
+            ("embedding", counts.embedding),
+            ("output head", counts.output_head),
+            (f"Mamba-2 mixer per Mamba layer (x{mix.mamba})", mixer_params(spec)),
+            (f"attention per attention layer (x{mix.attention})", attention_params(spec)),
+            (f"mlp per MLP layer (x{mix.mlp})", mlp_params(spec.hidden, spec.ffn_hidden, spec.mlp, spec.mlp_bias)),
+            (f"norm per layer (x{counts.n_layers})", counts.norms_per_layer),
+            ("final norm", counts.final_norm),
+            ("non-embedding", counts.non_embedding),
+        ]
+    elif spec.arch != "cnn":
         rows += [
             ("embedding", counts.embedding),
             ("output head", counts.output_head),

@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
+from flopwise.plan import mamba
 from flopwise.plan.gemm import DeviceRates
 from flopwise.plan.memory import mlp_width_per_token, recomputed_block_share
 
@@ -103,6 +104,10 @@ class LayerTimes:
     def total(self) -> float:
         """Forward + backward + recompute."""
         return self.forward + self.backward + self.recompute
+
+
+HYBRID_AVERAGED = ("forward", "backward", "recompute", "gemm", "attention", "memory_bound", "wgrad", "forward_gemm")
+"""The LayerTimes fields a hybrid stack's average layer weighs by its mix (`_hybrid_layer_times`)."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,9 @@ def attention_gemms(model, T: int, tp: int, sp: bool) -> list[tuple[int, int, in
 
 def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rates: DeviceRates,
                  kv_len: int | None = None, ep: int = 1, etp: int = 0) -> LayerTimes:
+    mix = mamba.layer_mix(model)
+    if mix is not None:
+        return _hybrid_layer_times(model, mix, s, b, tp, sp, flash, dropout, recompute, precision, rates, kv_len)
     e = 4.0 if precision in ("fp32", "tf32") else 2.0
     kv = kv_len or s  # keys per query row
     ge = 1.0 if precision == "fp8" else e  # bytes of a GEMM operand
@@ -224,30 +232,7 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         wgrad_g += wg
 
     # ---- attention core
-    heads = a // tp
-    causal = 0.5 if model.arch == "decoder" else 1.0
-    attention_rate = measured_cpu(rates, "attention_flops_per_s")
-    rate = attention_rate(s, d, "fp32" if precision == "tf32" else precision) if attention_rate else None
-    full = 2.0 * b * heads * s * kv * (d + dv)  # Q·Kᵀ over d_qk, A·V over d_v, the whole s×s
-    if flash and rate:
-        work = full * causal
-        attn_f, attn_b = work / rate, 2.5 * work / rate
-    elif flash and rates.efficiency is not None:
-        # a flat efficiency applies to the FLOPs as the planner counts them (full s×s, backward 2×)
-        attn_f = rates.attention_seconds(full, s, backward=False)
-        attn_b = rates.attention_seconds(2.0 * full, s, backward=True)
-    elif flash:
-        work = full * causal
-        attn_f = rates.attention_seconds(work, s, backward=False)
-        attn_b = rates.attention_seconds(2.5 * work, s, backward=True)
-    else:
-        count = float(b * heads)
-        qk = _gemm_fwd_bwd(rates, s, kv, d, e, count)
-        av = _gemm_fwd_bwd(rates, s, dv, kv, e, count)
-        scores = b * heads * s * kv
-        drop = (2 * e + 1) if dropout else 0.0
-        attn_f = qk[0] + av[0] + rates.memory_seconds(scores * (3 * e + drop), 2 + (1 if dropout else 0))
-        attn_b = qk[1] + qk[2] + av[1] + av[2] + rates.memory_seconds(scores * (3 * e + drop), 2 + (1 if dropout else 0))
+    attn_f, attn_b = _attention_core(model, s, b, kv, tp, flash, dropout, precision, rates, e)
 
     # ---- memory-bound element-wise operators (bytes per token)
     hs = h / tp if sp else float(h)
@@ -304,6 +289,141 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         memory_bound=mem_f + mem_b + extra_m, wgrad=wgrad_g, forward_gemm=fwd_g,
         shared_up=shared_up, shared_down=shared_down,
     )
+
+
+def _hybrid_layer_times(model, mix: mamba.LayerMix, s: int, b: int, tp: int, sp: bool, flash: bool, dropout: bool,
+                        recompute: str, precision: str, rates: DeviceRates, kv_len: int | None = None) -> LayerTimes:
+    """The average layer of a hybrid Mamba-2 stack (plan/mamba.py): each kind of layer timed on its own,
+    weighted by how many the pattern holds. Every layer runs its pre-norm, its residual add, its dropout
+    and (fp8) the cast of its first GEMM's input, as `_layer_times` counts them per block; then
+
+      attention ("*"): the QKV and output projections, the attention core, RoPE, the out-projection's cast
+      MLP ("-"):       the up and down projections, the activation, the down projection's cast
+      Mamba ("M"):     in_proj (M=T, N=(2d+2GN+H)/t, K=h) and out_proj (M=T, N=h, K=d/t), as Megatron-Core
+                       splits them (column- and row-parallel); the SSD scan (`_ssd_scan`); conv1d, gated
+                       norm and copies (`mamba.elementwise_bytes_forward`); out_proj's input cast
+
+    An attention layer and an MLP layer together take a uniform block's time. Megatron's selective
+    recompute re-runs the attention core only; full recompute re-runs every layer's forward, scan included."""
+    e = 4.0 if precision in ("fp32", "tf32") else 2.0
+    ge = 1.0 if precision == "fp8" else e
+    fp8 = precision == "fp8"
+    h, T, kv = model.hidden, s * b, kv_len or s
+    hs = h / tp if sp else float(h)
+    common, common_kernels = 2 * hs * e + 3 * hs * e, 2  # the pre-norm (read + write), the residual add
+    if dropout:
+        common, common_kernels = common + 2 * hs * e + hs, common_kernels + 1
+    if fp8:  # the cast of the first GEMM's input (read 16-bit, write 8-bit)
+        common, common_kernels = common + h * 3.0, common_kernels + 1
+    kinds = []
+    if mix.attention:
+        per_token, kernels = common, common_kernels
+        if model.position == "rope":
+            per_token, kernels = per_token + 2 * rotary_width(model, tp) * e, kernels + 2
+        if fp8:
+            per_token, kernels = per_token + model.n_heads * value_head_dim(model) / tp * 3.0, kernels + 1
+        core = _attention_core(model, s, b, kv, tp, flash, dropout, precision, rates, e)
+        kinds.append((mix.attention, _kind_times(rates, attention_gemms(model, T, tp, sp), core, T * per_token,
+                                                 kernels, recompute, ge, selective=True)))
+    if mix.mlp:
+        f = model.ffn_hidden
+        swiglu = model.mlp == "swiglu"
+        per_token, kernels = common + (3 if swiglu else 2) * f / tp * e, common_kernels + 1
+        if fp8:
+            per_token, kernels = per_token + f / tp * 3.0, kernels + 1
+        shapes = [(T, (2 if swiglu else 1) * f // tp, h, 1.0), (T, h, f // tp, 1.0)]
+        kinds.append((mix.mlp, _kind_times(rates, shapes, (0.0, 0.0), T * per_token, kernels, recompute, ge)))
+    if mix.mamba:
+        inner = mamba.inner_width(model)
+        mixer_bytes, mixer_kernels = mamba.elementwise_bytes_forward(model, tp, e, b)
+        per_token, kernels = common + mixer_bytes, common_kernels + mixer_kernels
+        if fp8:
+            per_token, kernels = per_token + inner / tp * 3.0, kernels + 1
+        shapes = [(T, mamba.in_proj_width(model) // tp, h, 1.0), (T, h, inner // tp, 1.0)]
+        kinds.append((mix.mamba, _kind_times(rates, shapes, _ssd_scan(model, s, b, tp, rates, e), T * per_token,
+                                             kernels, recompute, ge)))
+    n = float(mix.layers)
+    # the seconds fields, averaged over the mix; a hybrid layer has no shared expert (its defaults)
+    return LayerTimes(**{name: sum(count * getattr(times, name) for count, times in kinds) / n
+                         for name in HYBRID_AVERAGED})
+
+
+def _kind_times(rates: DeviceRates, shapes, core: tuple[float, float], nbytes: float, kernels: float,
+                recompute: str, ge: float, selective: bool = False) -> LayerTimes:
+    """One kind of hybrid layer: its GEMMs (forward, data and weight gradients), its sequence-mixing core
+    (forward, backward), its memory-bound `nbytes` (backward twice the forward's traffic, as
+    `_layer_times`) and what `recompute` re-runs; `selective`: the core is attention's, which
+    Megatron's selective recompute re-runs."""
+    fwd_g = dgrad_g = wgrad_g = 0.0
+    for m, n, k, count in shapes:
+        fw, dg, wg = _gemm_fwd_bwd(rates, m, max(1, n), max(1, k), ge, count)
+        fwd_g, dgrad_g, wgrad_g = fwd_g + fw, dgrad_g + dg, wgrad_g + wg
+    core_f, core_b = core
+    mem_f = rates.memory_seconds(nbytes, kernels)
+    mem_b = rates.memory_seconds(2.0 * nbytes, 1.5 * kernels)
+    forward = fwd_g + core_f + mem_f
+    share = full_recompute_share(recompute)
+    if share:
+        extra, extra_g, extra_c, extra_m = share * forward, share * fwd_g, share * core_f, share * mem_f
+    elif recompute == "selective" and selective:
+        extra, extra_g, extra_c, extra_m = core_f, 0.0, core_f, 0.0
+    elif recompute == "op":
+        extra, extra_g, extra_c, extra_m = 0.5 * fwd_g, 0.5 * fwd_g, 0.0, 0.0
+    else:
+        extra = extra_g = extra_c = extra_m = 0.0
+    return LayerTimes(
+        forward=forward, backward=dgrad_g + wgrad_g + core_b + mem_b, recompute=extra,
+        gemm=fwd_g + dgrad_g + wgrad_g + extra_g, attention=core_f + core_b + extra_c,
+        memory_bound=mem_f + mem_b + extra_m, wgrad=wgrad_g, forward_gemm=fwd_g,
+    )
+
+
+def _ssd_scan(model, s: int, b: int, tp: int, rates: DeviceRates, e: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one Mamba layer's SSD scan on one rank, a roofline over its kernels:
+    the chunk matmuls (`mamba.ssd_products`) timed as the 16-bit GEMMs they are, batched over chunks and
+    heads (stacked along M), so the shape curve charges their short K (N or Q, 128-256) and small tiles
+    (P = 64 columns) — the reduced efficiency of a scan made of small matmuls (Dao & Gu 2024, §6: SSD's
+    work is matmuls on Q-token chunks); against the bytes its five kernels move
+    (`mamba.ssd_bytes_forward`), whichever takes longer. The scan runs in 16 bits under fp8 (Transformer
+    Engine casts only the linear layers). Backward: `mamba.SSD_BACKWARD_FACTOR` times the forward."""
+    sixteen = rates.sixteen_bit()
+    products = sum(sixteen.gemm_seconds(m * count, n, k, 1.0, e)
+                   for m, n, k, count in mamba.ssd_products(model, s, b, tp))
+    per_token, kernels = mamba.ssd_bytes_forward(model, tp, e)
+    forward = max(products, rates.memory_seconds(s * b * per_token, kernels))
+    return forward, mamba.SSD_BACKWARD_FACTOR * forward
+
+
+def _attention_core(model, s: int, b: int, kv: int, tp: int, flash: bool, dropout: bool, precision: str,
+                    rates: DeviceRates, e: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's attention core on one rank (module docstring): a fused
+    flash kernel over the causal half, or Q·Kᵀ and A·V as batched GEMMs plus the s×s element-wise work."""
+    d, dv = query_key_head_dim(model), value_head_dim(model)
+    heads = model.n_heads // tp
+    causal = 0.5 if model.arch == "decoder" else 1.0
+    attention_rate = measured_cpu(rates, "attention_flops_per_s")
+    rate = attention_rate(s, d, "fp32" if precision == "tf32" else precision) if attention_rate else None
+    full = 2.0 * b * heads * s * kv * (d + dv)  # Q·Kᵀ over d_qk, A·V over d_v, the whole s×s
+    if flash and rate:
+        work = full * causal
+        attn_f, attn_b = work / rate, 2.5 * work / rate
+    elif flash and rates.efficiency is not None:
+        # a flat efficiency applies to the FLOPs as the planner counts them (full s×s, backward 2×)
+        attn_f = rates.attention_seconds(full, s, backward=False)
+        attn_b = rates.attention_seconds(2.0 * full, s, backward=True)
+    elif flash:
+        work = full * causal
+        attn_f = rates.attention_seconds(work, s, backward=False)
+        attn_b = rates.attention_seconds(2.5 * work, s, backward=True)
+    else:
+        count = float(b * heads)
+        qk = _gemm_fwd_bwd(rates, s, kv, d, e, count)
+        av = _gemm_fwd_bwd(rates, s, dv, kv, e, count)
+        scores = b * heads * s * kv
+        drop = (2 * e + 1) if dropout else 0.0
+        attn_f = qk[0] + av[0] + rates.memory_seconds(scores * (3 * e + drop), 2 + (1 if dropout else 0))
+        attn_b = qk[1] + qk[2] + av[1] + av[2] + rates.memory_seconds(scores * (3 * e + drop), 2 + (1 if dropout else 0))
+    return attn_f, attn_b
 
 
 def _measured_elementwise(model, rates: DeviceRates, T: int, hs: float, act: float,

@@ -18,6 +18,10 @@ grouped-query attention; Fedus et al. 2022 / Jiang et al. 2024 for top-k MoE):
   Qwen2-MoE); a token uses `experts_per_token` of them, plus any shared expert (Qwen2-MoE's
   with a sigmoid gate h→1, DeepSeek's without). DeepSeek's first `dense_layers` blocks have a
   dense MLP of `dense_ffn_hidden` instead (DeepSeek-AI 2024, "DeepSeek-V3", §4.2).
+- hybrid Mamba-2 / Transformer stacks (`ModelSpec.hybrid_pattern`; plan/mamba.py): each layer is one
+  mixer — a Mamba-2 mixer (`mamba.mixer_params`), an attention block or an MLP — and one pre-norm; the
+  per-layer fields then hold the average layer (the sequence mixers, Mamba and attention, under
+  `attention_per_layer`), while `total` and `active` are exact.
 - multi-head latent attention (DeepSeek-AI 2024, "DeepSeek-V2", §2.1; transformers'
   `DeepseekV3Attention`): q_a h→r_q, its RMSNorm (r_q), q_b r_q→a·(n+r) (or one q h→a·(n+r)
   without a query latent); kv_a h→(r_kv+r), its RMSNorm (r_kv), kv_b r_kv→a·(n+v); o a·v→h;
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from flopwise.catalog.models import ModelSpec, is_mla, norm_tensors, query_key_head_dim
+from flopwise.plan import mamba
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,10 @@ def _count_params(spec: ModelSpec) -> ParamCount:
         other += h * h + h  # BERT pooler: dense h -> h with bias
 
     shared_terms = embedding + output_head + final_norm + other
+    mix = mamba.layer_mix(spec)
+    if mix is not None:
+        return _hybrid_count(spec, mix, shared_terms, embedding, output_head, final_norm, other, attention,
+                             expert, norm_size)
     moe_layers = spec.n_layers - spec.dense_layers
     blocks = spec.n_layers * (attention + norms) + spec.dense_layers * dense_mlp
     total = shared_terms + blocks + moe_layers * mlp
@@ -179,6 +188,23 @@ def _count_params(spec: ModelSpec) -> ParamCount:
         dense_layers=spec.dense_layers,
         dense_mlp_per_layer=dense_mlp,
         moe_layer_step=spec.moe_layer_step,
+    )
+
+
+def _hybrid_count(spec: ModelSpec, mix: mamba.LayerMix, shared_terms: int, embedding: int, output_head: int,
+                  final_norm: int, other: int, attention: int, mlp: int, norm: int) -> ParamCount:
+    """A hybrid stack: its Mamba, attention and MLP layers each counted exactly, one pre-norm per layer
+    (Megatron-Core fuses it into the layer's first linear, TELayerNormColumnParallelLinear); the per-layer
+    fields are the average layer, sequence mixers (Mamba and attention) under `attention_per_layer`."""
+    layers = spec.n_layers
+    mixers = mix.mamba * mamba.mixer_params(spec) + mix.attention * attention
+    mlps = mix.mlp * mlp
+    total = shared_terms + mixers + mlps + layers * norm
+    return ParamCount(
+        total=total, active=total, embedding=embedding, output_head=output_head,
+        attention_per_layer=mixers / layers, mlp_per_layer=mlps / layers, mlp_active_per_layer=mlps / layers,
+        norms_per_layer=norm, final_norm=final_norm, other=other, non_embedding=total - embedding - output_head,
+        n_layers=layers,
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
 from flopwise.plan import finetune as tuning
+from flopwise.plan import mamba
 from flopwise.plan import memory as mem
 from flopwise.plan.calibration import Efficiency, efficiency_for
 from flopwise.plan.comm import (
@@ -205,6 +206,7 @@ def validate(spec: RunSpec) -> None:
             raise UserError(f"--cp {lay.cp} needs flash attention (ring attention passes K/V blocks through it)")
         if model.n_heads % lay.tp:
             raise UserError(f"--tp {lay.tp} does not divide {model.key}'s {model.n_heads} attention heads")
+        _check_hybrid(spec)
         # a Megatron stack counts the embedding and the loss as a layer each when layers are short (`timing.end_slots`)
         ends = stack_ends_in_split(spec.stack)
         room = model.n_layers + 2 * ends
@@ -227,6 +229,24 @@ def validate(spec: RunSpec) -> None:
     eff = spec.cluster.efficiency
     if eff is not None and not 0 < eff <= 1:
         raise UserError(f"--efficiency must be in (0, 1], got {eff}")
+
+
+def _check_hybrid(spec: RunSpec) -> None:
+    """What a hybrid Mamba-2 stack's plan does not cover: tensor parallelism that splits a Mamba head or
+    group (Megatron-Core's `MambaMixer` asserts both divide), context parallelism (Megatron's Mamba
+    all-to-alls, `mamba_context_parallel.py`, are not modelled) and LoRA (its adapters are counted on
+    attention and MLP blocks)."""
+    model, lay = spec.model, spec.layout
+    mix = mamba.layer_mix(model)
+    if mix is None:
+        return
+    if mix.mamba and (model.mamba_heads % lay.tp or model.mamba_groups % lay.tp):
+        raise UserError(f"--tp {lay.tp} must divide {model.key}'s {model.mamba_heads} Mamba heads and "
+                        f"{model.mamba_groups} groups")
+    if lay.cp > 1:
+        raise UserError(f"--cp {lay.cp}: context parallelism of a hybrid Mamba model is not planned")
+    if getattr(spec.workload, "finetune", "full") != "full":
+        raise UserError(f"--finetune {spec.workload.finetune}: adapters on a hybrid Mamba model are not planned")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -424,6 +444,12 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     small = model_size_reason(pc.active) if model.arch != "cnn" else None
     if small:
         band = dataclasses.replace(band, extrapolates=True, reasons=(*band.reasons, small))
+    if mamba.layer_mix(model) is not None:  # nor runs a Mamba layer; and pp > 1 splits the average layer
+        band = dataclasses.replace(band, extrapolates=True,
+                                   reasons=(*band.reasons, "hybrid Mamba layers never validated"))
+        if lay.pp > 1:
+            warnings.append(f"{model.key}: each pipeline stage is planned with the whole model's mix of Mamba, "
+                            "attention and MLP layers (the average layer), not the layers the pattern puts there")
     if model.n_experts > 1:  # no published run in the validation routes tokens to experts
         band = dataclasses.replace(band, extrapolates=True, reasons=(
             *band.reasons, "mixture-of-experts" + (" and expert parallelism" if lay.ep > 1 else "") + " never validated"))

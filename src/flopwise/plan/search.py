@@ -184,7 +184,8 @@ def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) ->
     shapes = []
     for tp in divisors(devices):
         pps = divisors(devices // tp)
-        if model.n_heads % tp or kv % tp:
+        # a hybrid model's Mamba heads and groups split over tp too (Megatron-Core `MambaMixer`)
+        if model.n_heads % tp or kv % tp or (model.mamba_heads and (model.mamba_heads % tp or model.mamba_groups % tp)):
             rejected["tp_heads"] += len(pps)
             continue
         if tp_within_node and tp > per_node:

@@ -470,7 +470,12 @@ def tp_collectives_per_layer(model) -> tuple[int, int]:
     megatron/model/transformer.py, `gpt_j_residual`: "we can do a single allreduce after we add
     mlp / attn outputs"; PaLM sec. 2, "Parallel Layers", its input matmuls fused); the backward
     reduces one input gradient per norm feeding the branches (GPT-NeoX-20B keeps two untied norms,
-    each branch its own copy to the model-parallel region; PaLM one shared norm)."""
+    each branch its own copy to the model-parallel region; PaLM one shared norm). A hybrid Mamba-2
+    stack's layer is one mixer, a column-parallel linear in and a row-parallel one out whatever its
+    kind (Megatron-Core `MambaMixer` in_proj / out_proj, attention's linear_qkv / linear_proj, the MLP's
+    linear_fc1 / linear_fc2): 1 and 1."""
+    if getattr(model, "hybrid_pattern", ""):
+        return 1, 1
     if getattr(model, "parallel_block", False):
         return 1, max(1, min(2, model.norms_per_layer))
     return 2, 2
