@@ -141,6 +141,12 @@ def busiest_stage_candidates(layers: tuple[int, ...], dense: tuple[int, ...] | N
 
 
 @lru_cache(maxsize=4096)
+def stage_layer_counts(split: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """Blocks each stage holds, all its chunks together (cached: the search asks per layout)."""
+    return tuple(sum(chunks) for chunks in split)
+
+
+@lru_cache(maxsize=4096)
 def stage_blocks(split: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
     """(first block, blocks) of each chunk every stage holds (`step_comm.device_chunks`): an
     interleaved stage's chunks are not contiguous, and which blocks it holds matters when some are dense."""
@@ -194,7 +200,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         warnings.append("deepspeed: pipeline parallelism runs with ZeRO-0/1 only; planned as asked")
     # the split the step is timed on, the embedding or loss in a layer's slot where the stack counts them
     split = ((0,),) if cnn else pipeline_split(spec)
-    layers = tuple(sum(chunks) for chunks in split)
+    layers = stage_layer_counts(split)
     blocks = stage_blocks(split)
     per_unit = planned_blocks_per_unit(lay, work, pc.per_layer, max(layers))  # FSDP2 units of grouped blocks
     largest = mem.largest_unit_params(pc, lay.tp, per_unit)
@@ -267,7 +273,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         if pc.dense_layers else None
     for i in range(len(layers)) if every_stage else busiest_stage_candidates(layers, dense):
         n = layers[i]
-        params = _stage_params(pc, blocks[i], i, model.tied_embeddings, lay.pp) / lay.tp
+        params = _stage_params(pc, blocks[i], i, model.tied_embeddings, lay.pp, n) / lay.tp
         experts = 0.0  # this device's share of the routed experts, under expert parallelism
         if experts_apart:  # 1/(ep x etp) of the stage's MoE blocks' experts, for the tp-th `params` counted
             routed = n - (dense[i] if dense else 0)
@@ -359,14 +365,18 @@ def _states_per_param(sb: mem.StateBytes, zero_stage: int, dp: int, offload: str
     return mem.model_states(1.0, sb, zero_stage, dp, offload)
 
 
-def _stage_params(pc: ParamCount, chunks: tuple[tuple[int, int], ...], stage: int, tied: bool, pp: int) -> float:
+def _stage_params(pc: ParamCount, chunks: tuple[tuple[int, int], ...], stage: int, tied: bool, pp: int,
+                  blocks: int) -> float:
     """Parameters held by one stage: its blocks (`chunks`: first block and count of each; DeepSeek's
     leading dense ones smaller), the embedding (and position/other terms) on the first, the head
     and final norm on the last, whether or not the stage holds any block. A tied head is a second
     copy of the embedding on the last stage when the pipeline splits them (Megatron keeps both)."""
     if pp == 1:
         return float(pc.total)
-    params = float(sum(pc.blocks_held(first, count) for first, count in chunks))
+    if pc.dense_layers:
+        params = float(sum(pc.blocks_held(first, count) for first, count in chunks))
+    else:  # every block alike: the count (`blocks`) is enough (the search asks this many thousand times)
+        params = float(pc.blocks_held(0, blocks))
     if stage == 0:
         params += pc.embedding + pc.other
     if stage == pp - 1:
