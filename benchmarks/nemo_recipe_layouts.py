@@ -1,6 +1,7 @@
 """Do NVIDIA NeMo's own H100 layouts plan? Every language-model row of NeMo's recommended H100
-configurations, planned as a user would type it, with the verdict: plans and fits, plans but does
-not fit, or refused / unknown (with the one-line reason).
+configurations, planned as a user would type it, with the verdict: plans and fits, plans tight (over
+the usable memory by less than the memory forecast's band: kept as stated, no recompute added), plans
+but does not fit, or refused / unknown (with the one-line reason).
 
 Source of the layouts (layouts only: no throughput figure is in that file or used here):
 NVIDIA/NeMo `scripts/performance/recommended_model_configs/model_configs_h100.csv` at commit
@@ -105,7 +106,8 @@ def plan_row(row: tuple) -> dict:
     except (UserError, TypeError) as err:  # TypeError: an option this tree does not have
         return {**out, "catalog": key, "verdict": "refused", "reason": str(err).splitlines()[0]}
     memory, time = result.memory, result.time
-    return {**out, "catalog": key, "verdict": "fits" if result.fits else "does not fit",
+    verdict = "fits" if result.fits else "tight" if memory.may_fit else "does not fit"
+    return {**out, "catalog": key, "verdict": verdict,
             "memory_share_of_usable": memory.total_bytes / memory.capacity_bytes,
             "recompute": result.spec.layout.recompute, "fits_with": list(memory.fits_with),
             "mfu_16bit_peak": time.mfu_16bit_peak or time.mfu, "tokens_per_second_per_device": time.tokens_per_second_per_device}
@@ -115,11 +117,12 @@ def main() -> int:
     results = [plan_row(row) for row in ROWS]
     planned = [r for r in results if r["verdict"] != "skipped"]
     fits = [r for r in planned if r["verdict"] == "fits"]
+    tight = [r for r in planned if r["verdict"] == "tight"]
     for r in planned:
         detail = r.get("reason") or f"{r['memory_share_of_usable']:.0%} of usable, MFU {r['mfu_16bit_peak']:.1%}"
         print(f"{r['task']:9s} {r['model']:16s} {r['dtype']:4s} {r['gpus']:5d}  {r['verdict']:12s} {detail}")
     summary = {"rows": len(results), "language_model_rows": len(planned), "plan_and_fit": len(fits),
-               "skipped": len(results) - len(planned)}
+               "plan_tight": len(tight), "skipped": len(results) - len(planned)}
     print(json.dumps(summary))
     path = Path(__file__).resolve().parent / "results" / "nemo_recipe_layouts.json"
     path.write_text(json.dumps({"summary": summary, "rows": results}, indent=1) + "\n")

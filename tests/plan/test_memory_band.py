@@ -97,6 +97,22 @@ def test_a_stated_recompute_is_planned_as_given_and_a_tight_plan_says_so():
     assert open_["fits"] is True and any("recompute" in option for option in open_["memory"]["fits_with"])
 
 
+def test_a_stated_layout_that_is_tight_is_kept_as_stated_and_an_open_one_gets_recompute():
+    """NeMo's Nemotron-H 8B row (8 H100, tp 1, micro-batch 1, fp8, no recompute) is planned a little
+    over the usable memory, within the forecast's band: typed whole, as the row states it, it is kept
+    so (tight, no recompute added, advice listed); the search, which states no layout, still only
+    ranks layouts that fit outright, the stack's recompute among them."""
+    layout = dict(model="nemotron-h-8b", hardware="h100-sxm", stack="nemo", gpus=8, seq_len=8192, precision="fp8",
+                  global_batch=128)
+    stated = plan(build_runspec(tp=1, micro_batch=1, **layout))
+    assert not stated.fits and stated.memory.may_fit and stated.memory.verdict == "tight"
+    assert stated.spec.layout.recompute == "none" and stated.advice
+    assert plan_memory(build_runspec(tp=1, micro_batch=1, **layout)).fits_with == stated.memory.fits_with
+    open_ = plan(build_runspec(tp=1, **layout))  # the micro-batch left open: the stack's ladder applies
+    assert open_.fits and open_.spec.layout.recompute != "none"
+    assert open_.time.step_seconds > stated.time.step_seconds
+
+
 def test_fsdp_zero2_in_a_pipeline_holds_unsharded_fp32_gradients():
     """FSDP2 without resharding after forward, in a pipeline stage: the schedule syncs only the
     last micro-batch, so each stage parameter's gradient is held whole in fp32 until then."""

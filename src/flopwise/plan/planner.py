@@ -270,6 +270,11 @@ def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     result = _evaluate(spec, profile)
     if result.fits:
         return result
+    if result.memory.may_fit and spec.cluster.extra.get("layout_stated"):
+        # a stated layout that is tight (over the usable memory by less than the memory forecast's
+        # validated error) is planned as stated, no recompute added: runs planned that close have run
+        # so (docs/validation.md); the verdict says tight, the advice what makes it fit for certain
+        return dataclasses.replace(result, advice=_advice(spec, result, profile))
     with_recompute = _stack_recompute(spec, profile)
     if with_recompute is not None:
         return with_recompute
@@ -468,6 +473,8 @@ def plan_memory(spec: RunSpec, check: bool = True, stack_recompute: bool = True)
     memory = estimate_memory(spec, pc, [], every_stage=False)
     if memory.fits or not stack_recompute or _stack_recompute_ladder(spec) is None:
         return memory
+    if memory.may_fit and spec.cluster.extra.get("layout_stated"):
+        return memory  # a stated layout that is tight is kept as stated, as `plan()` keeps it
     for policy in STACK_RECOMPUTE_LADDER:  # as `plan()` does (`_stack_recompute`)
         tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))
         with_recompute = estimate_memory(tried, pc, [], every_stage=False)
@@ -664,6 +671,8 @@ def build_runspec(
     if isinstance(optimizer, str):
         optimizer = {"adam": "adamw"}.get(optimizer.strip().lower(), optimizer.strip().lower())
     options = dict(locals())
+    # a layout stated whole (a published run's, a recipe's): kept as given when it is only tight (`plan`)
+    layout_stated = micro_batch is not None and (tp is not None or pp is not None)
     from flopwise.catalog.hardware import get_hardware
     from flopwise.catalog.models import get_model
     from flopwise.plan.stacks import FP8_RECIPE_ALIASES, FP8_RECIPES, get_stack
@@ -782,6 +791,8 @@ def build_runspec(
     extra["warnings"] = tuple(warnings)
     if recompute is not None:  # a stated policy is planned as given: no stack recompute added to fit
         extra["recompute_stated"] = True
+    if layout_stated:
+        extra["layout_stated"] = True
     # the expected job with hardware interruptions (plan/interruptions.py) reads these; unset, its defaults
     for key, value in (("interruptions_per_device_day", interruptions_per_device_day),
                        ("restart_seconds", restart_seconds), ("host_copy_gbps", host_copy_gbps)):
