@@ -292,6 +292,16 @@ def test_a_precision_that_names_its_fp8_recipe_plans_fp8_with_it(typed, recipe):
     assert build_runspec(precision=typed, fp8_recipe="rowwise").cluster.extra["fp8_recipe"] == "rowwise"
 
 
+@pytest.mark.parametrize(("typed", "policy"), [("yes", "full"), ("ckpt", "full"), ("off", "none"),
+                                              ("core_attn", "selective"), ("Selective", "selective")])
+def test_recompute_as_sources_name_it(typed, policy):
+    """llm-foundry's "activation checkpointing: yes" and Megatron-Core's --recompute-modules core_attn
+    (the attention core alone: Korthikanti et al.'s selective recompute) plan as the policy they are."""
+    from flopwise.plan.planner import build_runspec
+
+    assert build_runspec(model="llama3-8b", stack="nemo", recompute=typed).layout.recompute == policy
+
+
 def test_an_unknown_precision_still_names_the_choices():
     bad = run("--precision", "fp9", "--json")
     assert bad.returncode == 2

@@ -70,7 +70,7 @@ OPTIONS = (
                "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3). [default: the fastest stage the "
                "framework offers that fits, printed with the reason; 0 without data parallelism]"),
     PlanOption("recompute", "--recompute", str, None,
-               "Activation recompute: none|selective (Megatron: attention core; --stack torchtitan: its per-op "
+               "Activation recompute: none|selective (Megatron: attention core, its --recompute-modules core_attn; --stack torchtitan: its per-op "
                "policy, op)|op (per-op: every second "
                "matmul)|full (or yes)|every:K (full on one block in K)|blocks:F (full on a share F of the blocks). "
                "[default: none; full for a --finetune that "

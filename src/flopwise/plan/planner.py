@@ -598,7 +598,9 @@ def precision_and_recipe(text: str) -> tuple[str, str | None]:
 
 
 RECOMPUTE_WORDS = {"true": "full", "yes": "full", "on": "full", "ckpt": "full",
-                   "false": "none", "no": "none", "off": "none"}
+                   "false": "none", "no": "none", "off": "none",
+                   # Megatron-Core's --recompute-modules core_attn is Korthikanti et al.'s selective recompute
+                   "core_attn": "selective", "core-attn": "selective"}
 """--recompute as a source's "activation checkpointing: yes / no" puts it: a whole block's forward
 again (llm-foundry's `activation_checkpointing: true`, FSDP's checkpoint wrapper) or nothing."""
 
