@@ -270,10 +270,7 @@ def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     result = _evaluate(spec, profile)
     if result.fits:
         return result
-    if result.memory.may_fit and spec.cluster.extra.get("layout_stated"):
-        # a stated layout that is tight (over the usable memory by less than the memory forecast's
-        # validated error) is planned as stated, no recompute added: runs planned that close have run
-        # so (docs/validation.md); the verdict says tight, the advice what makes it fit for certain
+    if kept_as_stated(spec, result.memory):  # the verdict says tight, the advice what fits for certain
         return dataclasses.replace(result, advice=_advice(spec, result, profile))
     with_recompute = _stack_recompute(spec, profile)
     if with_recompute is not None:
@@ -286,6 +283,13 @@ def plan_layout(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     fit and no advice (for a published run whose source states its recompute policy, which must
     be timed as it ran, its memory verdict standing as the planner counts it)."""
     return _evaluate(spec, profile)
+
+
+def kept_as_stated(spec: RunSpec, memory: mem.MemoryEstimate) -> bool:
+    """A layout stated whole (`build_runspec`'s `layout_stated`) that is tight, over the usable memory
+    by less than the memory forecast's validated error, is planned as stated, no recompute added:
+    runs planned that close have run so (docs/validation.md). `plan` and `plan_memory` both ask here."""
+    return not memory.fits and memory.may_fit and bool(spec.cluster.extra.get("layout_stated"))
 
 
 STACK_RECOMPUTE_LADDER = ("every:4", "every:2", "full")
@@ -473,8 +477,8 @@ def plan_memory(spec: RunSpec, check: bool = True, stack_recompute: bool = True)
     memory = estimate_memory(spec, pc, [], every_stage=False)
     if memory.fits or not stack_recompute or _stack_recompute_ladder(spec) is None:
         return memory
-    if memory.may_fit and spec.cluster.extra.get("layout_stated"):
-        return memory  # a stated layout that is tight is kept as stated, as `plan()` keeps it
+    if kept_as_stated(spec, memory):
+        return memory
     for policy in STACK_RECOMPUTE_LADDER:  # as `plan()` does (`_stack_recompute`)
         tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))
         with_recompute = estimate_memory(tried, pc, [], every_stage=False)
@@ -594,7 +598,7 @@ def precision_and_recipe(text: str) -> tuple[str, str | None]:
     head, _, tail = word.partition("-")
     if head == "fp8" and tail:
         return "fp8", tail
-    return spelled_precision(text), None
+    return known, None
 
 
 RECOMPUTE_WORDS = {"true": "full", "yes": "full", "on": "full", "ckpt": "full",
@@ -677,7 +681,7 @@ def build_runspec(
     layout_stated = micro_batch is not None and (tp is not None or pp is not None)
     from flopwise.catalog.hardware import get_hardware
     from flopwise.catalog.models import get_model
-    from flopwise.plan.stacks import FP8_RECIPE_ALIASES, FP8_RECIPES, get_stack
+    from flopwise.plan.stacks import get_stack, spelled_fp8_recipe
 
     stack_spec = get_stack(stack or "flopwise")
     stack = stack_spec.name
@@ -688,13 +692,8 @@ def build_runspec(
     if precision is not None:
         precision, named_recipe = precision_and_recipe(precision)
         fp8_recipe = fp8_recipe if fp8_recipe is not None else named_recipe
-    if fp8_recipe is not None:
-        # "Row-wise", "current scaling", "MXFP8": the recipe's name as a source prints it
-        fp8_recipe = "".join(fp8_recipe.lower().replace("scaling", " ").replace("_", " ").replace("-", " ").split())
-        fp8_recipe = FP8_RECIPE_ALIASES.get(fp8_recipe, fp8_recipe)
-        if fp8_recipe not in FP8_RECIPES:
-            raise UserError(f"--fp8-recipe {fp8_recipe!r} is not one of: {', '.join(FP8_RECIPES)} (or current, "
-                            "hybrid, row; NeMo's ds, cs, ss; Transformer Engine's Float8CurrentScaling ...)")
+    if fp8_recipe is not None:  # "Row-wise", "current scaling", "MXFP8": as a source prints it
+        fp8_recipe = spelled_fp8_recipe(fp8_recipe)
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
     stack_selective = None
     if recompute is not None:  # "activation checkpointing: yes" as a source states it

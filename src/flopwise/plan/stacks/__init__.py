@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
-from flopwise.plan.stacks.base import FP8_RECIPE_ALIASES, FP8_RECIPES, Stack
+from flopwise.plan.stacks.base import FP8_RECIPE_ALIASES, FP8_RECIPES, Stack, spelled_fp8_recipe
 from flopwise.plan.stacks import (
     composer, deepspeed, flash_attn, flopwise, jax, megatron_core, megatron_deepspeed, megatron_lm, torchtitan,
 )
@@ -23,7 +23,8 @@ ALIASES = {"nemo": "megatron-core", "megatron-bridge": "megatron-core", "llm-fou
            "mosaicml": "composer", "flash-attention": "flash-attn", "transformer-engine": "megatron-core",
            "deepspeed-megatron": "megatron-deepspeed"}
 
-__all__ = ["ALIASES", "FP8_RECIPE_ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack", "find_stack", "get_stack"]
+__all__ = ["ALIASES", "FP8_RECIPE_ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack", "find_stack", "get_stack",
+           "spelled_fp8_recipe"]
 
 
 def _key(name: str) -> str:

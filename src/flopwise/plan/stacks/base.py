@@ -32,6 +32,19 @@ NeMo's `fp8: hybrid` is the e4m3-forward / e5m2-backward format of its default d
 (`ds`); its scripts' `ss` (sub-channel) is TE's `Float8BlockScaling`. Names are compared lower-case
 without spaces, `-`, `_` or the word "scaling"."""
 
+def spelled_fp8_recipe(text: str) -> str:
+    """A recipe as a source prints it ("Row-wise", "current scaling", "MXFP8", "cs",
+    "Float8BlockScaling") as its canonical name; a name that is none raises one line naming them."""
+    from flopwise.errors import UserError
+
+    word = "".join(text.lower().replace("scaling", " ").replace("_", " ").replace("-", " ").split())
+    word = FP8_RECIPE_ALIASES.get(word, word)
+    if word not in FP8_RECIPES:
+        raise UserError(f"--fp8-recipe {word!r} is not one of: {', '.join(FP8_RECIPES)} (or current, "
+                        "hybrid, row; NeMo's ds, cs, ss; Transformer Engine's Float8CurrentScaling ...)")
+    return word
+
+
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
 CROSS_ENTROPY_KERNELS = ("single-pass", "compiled", "megatron-fused", "megatron", "eager")
 """How a stack runs the loss over the logits (plan/ops.py `CROSS_ENTROPY_BYTES_PER_LOGIT` counts
