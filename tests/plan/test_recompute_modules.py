@@ -129,3 +129,8 @@ def test_the_cli_reads_megatron_flags_on_both_paths():
     assert bad.returncode == 2 and bad.stderr.startswith("error: --recompute-modules: attn_core not among")
     both = cli("--recompute", "full", "--recompute-layers", "1")
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_a_cnn_has_no_modules_to_recompute():
+    with pytest.raises(UserError, match="resnet50|ResNet-50"):
+        build_runspec(model="resnet50", recompute="mlp")

@@ -92,6 +92,9 @@ def check(modules: frozenset[str], model) -> None:
     from flopwise.catalog.models import is_mla
     from flopwise.plan import mamba
 
+    if model.arch == "cnn" and modules:
+        raise UserError(f"--recompute-modules is Megatron-Core's per-module recompute of transformer layers; {model.name} "
+                        "is a CNN (use --recompute full or none)")
     if "mla_up_proj" in modules and not is_mla(model):
         raise UserError("--recompute-modules mla_up_proj is for multi-latent attention (DeepSeek-V2/V3); "
                         f"{model.name} has none")
