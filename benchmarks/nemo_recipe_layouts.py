@@ -6,7 +6,8 @@ but does not fit, or refused / unknown (with the one-line reason).
 Source of the layouts (layouts only: no throughput figure is in that file or used here):
 NVIDIA/NeMo `scripts/performance/recommended_model_configs/model_configs_h100.csv` at commit
 8cfedd7203462cb251a914e700e5605444277561 (2025-09-20). Columns kept: task, model, size, dtype,
-num_gpus, seq_len, tp, pp, cp, ep, vp, mbs, gbs, etp. Rows of models flopwise does not plan
+num_gpus, seq_len, tp, pp, cp, ep, vp, mbs, gbs, etp, and recompute_modules where a row sets it
+(`RECOMPUTE`; its recompute_layers and activation_offload_layers are 0 on every H100 row). Rows of models flopwise does not plan
 (vision-language and diffusion models) are listed as skipped.
 
     .venv/bin/python benchmarks/nemo_recipe_layouts.py   # writes benchmarks/results/nemo_recipe_layouts.json
@@ -82,6 +83,10 @@ CATALOG = {("gpt3", "175b"): "gpt3-175b", ("llama31", "405b"): "llama3.1-405b", 
 """NeMo's (model, size) names -> flopwise catalog keys; anything else is not a language model flopwise plans."""
 
 
+RECOMPUTE = {("pre_train", "deepseek", "v3"): "mla_up_proj/mlp/moe"}
+"""The rows' recompute_modules column (Megatron-Core's per-module recompute), as the CSV writes it."""
+
+
 def plan_row(row: tuple) -> dict:
     """The verdict for one row: its layout planned under --stack nemo as the row states it."""
     from flopwise.errors import UserError
@@ -101,6 +106,8 @@ def plan_row(row: tuple) -> dict:
         kwargs["etp"] = etp
     if task == "lora":
         kwargs.update(finetune="lora", tokens="1B")
+    if (task, model, size) in RECOMPUTE:
+        kwargs["recompute"] = RECOMPUTE[(task, model, size)]
     try:
         result = plan(build_runspec(**kwargs))
     except (UserError, TypeError) as err:  # TypeError: an option this tree does not have

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec, query_key_head_dim, value_head_dim
 from flopwise.plan.mamba import attention_layers, scan_flops_forward
+from flopwise.plan import recompute_modules
 from flopwise.plan.memory import recompute_forward_fraction
 from flopwise.plan.params import ParamCount
 
@@ -96,6 +97,27 @@ def pf_days(flops: float) -> float:
     return flops / PF_DAY
 
 
+def module_recompute_flops(spec: ModelSpec, params: ParamCount, modules: frozenset[str], attn_fwd: float) -> float:
+    """Forward FLOPs per token that Megatron-Core's per-module recompute runs again
+    (`plan/recompute_modules.py`): the attention core, the recomputed MLPs' matmuls (a dense block's
+    MLP, an MoE block's active experts and shared expert), MLA's up projections."""
+    extra = attn_fwd if "core_attn" in modules else 0.0
+    if spec.n_experts <= 1:
+        dense_mlp, moe_mlp = params.n_layers * params.mlp_active_per_layer, 0.0
+    else:
+        dense_mlp = params.dense_layers * params.dense_mlp_per_layer
+        moe_mlp = params.moe_layers * params.mlp_active_per_layer
+    extra += 2.0 * ((dense_mlp if "mlp" in modules else 0.0) + (moe_mlp if "moe" in modules else 0.0))
+    if "shared_experts" in modules and "moe" not in modules and spec.shared_expert_ffn_hidden:
+        per_shared = (3 if spec.mlp == "swiglu" else 2) * spec.hidden * spec.shared_expert_ffn_hidden
+        extra += 2.0 * params.moe_layers * per_shared
+    if "mla_up_proj" in modules:
+        a, qk, dv = spec.n_heads, query_key_head_dim(spec), value_head_dim(spec)
+        up = a * (spec.qk_nope_head_dim + dv) * spec.kv_lora_rank + (a * qk * spec.q_lora_rank if spec.q_lora_rank else 0)
+        extra += 2.0 * spec.n_layers * up
+    return extra
+
+
 def estimate_flops(
     spec: ModelSpec, params: ParamCount, seq_len: int, recompute: str, units: float
 ) -> FlopsEstimate:
@@ -120,6 +142,8 @@ def estimate_flops(
         hardware = model + attn_fwd
     elif recompute == "op":  # per-op policy: every second matmul re-run, attention output kept
         hardware = model + recompute_forward_fraction(recompute) * 2.0 * n
+    elif recompute_modules.parse(recompute) is not None:
+        hardware = model + module_recompute_flops(spec, params, recompute_modules.parse(recompute), attn_fwd)
     else:  # none, or every:K (full recompute of one block in K)
         hardware = model + recompute_forward_fraction(recompute) * (2.0 * n + mixer_fwd)
     model_total = model * units

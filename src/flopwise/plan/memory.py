@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
-from flopwise.plan import mamba
+from flopwise.plan import mamba, recompute_modules
 from flopwise.plan.params import ParamCount
 from flopwise.plan.step_comm import zero3_collectives
 
@@ -149,6 +149,11 @@ class ActivationTerms:
     recompute and by flash attention. `flash_stats` is flash attention's fp32 log-sum-exp.
     `routed_copies` is an MoE's tokens as the experts see them, whole on every TP rank even
     with sequence parallelism (the dispatcher gathers the shards first).
+    What Megatron-Core's per-module recompute (`plan/recompute_modules.py`) drops, each part of the
+    above: `mlp_saved` the MLP's saved tensors but its input (sharded), `shared_saved` the shared
+    expert's share of them, `act_output` the down projection's input (of the routed experts under
+    MoE), `qkv` Q, K and V (sharded), `norm_outputs` the two GEMM inputs the pre-norms write
+    (replicated).
     """
 
     replicated: float
@@ -159,6 +164,12 @@ class ActivationTerms:
     matmul_outputs: float = 0.0
     attention_output: float = 0.0
     routed_copies: float = 0.0
+    mlp_saved: float = 0.0
+    shared_saved: float = 0.0
+    act_output: float = 0.0
+    qkv: float = 0.0
+    norm_outputs: float = 0.0
+    dense_share: float = 1.0  # share of blocks with a dense MLP (an MoE's leading dense blocks)
 
 
 def activation_terms(
@@ -246,9 +257,10 @@ def activation_terms(
     if getattr(spec, "qk_norm", False):  # qwen3's per-head norms on q and k keep their inputs (+ normalised)
         sharded += per_norm * e * sb * (d + k)
     if spec.mlp == "swiglu" and fused_swiglu:
-        sharded += 2.0 * (e if act_input_bytes is None else act_input_bytes) * sb * f + g * sb * f
+        mlp_saved = 2.0 * (e if act_input_bytes is None else act_input_bytes) * sb * f + g * sb * f
     else:
-        sharded += (3.0 if spec.mlp == "swiglu" else 1.0) * e * sb * f + g * sb * f  # ... + down-proj input
+        mlp_saved = (3.0 if spec.mlp == "swiglu" else 1.0) * e * sb * f + g * sb * f  # ... + down-proj input
+    sharded += mlp_saved
 
     a = spec.n_heads
     if flash_attention:
@@ -262,7 +274,11 @@ def activation_terms(
     mlp_out = (2.0 if spec.mlp == "swiglu" else 1.0) * f
     matmul_outputs = e * sb * (attention_matmul_outputs(spec, d, k) + h + mlp_out + h)  # + MLP up(/gate), down
     routed = 2.0 * e * sb * spec.experts_per_token * h if spec.n_experts > 1 else 0.0
-    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * out, routed)
+    shared = spec.shared_expert_ffn_hidden if spec.n_experts > 1 else 0
+    return ActivationTerms(replicated, sharded, scores, flash_stats, e * sb * h, matmul_outputs, e * sb * out, routed,
+                           mlp_saved=mlp_saved, shared_saved=mlp_saved * shared / f, act_output=g * sb * (f - shared),
+                           qkv=e * sb * (d + k + v), norm_outputs=2.0 * g * sb * h,
+                           dense_share=recompute_modules.dense_share(spec))
 
 
 def hybrid_activation_terms(
@@ -379,7 +395,8 @@ def recomputed_block_share(recompute: str) -> float | None:
 
 def is_recompute_policy(recompute: str) -> bool:
     """Whether `recompute` names a policy the planner models."""
-    return recompute in RECOMPUTE_POLICIES or recomputed_block_share(recompute) is not None
+    return (recompute in RECOMPUTE_POLICIES or recomputed_block_share(recompute) is not None
+            or recompute_modules.parse(recompute) is not None)
 
 
 def recompute_forward_fraction(recompute: str) -> float:
@@ -412,6 +429,8 @@ def activation_bytes_per_layer(
     - full:      only the layer input (2·sbh in 16-bit; /t with SP)
     - every:K:   full on one block in K, none on the others (the average layer); blocks:F
                  likewise with a share F of the blocks
+    - modules:…: Megatron-Core's per-module recompute: each recomputed module's own saved
+                 tensors dropped (`plan/recompute_modules.py`)
     """
     layer_input = terms.layer_input / tp if sequence_parallel else terms.layer_input
     if recompute == "full":
@@ -424,9 +443,31 @@ def activation_bytes_per_layer(
         scores = terms.flash_stats if terms.flash_stats else terms.scores
         return layer_input + 0.25 * terms.routed_copies + (
             0.5 * terms.matmul_outputs + terms.attention_output + scores) / tp
+    modules = recompute_modules.parse(recompute)
+    if modules is not None:
+        return _kept_with_modules(terms, tp, sequence_parallel, modules)
     scores = 0.0 if recompute == "selective" else terms.scores
     replicated = terms.replicated / tp if sequence_parallel else terms.replicated
     return replicated + terms.routed_copies + (terms.sharded + scores + terms.flash_stats) / tp
+
+
+def _kept_with_modules(terms: ActivationTerms, tp: int, sequence_parallel: bool, modules: frozenset[str]) -> float:
+    """A layer's kept bytes under Megatron-Core's per-module recompute: what selective (with core_attn)
+    or no recompute keeps, less each recomputed module's own saved tensors, weighed by the share of
+    blocks the module is in (`terms.dense_share`: a dense model's MLP is in every block)."""
+    kept = activation_bytes_per_layer(terms, tp, sequence_parallel, "selective" if "core_attn" in modules else "none")
+    whole_mlp = recompute_modules.mlp_rerun_share(modules, terms.dense_share)
+    moe_left = recompute_modules.moe_kept_share(modules, terms.dense_share)
+    sharded = terms.mlp_saved * whole_mlp
+    if "moe_act" in modules:
+        sharded += terms.act_output * moe_left
+    if "shared_experts" in modules:
+        sharded += terms.shared_saved * moe_left
+    if "mla_up_proj" in modules:
+        sharded += terms.qkv
+    replicated = terms.norm_outputs if "layernorm" in modules else 0.0
+    replicated = replicated / tp if sequence_parallel else replicated
+    return kept - sharded / tp - replicated - terms.routed_copies * whole_mlp
 
 
 def layer_activation_bytes(

@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
-from flopwise.plan import mamba
+from flopwise.plan import mamba, recompute_modules
 from flopwise.plan.gemm import DeviceRates
 from flopwise.plan.memory import mlp_width_per_token, recomputed_block_share
 
@@ -211,6 +211,7 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     fwd_g = dgrad_g = wgrad_g = 0.0
     shared_up = shared_down = (0.0, 0.0, 0.0)
     shapes = attention_gemms(model, T, tp, sp)
+    n_attention = len(shapes)  # the MLP's (router, experts, shared expert) follow
     if experts > 1:
         etp = etp or tp  # folded experts (etp < tp) see the tokens of tp / etp sequence-parallel ranks, whole
         per_expert = max(1, T * etp // tp * topk * ep // experts)  # tokens one local expert sees from the ep ranks
@@ -225,11 +226,13 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
                                       for m, n, k, count in (up, down))
     else:
         shapes += [(T, up_width // tp, h, 1.0), (T, h, f // tp, 1.0)]
-    for m, n, k, count in shapes:
+    mlp_fwd_g = 0.0
+    for i, (m, n, k, count) in enumerate(shapes):
         fw, dg, wg = _gemm_fwd_bwd(rates, m, max(1, n), max(1, k), ge, count)
         fwd_g += fw
         dgrad_g += dg
         wgrad_g += wg
+        mlp_fwd_g += fw if i >= n_attention else 0.0
 
     # ---- attention core
     attn_f, attn_b = _attention_core(model, s, b, kv, tp, flash, dropout, precision, rates, e)
@@ -281,6 +284,10 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         extra, extra_g, extra_a, extra_m = attn_f, 0.0, attn_f, 0.0
     elif recompute == "op":  # torchtitan's per-op policy re-runs every second matmul (plan/memory.py)
         extra, extra_g, extra_a, extra_m = 0.5 * fwd_g, 0.5 * fwd_g, 0.0, 0.0
+    elif recompute_modules.parse(recompute) is not None:
+        extra_g, extra_a, extra_m = _module_rerun(model, recompute_modules.parse(recompute), rates, T, tp, sp, ge, e,
+                                                  mlp_fwd_g, shared_up[0] + shared_down[0], attn_f, hs, act)
+        extra = extra_g + extra_a + extra_m
     else:
         extra = extra_g = extra_a = extra_m = 0.0
     return LayerTimes(
@@ -289,6 +296,32 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         memory_bound=mem_f + mem_b + extra_m, wgrad=wgrad_g, forward_gemm=fwd_g,
         shared_up=shared_up, shared_down=shared_down,
     )
+
+
+def _module_rerun(model, modules: frozenset[str], rates: DeviceRates, T: int, tp: int, sp: bool, ge: float,
+                  e: float, mlp_fwd: float, shared_fwd: float, attn_f: float, hs: float,
+                  act: float) -> tuple[float, float, float]:
+    """(GEMM, attention, memory-bound) seconds that Megatron-Core's per-module recompute runs again
+    for one layer and micro-batch (`plan/recompute_modules.py`): the attention core (core_attn),
+    the MLP's forward GEMMs and activation on the blocks whose MLP is recomputed (mlp, moe), the shared
+    expert's (shared_experts), MLA's two up projections (mla_up_proj), and the element-wise
+    activation (moe_act) and pre-norms (layernorm)."""
+    dense = recompute_modules.dense_share(model)
+    whole = recompute_modules.mlp_rerun_share(modules, dense)
+    moe_left = recompute_modules.moe_kept_share(modules, dense)
+    gemm = whole * mlp_fwd + (moe_left * shared_fwd if "shared_experts" in modules else 0.0)
+    if "mla_up_proj" in modules:
+        dv, qk = value_head_dim(model), query_key_head_dim(model)
+        a = model.n_heads
+        gemm += _gemm_fwd_bwd(rates, T, max(1, a * (model.qk_nope_head_dim + dv) // tp), model.kv_lora_rank, ge)[0]
+        if model.q_lora_rank:
+            gemm += _gemm_fwd_bwd(rates, T, max(1, a * qk // tp), model.q_lora_rank, ge)[0]
+    act_bytes = (3 if model.mlp == "swiglu" else 2) * act * e  # read the input(s), write the output
+    share_act = whole + (moe_left if "moe_act" in modules else 0.0)
+    elementwise = share_act * act_bytes + (model.norms_per_layer * 2 * hs * e if "layernorm" in modules else 0.0)
+    kernels = (1 if share_act else 0) + (model.norms_per_layer if "layernorm" in modules else 0)
+    memory = rates.memory_seconds(T * elementwise, kernels) if kernels else 0.0
+    return gemm, (attn_f if "core_attn" in modules else 0.0), memory
 
 
 def _hybrid_layer_times(model, mix: mamba.LayerMix, s: int, b: int, tp: int, sp: bool, flash: bool, dropout: bool,
@@ -486,6 +519,24 @@ def _elementwise_bytes(model, hs: float, act: float, rope: float, e: float) -> f
     if model.position == "rope":
         per_token += 2 * rope * e
     return per_token
+
+
+def tp_collectives_rerun(recompute: str, model, forward: int) -> float:
+    """Forward tensor-parallel collectives a recompute runs again per layer: all `forward` of a
+    recomputed block; under per-module recompute the MLP's one on the blocks whose MLP is re-run."""
+    modules = recompute_modules.parse(recompute)
+    if modules is None or model is None:
+        return forward * full_recompute_share(recompute)
+    return recompute_modules.mlp_rerun_share(modules, recompute_modules.dense_share(model))
+
+
+def expert_passes_rerun(recompute: str) -> float:
+    """Share of an MoE layer's forward dispatch and combine that a recompute runs again: a recomputed
+    block's, or Megatron-Core's `moe` module recompute's (the whole MoE layer, its all-to-alls too)."""
+    modules = recompute_modules.parse(recompute)
+    if modules is None:
+        return full_recompute_share(recompute)
+    return 1.0 if "moe" in modules else 0.0
 
 
 def full_recompute_share(recompute: str) -> float:

@@ -72,7 +72,10 @@ OPTIONS = (
     PlanOption("recompute", "--recompute", str, None,
                "Activation recompute: none|selective (Megatron: attention core, its --recompute-modules core_attn; --stack torchtitan: its per-op "
                "policy, op)|op (per-op: every second "
-               "matmul)|full (or yes)|every:K (full on one block in K)|blocks:F (full on a share F of the blocks). "
+               "matmul)|full (or yes)|every:K (full on one block in K)|blocks:F (full on a share F of the blocks)|"
+               "Megatron-Core modules, as NeMo lists them (mla_up_proj/mlp/moe; also core_attn, moe_act, "
+               "layernorm, shared_experts). Megatron's own --recompute-granularity/-method/-num-layers/-modules "
+               "and NeMo's --recompute-layers are read too. "
                "[default: none; full for a --finetune that "
                "does not fit without it]"),
     PlanOption("offload", "--offload", str, "none", "none|optimizer|params (params needs --zero 3)."),

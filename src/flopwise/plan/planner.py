@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
 from flopwise.plan import finetune as tuning
-from flopwise.plan import mamba
+from flopwise.plan import mamba, recompute_modules
 from flopwise.plan import memory as mem
 from flopwise.plan.calibration import Efficiency, efficiency_for
 from flopwise.plan.comm import (
@@ -183,7 +183,7 @@ def validate(spec: RunSpec) -> None:
                         f"{lay.gradient_group * lay.tp}")
     if not mem.is_recompute_policy(lay.recompute):
         raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)}, "
-                        "every:K or blocks:F")
+                        "every:K, blocks:F or Megatron-Core modules (modules:mlp+moe, --recompute-modules)")
     _choice("framework", lay.framework, FRAMEWORKS)
     tuning.validate_workload(work, lay, model, spec.stack)
     if not 0 <= spec.cluster.allocator_reserve < 1:
@@ -609,6 +609,24 @@ RECOMPUTE_WORDS = {"true": "full", "yes": "full", "on": "full", "ckpt": "full",
 again (llm-foundry's `activation_checkpointing: true`, FSDP's checkpoint wrapper) or nothing."""
 
 
+BLOCK_LAYERS = "block-layers:"
+"""`block-layers:N`: Megatron-Core's `--recompute-granularity full --recompute-method block
+--recompute-num-layers N` (NeMo's recompute_layers): the first N blocks of each pipeline stage
+(virtual chunk) recomputed whole."""
+
+
+def blocks_of_stage(recompute: str, layers: int, chunks: int) -> str:
+    """`block-layers:N` as the share of blocks it recomputes, `blocks:F` with F = N / (layers per chunk)."""
+    count = recompute[len(BLOCK_LAYERS):]
+    per_chunk = layers / chunks
+    if not count.isdigit() or int(count) < 1:
+        raise UserError(f"--recompute-num-layers must be a whole number >= 1, got {count!r}")
+    if int(count) > per_chunk:
+        raise UserError(f"--recompute-num-layers {count} is more than the {per_chunk:g} layers of a pipeline stage "
+                        f"({layers} layers over {chunks} stages and virtual chunks)")
+    return f"blocks:{int(count) / per_chunk:.6g}"
+
+
 def build_runspec(
     model: str | None = None,
     hardware: str | None = None,
@@ -698,6 +716,11 @@ def build_runspec(
     stack_selective = None
     if recompute is not None:  # "activation checkpointing: yes" as a source states it
         recompute = RECOMPUTE_WORDS.get(recompute.strip().lower(), recompute.strip().lower())
+        listed = recompute_modules.modules_in(recompute)  # "mla_up_proj/mlp/moe" as NeMo's tables list them
+        if listed is not None:
+            recompute = recompute_modules.spelled(listed)
+        elif recompute.startswith(recompute_modules.PREFIX):
+            raise UserError(recompute_modules.unknown_modules_message(recompute))
     if recompute == "selective" and stack_spec.selective_recompute != "selective":
         recompute = stack_spec.selective_recompute  # what "selective" means on this stack
         stack_selective = (f"recompute {recompute}: {stack}'s selective activation checkpointing as its configs "
@@ -766,6 +789,10 @@ def build_runspec(
         virtual_stages = virtual_stages or 2
     elif virtual_stages not in (None, 1):
         raise UserError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (or 1f1b), not {schedule}")
+    if recompute is not None and recompute.startswith(BLOCK_LAYERS) and not cnn:
+        recompute = blocks_of_stage(recompute, model_spec.n_layers, pp * (virtual_stages or 1))
+    if recompute is not None and recompute_modules.parse(recompute) is not None:
+        recompute_modules.check(recompute_modules.parse(recompute), model_spec)
 
     extra: dict = {}
     if calibrate is not None:

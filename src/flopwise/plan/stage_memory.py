@@ -15,7 +15,7 @@ import dataclasses
 from functools import lru_cache
 from typing import NamedTuple
 
-from flopwise.plan import finetune
+from flopwise.plan import finetune, recompute_modules
 from flopwise.plan import memory as mem
 from flopwise.plan import step_comm as sc
 from flopwise.plan.fsdp_units import planned_blocks_per_unit
@@ -223,6 +223,9 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     if not cnn and (lay.recompute == "full" or mem.recomputed_block_share(lay.recompute) is not None):
         # the layer being back-propagated is rebuilt whole for a moment
         rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, sharded, "none")
+    elif not cnn and recompute_modules.parse(lay.recompute) is not None:
+        # the modules of the layer being back-propagated are rebuilt for a moment
+        rebuilt = mem.activation_bytes_per_layer(terms, lay.tp, sharded, "none") - per_layer
     tuned = finetune.split_of(spec)  # LoRA / QLoRA: frozen base, adapters' states and paths
     if tuned is not None:
         adapter = finetune.block_activation_delta_bytes(spec, tuned, seq, e, conv.gemm_input_bytes, conv.fused_norm)

@@ -512,7 +512,7 @@ def ep_layer_seconds(lay, layer, links: Links, model, tokens: float, e: float) -
     if lay.ep <= 1 or model.n_experts <= 1:
         return 0.0, 0.0
     passes = expert_comm.token_passes(lay, links, model, tokens, e)
-    rerun = ops.full_recompute_share(lay.recompute)
+    rerun = ops.expert_passes_rerun(lay.recompute)
     wire = (2.0 + rerun) * passes.dispatch_seconds + (2.0 + rerun) * passes.combine_seconds
     if not lay.moe_shared_expert_overlap:
         return wire, wire
@@ -525,7 +525,7 @@ def tp_layer_seconds(lay, layer, links: Links, message: float, model=None) -> tu
     tp = lay.tp
     one = cm.all_reduce_seconds(links, tp, 1, message)  # AR = RS + AG, the same volume with SP
     fwd, bwd = tp_collectives_per_layer(model)
-    n_coll = fwd + bwd + fwd * ops.full_recompute_share(lay.recompute)
+    n_coll = fwd + bwd + ops.tp_collectives_rerun(lay.recompute, model, fwd)
     tp_wire = n_coll * one
     if tp == 1:
         return one, n_coll, tp_wire, 0.0
