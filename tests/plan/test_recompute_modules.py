@@ -134,3 +134,12 @@ def test_the_cli_reads_megatron_flags_on_both_paths():
 def test_a_cnn_has_no_modules_to_recompute():
     with pytest.raises(UserError, match="resnet50|ResNet-50"):
         build_runspec(model="resnet50", recompute="mlp")
+
+
+def test_a_lora_run_counts_the_rerun_base_matmuls():
+    """A LoRA fine-tune under per-module recompute runs the frozen base's MLP forward again: its
+    hardware FLOPs grow by that MLP's 2 FLOPs per weight per token."""
+    lora = dict(model="llama3-8b", gpus=8, micro_batch=1, finetune="lora", stack="megatron-core", tokens="1B")
+    none = plan(build_runspec(**lora, recompute="none")).flops
+    mlp = plan(build_runspec(**lora, recompute="mlp")).flops
+    assert mlp.hardware_per_unit - none.hardware_per_unit == pytest.approx(2 * 32 * 3 * 4096 * 14336, rel=0.001)

@@ -480,3 +480,22 @@ def test_mxfp8_off_blackwell_is_planned_with_a_warning():
     blackwell = plan(build_runspec(model="llama3-8b", hardware="b200", gpus=8, precision="mxfp8"))
     assert any("MXFP8" in w and "Blackwell" in w for w in hopper.warnings)
     assert not any("MXFP8" in w for w in blackwell.warnings)
+
+
+@pytest.mark.parametrize(("typed", "name"), [
+    ("FlashAttention", "flash-attn"), ("Dao-AILab/flash-attention", "flash-attn"), ("NeMo 2.0", "megatron-core"),
+    ("NVIDIA/NeMo", "megatron-core"), ("mosaicml/llm-foundry", "composer"), ("Megatron Core", "megatron-core"),
+    ("MegatronLM", "megatron-lm"), ("TorchTitan", "torchtitan")])
+def test_a_stack_as_its_source_prints_it(typed, name):
+    """Separators, a version and the repository's owner do not matter; an unknown name still refuses."""
+    from flopwise.plan.stacks import get_stack
+
+    assert get_stack(typed).name == name
+
+
+def test_an_unknown_stack_still_refuses():
+    from flopwise.errors import UserError
+    from flopwise.plan.stacks import get_stack
+
+    with pytest.raises(UserError, match="--stack 'nanogpt' is not one of"):
+        get_stack("nanogpt")

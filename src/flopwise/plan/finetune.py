@@ -520,8 +520,10 @@ def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_st
 def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_len: int, recompute: str,
                    units: float):
     """FLOPs of a LoRA/QLoRA run by the convention in the module docstring (FLOPs really run)."""
+    from flopwise.plan import recompute_modules
     from flopwise.plan.flops import (
-        FlopsEstimate, attention_dim, attention_flops_forward, matmul_params, pf_days, six_n_d,
+        FlopsEstimate, attention_dim, attention_flops_forward, matmul_params, module_recompute_flops, pf_days,
+        six_n_d,
     )
 
     n = matmul_params(spec, pc)
@@ -534,6 +536,8 @@ def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_le
     share = mem.recompute_forward_fraction(recompute)
     if recompute == "selective":
         hardware = model + attn_fwd
+    elif recompute_modules.parse(recompute) is not None:  # the frozen base's modules re-run (adapters' few aside)
+        hardware = model + module_recompute_flops(spec, pc, recompute_modules.parse(recompute), attn_fwd)
     else:
         hardware = model + share * forward
     return FlopsEstimate("token", float(n), dense, 3.0 * attn_fwd, model, hardware, units, model * units,

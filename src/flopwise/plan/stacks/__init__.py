@@ -27,11 +27,23 @@ __all__ = ["ALIASES", "FP8_RECIPE_ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack
            "spelled_fp8_recipe"]
 
 
+def _squashed(name: str) -> str:
+    """A name without case, separators or a trailing version: "FlashAttention", "NeMo 2.0", "Megatron-Core"."""
+    return "".join(ch for ch in name.lower() if ch.isalnum()).rstrip("0123456789")
+
+
+_SQUASHED = {_squashed(name): ALIASES.get(name, name) for name in (*STACK_NAMES, *ALIASES)}
+
+
 def _key(name: str) -> str:
     """A stack name as the modules spell it: case, spaces and underscores do not matter
-    ("NeMo", "flash_attn", "Megatron Bridge")."""
+    ("NeMo", "flash_attn", "Megatron Bridge"), nor separators, a version or the repository's owner as a
+    source prints it ("FlashAttention", "NeMo 2.0", "Dao-AILab/flash-attention", "mosaicml/llm-foundry")."""
     key = spelled(name)
-    return ALIASES.get(key, key)
+    key = ALIASES.get(key, key)
+    if key in _STACKS:
+        return key
+    return _SQUASHED.get(_squashed(name.rsplit("/", 1)[-1]), key)
 
 
 def find_stack(name: str) -> Stack | None:
