@@ -143,3 +143,9 @@ def test_a_lora_run_counts_the_rerun_base_matmuls():
     none = plan(build_runspec(**lora, recompute="none")).flops
     mlp = plan(build_runspec(**lora, recompute="mlp")).flops
     assert mlp.hardware_per_unit - none.hardware_per_unit == pytest.approx(2 * 32 * 3 * 4096 * 14336, rel=0.001)
+
+
+@pytest.mark.parametrize("argv", [["--recompute-modules"], ["--recompute-modules="], ["--recompute-layers", "--tp", "2"]])
+def test_a_recompute_flag_without_its_value_says_so(argv):
+    with pytest.raises(UserError, match="needs a value"):
+        recompute_flags.rewrite(argv)

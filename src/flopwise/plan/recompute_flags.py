@@ -43,7 +43,7 @@ def rewrite(argv: list[str]) -> list[str]:
             rest.append(argv[i])
             i += 1
             continue
-        values = [value] if value is not None else []
+        values = [value] if value else []
         i += 1
         while i < len(argv) and (value is None) and not argv[i].startswith("-") and "=" not in argv[i]:
             values.append(argv[i])
