@@ -87,8 +87,9 @@ RECOMPUTE = {("pre_train", "deepseek", "v3"): "mla_up_proj/mlp/moe"}
 """The rows' recompute_modules column (Megatron-Core's per-module recompute), as the CSV writes it."""
 
 
-def plan_row(row: tuple) -> dict:
-    """The verdict for one row: its layout planned under --stack nemo as the row states it."""
+def plan_row(row: tuple, hardware: str = "h100-sxm", **stated) -> dict:
+    """The verdict for one row: its layout planned under --stack nemo as the row states it (`stated`:
+    more `build_runspec` options the row states, e.g. zero=3 for Megatron-Core FSDP)."""
     from flopwise.errors import UserError
     from flopwise.plan.planner import build_runspec, plan
 
@@ -98,7 +99,7 @@ def plan_row(row: tuple) -> dict:
     key = CATALOG.get((model, size))
     if key is None:
         return {**out, "verdict": "skipped", "reason": "not a language model flopwise plans"}
-    kwargs = dict(model=key, hardware="h100-sxm", stack="nemo", gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep,
+    kwargs = dict(model=key, hardware=hardware, stack="nemo", gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep,
                   micro_batch=mbs, global_batch=gbs, seq_len=seq, precision=dtype)
     if vp > 1:
         kwargs.update(schedule="interleaved", virtual_stages=vp)
@@ -106,8 +107,9 @@ def plan_row(row: tuple) -> dict:
         kwargs["etp"] = etp
     if task == "lora":
         kwargs.update(finetune="lora", tokens="1B")
-    if (task, model, size) in RECOMPUTE:
+    if (task, model, size) in RECOMPUTE and hardware == "h100-sxm":
         kwargs["recompute"] = RECOMPUTE[(task, model, size)]
+    kwargs.update(stated)
     try:
         result = plan(build_runspec(**kwargs))
     except (UserError, TypeError) as err:  # TypeError: an option this tree does not have
