@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args[:1] == ["plan"]:
             from flopwise.plan.fast_json import run_json_plan
-            from flopwise.plan.recompute_flags import rewrite
+            from flopwise.plan.launcher_flags import rewrite
 
             args = ["plan"] + rewrite(args[1:])  # Megatron's / NeMo's recompute flags as --recompute
 

@@ -8,7 +8,7 @@ import pytest
 
 from flopwise.errors import UserError
 from flopwise.plan import memory as mem
-from flopwise.plan import recompute_flags, recompute_modules
+from flopwise.plan import launcher_flags, recompute_modules
 from flopwise.plan.planner import build_runspec, plan
 
 DEEPSEEK = dict(model="deepseek-v3", hardware="h100-sxm", gpus=1024, tp=2, pp=16, ep=64, micro_batch=1,
@@ -101,7 +101,7 @@ def test_terms_drop_exactly_the_module_tensors():
     (["--recompute-granularity", "selective"], "selective"),
 ])
 def test_megatron_flags_become_one_recompute(argv, policy):
-    assert recompute_flags.rewrite(["--tp", "2", *argv, "x.y=1"]) == ["--tp", "2", "x.y=1", "--recompute", policy]
+    assert launcher_flags.rewrite(["--tp", "2", *argv, "x.y=1"]) == ["--tp", "2", "x.y=1", "--recompute", policy]
 
 
 def test_block_method_is_the_share_of_a_stage():
@@ -148,4 +148,35 @@ def test_a_lora_run_counts_the_rerun_base_matmuls():
 @pytest.mark.parametrize("argv", [["--recompute-modules"], ["--recompute-modules="], ["--recompute-layers", "--tp", "2"]])
 def test_a_recompute_flag_without_its_value_says_so(argv):
     with pytest.raises(UserError, match="needs a value"):
-        recompute_flags.rewrite(argv)
+        launcher_flags.rewrite(argv)
+
+
+@pytest.mark.parametrize(("argv", "zero"), [
+    (["--use-distributed-optimizer"], "1"), (["--use-torch-fsdp2"], "3"), (["--use-megatron-fsdp"], "3"),
+    (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"], "2"),
+    (["--use_mcore_fsdp", "true"], "3"), (["--use_mcore_fsdp=1"], "3"), (["--use-custom-fsdp"], "3"),
+])
+def test_sharding_flags_become_one_zero_stage(argv, zero):
+    """Megatron-LM's --use-distributed-optimizer is ZeRO-1, its FSDPs (torch's, Megatron's) shard
+    everything unless --data-parallel-sharding-strategy says less; NeMo's --use_mcore_fsdp takes a bool."""
+    assert launcher_flags.rewrite(["--tp", "1", *argv]) == ["--tp", "1", "--zero", zero]
+
+
+def test_sharding_flags_off_or_wrong():
+    assert launcher_flags.rewrite(["--use_mcore_fsdp", "false", "--tp", "2"]) == ["--tp", "2"]
+    with pytest.raises(UserError, match="--data-parallel-sharding-strategy must be one of"):
+        launcher_flags.rewrite(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "full"])
+    with pytest.raises(UserError, match="not both"):
+        launcher_flags.rewrite(["--zero", "2", "--use-torch-fsdp2"])
+
+
+def test_a_megatron_command_line_plans_on_both_paths():
+    """The flags as a Megatron-LM launch script writes them plan through `flopwise plan`, table and --json."""
+    args = ["--model", "llama3-8b", "--num-gpus", "16", "--tensor-model-parallel-size", "2", "--micro-batch-size", "1",
+            "--use-distributed-optimizer", "--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--stack", "megatron-core"]
+    fast = subprocess.run([sys.executable, "-m", "flopwise", "plan", *args, "--json"], capture_output=True,
+                          text=True, timeout=60)
+    assert fast.returncode == 0, fast.stderr
+    layout = json.loads(fast.stdout)["layout"]
+    assert (layout["zero"], layout["recompute"], layout["tp"]) == (1, "full", 2)

@@ -67,7 +67,9 @@ OPTIONS = (
                "the same. [default: the stack's recipes: deepep under megatron-core for a DeepSeek-family MoE "
                "(MLA + routed experts) on Ampere or Hopper, as NeMo's DeepSeek recipes run it; else alltoall]"),
     PlanOption("zero", "--zero", int, None,
-               "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3). [default: the fastest stage the "
+               "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3; Megatron's --use-distributed-optimizer, "
+               "--use-torch-fsdp2, --use-megatron-fsdp and NeMo's --use_mcore_fsdp read as 1, 3, 3, 3). "
+               "[default: the fastest stage the "
                "framework offers that fits, printed with the reason; 0 without data parallelism]"),
     PlanOption("recompute", "--recompute", str, None,
                "Activation recompute: none|selective (Megatron: attention core, its --recompute-modules core_attn; --stack torchtitan: its per-op "

@@ -1,0 +1,130 @@
+"""Megatron-LM's and NeMo's recompute and sharding flags, read into `flopwise plan` options.
+
+A run is often stated in its launcher's own words (Megatron-LM `megatron/training/arguments.py`; NeMo
+`scripts/performance/argument_parser.py` and `helpers.py` `set_recompute_configs`):
+
+    --recompute-granularity full --recompute-method uniform [--recompute-num-layers 1]  -> --recompute full
+    --recompute-granularity full --recompute-method block --recompute-num-layers N      -> --recompute block-layers:N
+    --recompute-layers N (NeMo: granularity full, method block, N layers)               -> --recompute block-layers:N
+    --recompute-granularity selective                                                   -> --recompute selective
+    --recompute-modules mla_up_proj mlp moe (selective granularity, any separator)      -> --recompute modules:…
+    --use-distributed-optimizer                                                         -> --zero 1
+    --use-torch-fsdp2, --use-megatron-fsdp (--use-custom-fsdp), NeMo --use-mcore-fsdp true -> --zero 3
+    --data-parallel-sharding-strategy no_shard|optim|optim_grads|optim_grads_params     -> --zero 0|1|2|3
+
+`block-layers:N` becomes the share of blocks it recomputes once the model and pipeline are known
+(`planner.blocks_of_stage`). Megatron's `--recompute-modules` takes several words; they are read
+up to the next flag (words with "=" stay `--config` overrides). Underscored spellings
+(`--recompute_modules`, as NeMo's scripts take them) read the same.
+"""
+
+from __future__ import annotations
+
+from flopwise.errors import UserError
+
+RECOMPUTE_FLAGS = ("--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-modules",
+                   "--recompute-layers")
+SHARDING_FLAGS = ("--use-mcore-fsdp", "--data-parallel-sharding-strategy")
+"""Flags that take a value."""
+SHARDING_SWITCHES = {"--use-distributed-optimizer": 1, "--use-torch-fsdp2": 3, "--use-megatron-fsdp": 3,
+                     "--use-custom-fsdp": 3}
+"""Flags without a value and the ZeRO stage each means."""
+SHARDING_STRATEGIES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+"""Megatron FSDP's `--data-parallel-sharding-strategy` (megatron/core/distributed/fsdp): what it shards."""
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _flag(word: str) -> tuple[str | None, str | None]:
+    """(the launcher flag `word` is, its `=value` if written so), (None, None) for any other word."""
+    name, eq, value = word.partition("=")
+    name = "--" + name.lstrip("-").replace("_", "-") if name.startswith("-") else name
+    if name in RECOMPUTE_FLAGS or name in SHARDING_FLAGS or name in SHARDING_SWITCHES:
+        return name, (value if eq else None)
+    return None, None
+
+
+def rewrite(argv: list[str]) -> list[str]:
+    """`argv` with Megatron's / NeMo's recompute and sharding flags replaced by `--recompute` and `--zero`
+    (unchanged without them)."""
+    seen: dict[str, list[str]] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = _flag(argv[i])
+        if name is None:
+            rest.append(argv[i])
+            i += 1
+            continue
+        i += 1
+        if name in SHARDING_SWITCHES:
+            seen[name] = [value or "true"]
+            continue
+        values = [value] if value else []
+        while i < len(argv) and (value is None) and not argv[i].startswith("-") and "=" not in argv[i]:
+            values.append(argv[i])
+            i += 1
+            if name != "--recompute-modules":
+                break
+        if not values:
+            raise UserError(f"{name} needs a value")
+        seen[name] = values
+    if not seen:
+        return argv
+    recompute = {name: values for name, values in seen.items() if name in RECOMPUTE_FLAGS}
+    sharding = {name: values for name, values in seen.items() if name not in RECOMPUTE_FLAGS}
+    out = list(rest)
+    for option, flags, value in (("--recompute", recompute, policy), ("--zero", sharding, zero_stage)):
+        if not flags:
+            continue
+        if any(word == option or word.startswith(option + "=") for word in rest):
+            raise UserError(f"give {option} or the launcher's flags ({', '.join(sorted(flags))}), not both")
+        stated = value(flags)
+        if stated is not None:
+            out += [option, stated]
+    return out
+
+
+def zero_stage(seen: dict[str, list[str]]) -> str | None:
+    """The ZeRO stage Megatron's / NeMo's sharding flags state, None when they turn sharding off."""
+    stage = None
+    for name, value in SHARDING_SWITCHES.items():
+        if name in seen and seen[name][0].strip().lower() not in FALSE_WORDS:
+            stage = value if stage is None else max(stage, value)
+    if "--use-mcore-fsdp" in seen:
+        word = seen["--use-mcore-fsdp"][0].strip().lower()
+        if word not in TRUE_WORDS + FALSE_WORDS:
+            raise UserError(f"--use-mcore-fsdp must be true or false, got {word!r}")
+        if word in TRUE_WORDS:
+            stage = 3
+    if "--data-parallel-sharding-strategy" in seen:
+        word = seen["--data-parallel-sharding-strategy"][0].strip().lower()
+        if word not in SHARDING_STRATEGIES:
+            raise UserError(f"--data-parallel-sharding-strategy must be one of {', '.join(SHARDING_STRATEGIES)}, "
+                            f"got {word!r}")
+        if stage == 3 or stage is None:  # the strategy of Megatron FSDP (its default: optim_grads_params)
+            stage = SHARDING_STRATEGIES[word]
+    return None if stage is None else str(stage)
+
+
+def policy(seen: dict[str, list[str]]) -> str:
+    """The `--recompute` policy Megatron's flags state."""
+    granularity = seen.get("--recompute-granularity", [""])[0].strip().lower()
+    method = seen.get("--recompute-method", [""])[0].strip().lower()
+    layers = seen.get("--recompute-num-layers", [""])[0].strip()
+    if "--recompute-layers" in seen:  # NeMo: full granularity, block method
+        granularity, method, layers = "full", "block", seen["--recompute-layers"][0].strip()
+        if layers == "0":
+            granularity = ""
+    if granularity not in ("", "full", "selective"):
+        raise UserError(f"--recompute-granularity must be full or selective, got {granularity!r}")
+    if granularity == "full":
+        if method not in ("", "uniform", "block"):
+            raise UserError(f"--recompute-method must be uniform or block, got {method!r}")
+        if method == "block":
+            if not layers:
+                raise UserError("--recompute-method block needs --recompute-num-layers N")
+            return f"block-layers:{layers}"
+        return "full"  # uniform: every block's input kept (groups of N blocks keep less; planned as one each)
+    if "--recompute-modules" in seen:
+        return "modules:" + "+".join(" ".join(seen["--recompute-modules"]).replace(",", " ").replace("/", " ").split())
+    return "selective" if granularity == "selective" else "none"
