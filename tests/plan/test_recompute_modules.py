@@ -180,3 +180,13 @@ def test_a_megatron_command_line_plans_on_both_paths():
     assert fast.returncode == 0, fast.stderr
     layout = json.loads(fast.stdout)["layout"]
     assert (layout["zero"], layout["recompute"], layout["tp"]) == (1, "full", 2)
+
+
+def test_a_runspec_built_directly_is_checked_too():
+    """The API path (a RunSpec with its recompute set, no CLI) refuses what the planner does not model."""
+    import dataclasses
+
+    spec = build_runspec(model="nemotron-h-8b")
+    spec = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute="modules:mlp"))
+    with pytest.raises(UserError, match="hybrid Mamba stack"):
+        plan(spec)

@@ -184,6 +184,8 @@ def validate(spec: RunSpec) -> None:
     if not mem.is_recompute_policy(lay.recompute):
         raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)}, "
                         "every:K, blocks:F or Megatron-Core modules (modules:mlp+moe, --recompute-modules)")
+    if recompute_modules.parse(lay.recompute) is not None:
+        recompute_modules.check(recompute_modules.parse(lay.recompute), model)
     _choice("framework", lay.framework, FRAMEWORKS)
     tuning.validate_workload(work, lay, model, spec.stack)
     if not 0 <= spec.cluster.allocator_reserve < 1:
