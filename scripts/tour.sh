@@ -81,6 +81,8 @@ step "flopwise plan --model mixtral-8x7b --gpus 64 --stack megatron-core --pp 4 
   fw plan --model mixtral-8x7b --gpus 64 --stack megatron-core --pp 4 --ep 8 --seq-len 4096
 step "flopwise plan --model \"Nemotron-H 56B\" --hardware H100 --num-gpus 64 --tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 192 --seq-length 8192 --precision FP8-CS --stack NeMo" \
   fw plan --model "Nemotron-H 56B" --hardware H100 --num-gpus 64 --tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 192 --seq-length 8192 --precision FP8-CS --stack NeMo
+step "flopwise plan --model \"DeepSeek-V3\" --hardware H100 --num-gpus 1024 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 16 --expert-model-parallel-size 64 --micro-batch-size 1 --global-batch-size 8192 --seq-length 4096 --recompute-granularity selective --recompute-modules mla_up_proj mlp moe --stack NeMo" \
+  fw plan --model "DeepSeek-V3" --hardware H100 --num-gpus 1024 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 16 --expert-model-parallel-size 64 --micro-batch-size 1 --global-batch-size 8192 --seq-length 4096 --recompute-granularity selective --recompute-modules mla_up_proj mlp moe --stack NeMo
 step "flopwise plan --model gpt3-175b --hardware a100-80gb --gpus 1024 --global-batch 1536 --tokens 300B --search --top 5" \
   fw plan --model gpt3-175b --hardware a100-80gb --gpus 1024 --global-batch 1536 --tokens 300B --search --top 5
 step "flopwise compare --model llama2-7b --tokens 1T --gpus 64" fw compare --model llama2-7b --tokens 1T --gpus 64
