@@ -12,6 +12,9 @@ A run is often stated in its launcher's own words (Megatron-LM `megatron/trainin
     --use-torch-fsdp2, --use-megatron-fsdp (--use-custom-fsdp), NeMo --use-mcore-fsdp true -> --zero 3
     --data-parallel-sharding-strategy no_shard|optim|optim_grads|optim_grads_params     -> --zero 0|1|2|3
 
+NeMo's underscored spellings of any plan flag read as the dashed one (`--tensor_parallel_size`,
+`--micro_batch_size`, `--compute_dtype`).
+
 `block-layers:N` becomes the share of blocks it recomputes once the model and pipeline are known
 (`planner.blocks_of_stage`). Megatron's `--recompute-modules` takes several words; they are read
 up to the next flag (words with "=" stay `--config` overrides). Underscored spellings
@@ -43,9 +46,36 @@ def _flag(word: str) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _plan_flags() -> frozenset[str]:
+    """Every `flopwise plan` flag and alias (`plan/options.py`)."""
+    from flopwise.plan.options import OPTIONS
+
+    flags = set()
+    for option in OPTIONS:
+        flags.update(option.flag.split("/"))
+        flags.update(option.aliases)
+    return frozenset(flags)
+
+
+def dashed(argv: list[str]) -> list[str]:
+    """`argv` with NeMo's underscored spellings of plan flags dashed (`--micro_batch_size 1`,
+    `--tensor_parallel_size=2`, `--compute_dtype fp8`); other words unchanged."""
+    known = None
+    out = []
+    for word in argv:
+        name, eq, value = word.partition("=")
+        if word.startswith("--") and "_" in name:
+            known = known or _plan_flags()
+            if name.replace("_", "-") in known:
+                word = name.replace("_", "-") + eq + value
+        out.append(word)
+    return out
+
+
 def rewrite(argv: list[str]) -> list[str]:
-    """`argv` with Megatron's / NeMo's recompute and sharding flags replaced by `--recompute` and `--zero`
-    (unchanged without them)."""
+    """`argv` with Megatron's / NeMo's recompute and sharding flags replaced by `--recompute` and `--zero`,
+    and NeMo's underscored spellings of plan flags dashed (unchanged without any)."""
+    argv = dashed(argv)
     seen: dict[str, list[str]] = {}
     rest: list[str] = []
     i = 0

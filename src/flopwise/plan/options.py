@@ -25,16 +25,19 @@ class PlanOption:
 
 OPTIONS = (
     PlanOption("model", "--model", str, None, "Catalog key (see `flopwise models`) or a config.json path. [default: llama2-7b]"),
-    PlanOption("hardware", "--hardware", str, None, "Catalog key (see `flopwise hardware`). [default: h100-sxm]"),
+    PlanOption("hardware", "--hardware", str, None, "Catalog key (see `flopwise hardware`). [default: h100-sxm]",
+               ("--gpu",)),
     PlanOption("gpus", "--gpus", int, None, "Devices in all. [default: 8, or dp*tp*pp]", ("--num-gpus",)),
     PlanOption("dp", "--dp", int, None, "Data-parallel size. [default: gpus/(tp*pp)]"),
-    PlanOption("tp", "--tp", int, None, "Tensor-parallel size. [default: 1]", ("--tensor-model-parallel-size",)),
-    PlanOption("pp", "--pp", int, None, "Pipeline-parallel stages. [default: 1]", ("--pipeline-model-parallel-size",)),
+    PlanOption("tp", "--tp", int, None, "Tensor-parallel size. [default: 1]",
+               ("--tensor-model-parallel-size", "--tensor-parallel-size")),
+    PlanOption("pp", "--pp", int, None, "Pipeline-parallel stages. [default: 1]",
+               ("--pipeline-model-parallel-size", "--pipeline-parallel-size")),
     PlanOption("cp", "--cp", int, None, "Context-parallel size: each sequence split over cp ranks, K/V passed "
                "round a ring (Megatron-Core --context-parallel-size). [default: 1]", ("--context-parallel-size",)),
     PlanOption("ep", "--ep", int, None, "Expert-parallel size (MoE): each rank holds E/ep of the routed experts, "
                "tokens reach them by all-to-all; divides dp x cp (Megatron-Core --expert-model-parallel-size). "
-               "[default: 1]", ("--expert-model-parallel-size",)),
+               "[default: 1]", ("--expert-model-parallel-size", "--expert-parallel-size")),
     PlanOption("etp", "--etp", int, None, "Expert tensor-parallel size (MoE): the routed experts' own tp width; "
                "below --tp the experts fold over the tensor-parallel ranks and ep x etp divides dp x cp x tp "
                "(Megatron-Core --expert-tensor-parallel-size). [default: tp, or 1 when --ep needs the "
@@ -43,13 +46,18 @@ OPTIONS = (
                ("--mbs", "--micro-batch-size")),
     PlanOption("global_batch", "--global-batch", int, None, "Sequences per optimizer step. [default: batch-tokens / seq-len]",
                ("--gbs", "--global-batch-size")),
+    PlanOption("grad_accum", "--grad-accum", int, None,
+               "Gradient-accumulation micro-steps per optimizer step (a table's GA): the global batch is dp x "
+               "micro-batch x this; given with --global-batch, they must agree. [default: global batch / "
+               "(dp x micro-batch)]", ("--ga", "--gradient-accumulation-steps", "--accumulate-grad-batches", "--accum")),
     PlanOption("batch_tokens", "--batch-tokens", str, None, "Tokens per optimizer step, e.g. 4M. [default: 4Mi]"),
     PlanOption("seq_len", "--seq-len", int, None, "Training sequence length. [default: the model's]",
                ("--seq", "--seq-length", "--sequence-length")),
     PlanOption("tokens", "--tokens", str, None, "Tokens (CNN: samples) to train on: 300B, 1.4T, 2e12. [default: 2T]"),
     PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8|bf16-true (pure bf16: no fp32 master, bf16 AdamW states, 8 bytes/param; "
                "updates below bf16's resolution are lost); any case, and the trainers' names (bf16-mixed, amp_bf16, "
-               "16-mixed); fp8 with its recipe as NVIDIA's tables print it (FP8-CS, FP8-DS, MXFP8). [default: bf16]"),
+               "16-mixed); fp8 with its recipe as NVIDIA's tables print it (FP8-CS, FP8-DS, MXFP8). [default: bf16]",
+               ("--compute-dtype",)),
     PlanOption("optimizer", "--optimizer", str, None, "adamw|sgd|adam8bit. [default: adamw]"),
     PlanOption("framework", "--framework", str, "fsdp",
                "Memory conventions: fsdp|megatron|deepspeed (gradient dtype, buffers, ZeRO-3 gathers)."),
@@ -86,7 +94,7 @@ OPTIONS = (
                "parallel.fsdp_unit_mb): fewer gathers, two larger units gathered at once. 0 = one per block."),
     PlanOption("schedule", "--schedule", str, "1f1b", "Pipeline schedule: 1f1b|gpipe|interleaved."),
     PlanOption("virtual_stages", "--virtual-stages", int, None, "Interleaved: model chunks per device. [default: 2]",
-               ("--vp", "--vpp", "--virtual-pipeline-model-parallel-size")),
+               ("--vp", "--vpp", "--virtual-pipeline-model-parallel-size", "--virtual-pipeline-parallel-size")),
     PlanOption("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", bool, None,
                "Megatron sequence parallelism with TP: norms, dropout and the activations between blocks "
                "split over the tp ranks. [default: on with tp > 1 for stacks whose recipes run it "
@@ -139,7 +147,7 @@ OPTIONS = (
 """Every `flopwise plan` option, in `--help` order."""
 
 RUNSPEC_OPTIONS = (
-    "model", "hardware", "gpus", "dp", "tp", "pp", "micro_batch", "global_batch", "batch_tokens", "seq_len",
+    "model", "hardware", "gpus", "dp", "tp", "pp", "micro_batch", "global_batch", "grad_accum", "batch_tokens", "seq_len",
     "tokens", "precision", "optimizer", "zero", "recompute", "offload", "schedule", "virtual_stages",
     "sequence_parallel", "dropout", "efficiency", "price_per_hour", "pue", "calibrate", "memory_reserve_gib",
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
@@ -157,6 +165,11 @@ def search_devices_and_base(values: dict) -> tuple[int, dict]:
     o = dict(values)
     cp = o["cp"] or 1
     devices = o["gpus"] or ((o["dp"] * (o["tp"] or 1) * (o["pp"] or 1) * cp) if o["dp"] else 8)
+    if o.get("grad_accum") is not None:
+        from flopwise.errors import UserError
+
+        raise UserError("--search chooses the micro-batch and the accumulation: give the step's --global-batch "
+                        "instead of --grad-accum")
     o.update(gpus=cp, dp=None, tp=None, pp=None, zero=None, micro_batch=None, ep=None, etp=None,
              search_ep=o.get("ep") or 1)
     return devices, o

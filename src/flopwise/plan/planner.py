@@ -638,6 +638,7 @@ def build_runspec(
     pp: int | None = None,
     micro_batch: int | None = None,
     global_batch: int | None = None,
+    grad_accum: int | None = None,
     batch_tokens: str | float | None = None,
     seq_len: int | None = None,
     tokens: str | float | None = None,
@@ -760,6 +761,16 @@ def build_runspec(
     micro_batch = micro_batch or 1
     if global_batch is not None and batch_tokens is not None:
         raise UserError("give --global-batch (sequences) or --batch-tokens, not both")
+    if grad_accum is not None:  # a table's GA column: dp x micro-batch x GA sequences per step
+        if grad_accum < 1:
+            raise UserError(f"--grad-accum must be >= 1, got {grad_accum}")
+        implied = dp * micro_batch * grad_accum
+        stated = global_batch if global_batch is not None else (
+            max(1, round(parse_count(batch_tokens, "--batch-tokens") / seq_len)) if batch_tokens is not None else None)
+        if stated is not None and stated != implied:
+            raise UserError(f"--grad-accum {grad_accum} gives dp x micro-batch x grad-accum = {dp} x {micro_batch} x "
+                            f"{grad_accum} = {implied} sequences per step, but the global batch is {stated}")
+        global_batch, batch_tokens = implied, None
     if global_batch is None:
         if batch_tokens is None:
             batch_tokens = (EXAMPLE["batch_tokens"] if finetune == "full" else tuning.DEFAULT_FINETUNE_BATCH_TOKENS

@@ -1,0 +1,54 @@
+"""A run typed in NeMo's or a table's own words: underscored flags, the GA column, NeMo's names."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flopwise.errors import UserError
+from flopwise.plan.launcher_flags import dashed
+from flopwise.plan.planner import build_runspec
+
+
+def test_underscored_plan_flags_are_dashed_and_others_left():
+    argv = ["--micro_batch_size", "1", "--tensor_parallel_size=2", "--compute_dtype", "fp8", "--not_a_flag", "x_y=1"]
+    assert dashed(argv) == ["--micro-batch-size", "1", "--tensor-parallel-size=2", "--compute-dtype", "fp8",
+                            "--not_a_flag", "x_y=1"]
+
+
+def test_grad_accum_sets_the_global_batch_or_must_agree_with_it():
+    spec = build_runspec(model="llama3-8b", gpus=16, tp=2, micro_batch=2, grad_accum=4)
+    assert (spec.layout.dp, spec.layout.grad_accum, spec.layout.global_batch_size) == (8, 4, 64)
+    assert build_runspec(model="llama3-8b", gpus=16, tp=2, micro_batch=2, grad_accum=4, global_batch=64) == spec
+    with pytest.raises(UserError, match="= 64 sequences per step, but the global batch is 65"):
+        build_runspec(model="llama3-8b", gpus=16, tp=2, micro_batch=2, grad_accum=4, global_batch=65)
+    with pytest.raises(UserError, match="--grad-accum must be >= 1"):
+        build_runspec(model="llama3-8b", grad_accum=0)
+
+
+def test_a_nemo_command_line_plans_as_typed():
+    """NeMo's scripts/performance flags (underscored, --gpu for the chip, --compute_dtype with --fp8_recipe)
+    and a table's GA column plan the same layout as flopwise's own names, on both CLI paths."""
+    nemo = ["--model", "llama3-70b", "--gpu", "h100", "--num_gpus", "64", "--tensor_parallel_size", "4",
+            "--pipeline_parallel_size", "4", "--context_parallel_size", "2", "--virtual_pipeline_parallel_size", "5",
+            "--micro_batch_size", "1", "--ga", "64", "--compute_dtype", "fp8", "--fp8_recipe", "cs", "--stack", "nemo",
+            "--seq", "8192"]
+    own = ["--model", "llama3-70b", "--hardware", "h100-sxm", "--gpus", "64", "--tp", "4", "--pp", "4", "--cp", "2",
+           "--vp", "5", "--mbs", "1", "--gbs", "128", "--precision", "fp8", "--fp8-recipe", "tensorwise",
+           "--stack", "nemo", "--seq", "8192"]
+
+    def plan(args, *more):
+        out = subprocess.run([sys.executable, "-m", "flopwise", "plan", *args, *more], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert json.loads(plan(nemo, "--json"))["layout"] == json.loads(plan(own, "--json"))["layout"]
+    assert plan(nemo).splitlines()[:3] == plan(own).splitlines()[:3]
+
+
+def test_search_refuses_grad_accum_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "flopwise", "plan", "--model", "llama3-8b", "--ga", "2", "--search"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("error: --search chooses the micro-batch")
