@@ -52,3 +52,29 @@ def test_search_refuses_grad_accum_in_one_line():
     out = subprocess.run([sys.executable, "-m", "flopwise", "plan", "--model", "llama3-8b", "--ga", "2", "--search"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.startswith("error: --search chooses the micro-batch")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--sharding-strategy", "FULL_SHARD", "--activation-checkpointing", "true"],
+     ["--recompute", "full", "--zero", "3"]),
+    (["--fsdp_config_shard_strategy", "SHARD_GRAD_OP", "--fsdp_config_activation_checkpointing", "false"],
+     ["--recompute", "none", "--zero", "2"]),
+    (["--sharding_strategy=NO_SHARD"], ["--zero", "0"]),
+])
+def test_llm_foundry_fsdp_config_as_typed(argv, expected):
+    """MosaicML's table columns (Sharding Strategy, Activation Checkpointing) and llm-foundry's
+    submit_benchmarks.py flags read as --zero and --recompute."""
+    from flopwise.plan.launcher_flags import rewrite
+
+    assert rewrite(["--gpus", "8", *argv]) == ["--gpus", "8", *expected]
+
+
+def test_hsdp_and_nonsense_refuse_in_one_line():
+    from flopwise.plan.launcher_flags import rewrite
+
+    with pytest.raises(UserError, match="HSDP's replica groups are planned from a train config"):
+        rewrite(["--sharding-strategy", "HYBRID_SHARD"])
+    with pytest.raises(UserError, match="must be true or false"):
+        rewrite(["--activation-checkpointing", "maybe"])
+    with pytest.raises(UserError, match="say the same thing twice"):
+        rewrite(["--activation-checkpointing", "true", "--recompute-granularity", "full"])

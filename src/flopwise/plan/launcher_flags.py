@@ -11,6 +11,8 @@ A run is often stated in its launcher's own words (Megatron-LM `megatron/trainin
     --use-distributed-optimizer                                                         -> --zero 1
     --use-torch-fsdp2, --use-megatron-fsdp (--use-custom-fsdp), NeMo --use-mcore-fsdp true -> --zero 3
     --data-parallel-sharding-strategy no_shard|optim|optim_grads|optim_grads_params     -> --zero 0|1|2|3
+    --sharding-strategy FULL_SHARD|SHARD_GRAD_OP|NO_SHARD (llm-foundry's fsdp_config)      -> --zero 3|2|0
+    --activation-checkpointing true|false (llm-foundry's fsdp_config)                    -> --recompute full|none
 
 NeMo's underscored spellings of any plan flag read as the dashed one (`--tensor_parallel_size`,
 `--micro_batch_size`, `--compute_dtype`).
@@ -26,14 +28,18 @@ from __future__ import annotations
 from flopwise.errors import UserError
 
 RECOMPUTE_FLAGS = ("--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-modules",
-                   "--recompute-layers")
-SHARDING_FLAGS = ("--use-mcore-fsdp", "--data-parallel-sharding-strategy")
+                   "--recompute-layers", "--activation-checkpointing", "--fsdp-config-activation-checkpointing")
+SHARDING_FLAGS = ("--use-mcore-fsdp", "--data-parallel-sharding-strategy", "--sharding-strategy",
+                  "--fsdp-config-shard-strategy")
 """Flags that take a value."""
 SHARDING_SWITCHES = {"--use-distributed-optimizer": 1, "--use-torch-fsdp2": 3, "--use-megatron-fsdp": 3,
                      "--use-custom-fsdp": 3}
 """Flags without a value and the ZeRO stage each means."""
 SHARDING_STRATEGIES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 """Megatron FSDP's `--data-parallel-sharding-strategy` (megatron/core/distributed/fsdp): what it shards."""
+FSDP_STRATEGIES = {"full_shard": 3, "shard_grad_op": 2, "no_shard": 0}
+"""PyTorch FSDP's `ShardingStrategy` as llm-foundry's `fsdp_config.sharding_strategy` and MosaicML's
+throughput table name it; HYBRID_SHARD (HSDP) needs its replica groups, read from `--config` only."""
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -126,6 +132,15 @@ def zero_stage(seen: dict[str, list[str]]) -> str | None:
             raise UserError(f"--use-mcore-fsdp must be true or false, got {word!r}")
         if word in TRUE_WORDS:
             stage = 3
+    for name in ("--sharding-strategy", "--fsdp-config-shard-strategy"):
+        if name in seen:
+            word = seen[name][0].strip().lower()
+            if word.startswith("hybrid") or word.startswith("_hybrid"):
+                raise UserError(f"{name} {seen[name][0]}: HSDP's replica groups are planned from a train config "
+                                "(--config with parallel.dp_replicate); give --zero 3 to plan it fully sharded")
+            if word not in FSDP_STRATEGIES:
+                raise UserError(f"{name} must be FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, got {seen[name][0]!r}")
+            stage = FSDP_STRATEGIES[word]
     if "--data-parallel-sharding-strategy" in seen:
         word = seen["--data-parallel-sharding-strategy"][0].strip().lower()
         if word not in SHARDING_STRATEGIES:
@@ -138,6 +153,15 @@ def zero_stage(seen: dict[str, list[str]]) -> str | None:
 
 def policy(seen: dict[str, list[str]]) -> str:
     """The `--recompute` policy Megatron's flags state."""
+    for name in ("--activation-checkpointing", "--fsdp-config-activation-checkpointing"):  # llm-foundry's fsdp_config
+        if name in seen:
+            word = seen[name][0].strip().lower()
+            if word not in TRUE_WORDS + FALSE_WORDS:
+                raise UserError(f"{name} must be true or false, got {seen[name][0]!r}")
+            if len(seen) == 1:
+                return "full" if word in TRUE_WORDS else "none"
+            raise UserError(f"{name} and Megatron's recompute flags ({', '.join(sorted(set(seen) - {name}))}) "
+                            "say the same thing twice: give one")
     granularity = seen.get("--recompute-granularity", [""])[0].strip().lower()
     method = seen.get("--recompute-method", [""])[0].strip().lower()
     layers = seen.get("--recompute-num-layers", [""])[0].strip()
