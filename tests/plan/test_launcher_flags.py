@@ -78,3 +78,35 @@ def test_hsdp_and_nonsense_refuse_in_one_line():
         rewrite(["--activation-checkpointing", "maybe"])
     with pytest.raises(UserError, match="say the same thing twice"):
         rewrite(["--activation-checkpointing", "true", "--recompute-granularity", "full"])
+
+
+@pytest.mark.parametrize(("argv", "precision"), [
+    (["--bf16"], "bf16"), (["--fp16"], "fp16"), (["--bf16", "--fp8-format", "hybrid"], "fp8"),
+    (["--fp8_format=e4m3"], "fp8"), (["--bf16=false"], None),
+])
+def test_megatron_precision_switches(argv, precision):
+    from flopwise.plan.launcher_flags import rewrite
+
+    assert rewrite(["--tp", "2", *argv]) == ["--tp", "2"] + (["--precision", precision] if precision else [])
+
+
+def test_precision_switches_that_contradict_refuse():
+    from flopwise.plan.launcher_flags import rewrite
+
+    for argv, message in ((["--bf16", "--fp16"], "both given"), (["--fp8-format", "e5m2"], "e4m3 or hybrid"),
+                          (["--fp16", "--fp8-format", "hybrid"], "not planned"),
+                          (["--precision", "fp8", "--bf16"], "not both")):
+        with pytest.raises(UserError, match=message):
+            rewrite(argv)
+
+
+def test_deepspeed_and_hf_batch_names():
+    """DeepSpeed's config keys and HF Trainer's argument, as flags: the same layout as flopwise's names."""
+    typed = build_runspec(model="llama3-8b", gpus=8, micro_batch=2, global_batch=64, zero=2)
+    out = subprocess.run([sys.executable, "-m", "flopwise", "plan", "--model", "llama3-8b", "--gpus", "8",
+                          "--train_micro_batch_size_per_gpu", "2", "--train-batch-size", "64", "--zero-stage", "2",
+                          "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    layout = json.loads(out.stdout)["layout"]
+    assert (layout["micro_batch"], layout["grad_accum"], layout["zero"]) == (
+        typed.layout.micro_batch_size, typed.layout.grad_accum, typed.layout.zero_stage)

@@ -13,6 +13,7 @@ A run is often stated in its launcher's own words (Megatron-LM `megatron/trainin
     --data-parallel-sharding-strategy no_shard|optim|optim_grads|optim_grads_params     -> --zero 0|1|2|3
     --sharding-strategy FULL_SHARD|SHARD_GRAD_OP|NO_SHARD (llm-foundry's fsdp_config)      -> --zero 3|2|0
     --activation-checkpointing true|false (llm-foundry's fsdp_config)                    -> --recompute full|none
+    --bf16, --fp16; --fp8-format e4m3|hybrid (Transformer Engine's fp8)                  -> --precision bf16|fp16|fp8
 
 NeMo's underscored spellings of any plan flag read as the dashed one (`--tensor_parallel_size`,
 `--micro_batch_size`, `--compute_dtype`).
@@ -40,6 +41,10 @@ SHARDING_STRATEGIES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads
 FSDP_STRATEGIES = {"full_shard": 3, "shard_grad_op": 2, "no_shard": 0}
 """PyTorch FSDP's `ShardingStrategy` as llm-foundry's `fsdp_config.sharding_strategy` and MosaicML's
 throughput table name it; HYBRID_SHARD (HSDP) needs its replica groups, read from `--config` only."""
+PRECISION_SWITCHES = {"--bf16": "bf16", "--fp16": "fp16"}
+"""Megatron-LM's (and HF Trainer's) precision switches."""
+PRECISION_FLAGS = ("--fp8-format",)
+"""Megatron-LM's `--fp8-format e4m3|hybrid`: fp8 GEMMs under Transformer Engine (with --bf16 for the rest)."""
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -47,7 +52,8 @@ def _flag(word: str) -> tuple[str | None, str | None]:
     """(the launcher flag `word` is, its `=value` if written so), (None, None) for any other word."""
     name, eq, value = word.partition("=")
     name = "--" + name.lstrip("-").replace("_", "-") if name.startswith("-") else name
-    if name in RECOMPUTE_FLAGS or name in SHARDING_FLAGS or name in SHARDING_SWITCHES:
+    if (name in RECOMPUTE_FLAGS or name in SHARDING_FLAGS or name in SHARDING_SWITCHES or name in PRECISION_SWITCHES
+            or name in PRECISION_FLAGS):
         return name, (value if eq else None)
     return None, None
 
@@ -92,7 +98,7 @@ def rewrite(argv: list[str]) -> list[str]:
             i += 1
             continue
         i += 1
-        if name in SHARDING_SWITCHES:
+        if name in SHARDING_SWITCHES or name in PRECISION_SWITCHES:
             seen[name] = [value or "true"]
             continue
         values = [value] if value else []
@@ -107,9 +113,11 @@ def rewrite(argv: list[str]) -> list[str]:
     if not seen:
         return argv
     recompute = {name: values for name, values in seen.items() if name in RECOMPUTE_FLAGS}
-    sharding = {name: values for name, values in seen.items() if name not in RECOMPUTE_FLAGS}
+    precision = {name: values for name, values in seen.items() if name in PRECISION_SWITCHES or name in PRECISION_FLAGS}
+    sharding = {name: values for name, values in seen.items() if name not in recompute and name not in precision}
     out = list(rest)
-    for option, flags, value in (("--recompute", recompute, policy), ("--zero", sharding, zero_stage)):
+    for option, flags, value in (("--recompute", recompute, policy), ("--zero", sharding, zero_stage),
+                                 ("--precision", precision, precision_of)):
         if not flags:
             continue
         if any(word == option or word.startswith(option + "=") for word in rest):
@@ -118,6 +126,23 @@ def rewrite(argv: list[str]) -> list[str]:
         if stated is not None:
             out += [option, stated]
     return out
+
+
+def precision_of(seen: dict[str, list[str]]) -> str | None:
+    """The precision Megatron-LM's switches state: fp8 with --fp8-format (Transformer Engine's e4m3 or
+    hybrid, both fp8 GEMMs), else bf16 or fp16; None when the switches are turned off."""
+    if "--fp8-format" in seen:
+        word = seen["--fp8-format"][0].strip().lower()
+        if word not in ("e4m3", "hybrid"):
+            raise UserError(f"--fp8-format must be e4m3 or hybrid, got {seen['--fp8-format'][0]!r}")
+        if "--fp16" in seen and seen["--fp16"][0].strip().lower() not in FALSE_WORDS:
+            raise UserError("--fp8-format with --fp16 is not planned (fp8 plans with bf16 for the rest, as --bf16)")
+        return "fp8"
+    on = [PRECISION_SWITCHES[name] for name in PRECISION_SWITCHES
+          if name in seen and seen[name][0].strip().lower() not in FALSE_WORDS]
+    if len(on) > 1:
+        raise UserError("--bf16 and --fp16 both given: give one")
+    return on[0] if on else None
 
 
 def zero_stage(seen: dict[str, list[str]]) -> str | None:

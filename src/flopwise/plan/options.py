@@ -43,9 +43,9 @@ OPTIONS = (
                "(Megatron-Core --expert-tensor-parallel-size). [default: tp, or 1 when --ep needs the "
                "tensor-parallel ranks]", ("--expert-tensor-parallel-size",)),
     PlanOption("micro_batch", "--micro-batch", int, None, "Sequences per device per micro-step. [default: 1]",
-               ("--mbs", "--micro-batch-size")),
+               ("--mbs", "--micro-batch-size", "--train-micro-batch-size-per-gpu", "--per-device-train-batch-size")),
     PlanOption("global_batch", "--global-batch", int, None, "Sequences per optimizer step. [default: batch-tokens / seq-len]",
-               ("--gbs", "--global-batch-size")),
+               ("--gbs", "--global-batch-size", "--train-batch-size")),
     PlanOption("grad_accum", "--grad-accum", int, None,
                "Gradient-accumulation micro-steps per optimizer step (a table's GA): the global batch is dp x "
                "micro-batch x this; given with --global-batch, they must agree. [default: global batch / "
@@ -78,7 +78,7 @@ OPTIONS = (
                "ZeRO stage 0-3 over data parallel (FSDP FULL_SHARD = 3; Megatron's --use-distributed-optimizer, "
                "--use-torch-fsdp2, --use-megatron-fsdp and NeMo's --use_mcore_fsdp read as 1, 3, 3, 3). "
                "[default: the fastest stage the "
-               "framework offers that fits, printed with the reason; 0 without data parallelism]"),
+               "framework offers that fits, printed with the reason; 0 without data parallelism]", ("--zero-stage",)),
     PlanOption("recompute", "--recompute", str, None,
                "Activation recompute: none|selective (Megatron: attention core, its --recompute-modules core_attn; --stack torchtitan: its per-op "
                "policy, op)|op (per-op: every second "
