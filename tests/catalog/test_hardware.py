@@ -364,3 +364,21 @@ def test_a_name_whose_parts_share_their_memory_is_the_part_its_alias_names(name,
     """"H100" in papers and NeMo's tables is the SXM module; both H100 cards have 80 GB, so no
     forecast can say a model fits that does not: the alias resolves, the plan names the part."""
     assert get_hardware(name).key == key
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("DGX H100", "h100-sxm"), ("HGX H100", "h100-sxm"),
+    ("H200 SXM 141GB", "h200"), ("GeForce RTX 4090", "rtx4090"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
+    ("HGX A100 80GB", "a100-80gb"), ("DGX B200", "b200")])
+def test_a_part_named_with_its_system_or_memory(name, key):
+    """nvidia-smi's names ("NVIDIA H100 80GB HBM3"), a system around the part (DGX, HGX), a brand
+    (GeForce) and the part's own memory size ("141GB") name the part; the memory word must be the part's."""
+    assert get_hardware(name).key == key
+
+
+def test_system_words_do_not_hide_an_ambiguity():
+    """A DGX A100 came with 40 or 80 GB cards: still refused, naming them."""
+    with pytest.raises(UserError, match="matches 3 catalog entries"):
+        get_hardware("DGX A100")
+    with pytest.raises(UserError, match="unknown hardware"):
+        get_hardware("H200 SXM 80GB")

@@ -398,8 +398,8 @@ def get_hardware(name: str) -> HardwareSpec:
     matching = matching_devices(wanted) or devices_with_tokens(wanted)
     if len(matching) == 1:
         return catalog.devices[matching[0]]
-    bare = wanted.split("-", 1)[1] if wanted.split("-", 1)[0] in VENDOR_WORDS and "-" in wanted else wanted
-    owner = catalog.aliases.get(bare)
+    bare = "-".join(word for word in wanted.split("-") if word not in VENDOR_WORDS and word not in _NOISE_WORDS)
+    owner = catalog.aliases.get(bare) or (bare if bare in catalog.devices else None)
     if owner is not None and len({catalog.devices[key].memory_gb for key in matching}) == 1:
         return catalog.devices[owner]
     if matching:
@@ -417,10 +417,18 @@ def get_hardware(name: str) -> HardwareSpec:
 
 _FORM_FACTOR = {"sxm2": "sxm", "sxm4": "sxm", "sxm5": "sxm"}
 _VENDOR_WORDS = {"nvidia", "amd", "google", "intel", "huawei", "hygon", "cambricon", "tesla", "gpu"}
+_NOISE_WORDS = {"geforce", "dgx", "hgx", "hbm2", "hbm2e", "hbm3", "hbm3e", "gddr6", "gddr6x"}
+"""Words that name a system or memory type around a part ("DGX H100", "NVIDIA H100 80GB HBM3" as nvidia-smi
+prints it, "GeForce RTX 4090"): the part is named by the others."""
 
 
 def _tokens(name: str) -> set[str]:
-    return {_FORM_FACTOR.get(t, t) for t in name.split("-") if t and t not in _VENDOR_WORDS}
+    return {_FORM_FACTOR.get(t, t) for t in name.split("-") if t and t not in _VENDOR_WORDS and t not in _NOISE_WORDS}
+
+
+def _memory_token(spec: HardwareSpec) -> set[str]:
+    """The part's memory as a name carries it ("141gb" for the H200): a word it may be named by."""
+    return {f"{round(spec.memory_gb)}gb"} if spec.memory_gb else set()
 
 
 def devices_with_tokens(wanted: str) -> list[str]:
@@ -433,7 +441,7 @@ def devices_with_tokens(wanted: str) -> list[str]:
     catalog = load_catalog()
     found = []
     for key, spec in catalog.devices.items():
-        known = _tokens(key).union(*(_tokens(alias) for alias in spec.aliases))
+        known = _tokens(key).union(*(_tokens(alias) for alias in spec.aliases), _memory_token(spec))
         if words <= known:
             found.append(key)
     return found
