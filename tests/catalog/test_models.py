@@ -565,3 +565,14 @@ def test_llama4_checkpoint_config_nests_the_text_model(tmp_path):
     maverick = count_params(get_model("llama4-maverick"))
     assert abs(maverick.total / 400e9 - 1) < 0.005 and abs(maverick.active / 17e9 - 1) < 0.02
     assert [maverick.dense_blocks_in(first, 12) for first in (0, 12, 24, 36)] == [6, 6, 6, 6]
+
+
+def test_every_display_name_and_its_hub_spelling_resolve():
+    """The catalog's own display names ("Llama 4 Scout 17B-16E") name their model, and so does the Hub's
+    repository spelling of it (meta-llama/Llama-4-Scout-17B-16E, with a tuned-variant suffix)."""
+    from flopwise.catalog.models import catalog_key, get_model, load_models
+
+    models = load_models()
+    assert all(catalog_key(spec.name) == key for key, spec in models.items())
+    assert get_model("meta-llama/Llama-4-Scout-17B-16E").key == "llama4-scout"
+    assert get_model("meta-llama/Llama-4-Maverick-17B-128E-Instruct").key == "llama4-maverick"

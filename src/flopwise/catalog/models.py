@@ -400,9 +400,16 @@ def _squashed(name: str) -> str:
 @lru_cache(maxsize=1)
 def _squashed_index() -> dict[str, str]:
     index: dict[str, str | None] = {}
-    for key in load_models():
+    models = load_models()
+    for key in models:
         squashed = _squashed(key)
         index[squashed] = None if index.get(squashed, key) != key else key  # two keys alike: neither
+    for key, spec in models.items():  # the catalog's own display names ("Llama 4 Scout 17B-16E")
+        squashed = _squashed(spec.name)
+        if squashed not in index:
+            index[squashed] = key
+        elif index[squashed] not in (key, None) and _squashed(index[squashed]) != squashed:
+            index[squashed] = None  # two models' display names alike, neither a key: neither
     for name, key in NAMES.items():
         index[_squashed(name)] = key
     return {name: key for name, key in index.items() if key is not None}
