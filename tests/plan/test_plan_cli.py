@@ -258,7 +258,8 @@ def test_a_run_typed_as_its_source_states_it_plans_as_the_canonical_names():
 
 @pytest.mark.parametrize(("typed", "precision"), [
     ("FP8", "fp8"), ("BF16", "bf16"), ("bf16-mixed", "bf16"), ("amp_bf16", "bf16"), ("16-mixed", "fp16"),
-    ("amp_fp8", "fp8"), ("Bf16-True", "bf16-true")])
+    ("amp_fp8", "fp8"), ("Bf16-True", "bf16-true"), ("pure bf16", "bf16-true"), ("true-bf16", "bf16-true"),
+    ("e4m3", "fp8"), ("hybrid", "fp8")])
 def test_precision_as_trainers_and_papers_spell_it(typed, precision):
     from flopwise.plan.planner import build_runspec
 

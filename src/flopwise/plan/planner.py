@@ -575,6 +575,10 @@ PRECISION_WORDS = {
     "16": "fp16", "32": "fp32", "32-true": "fp32", "fp32-true": "fp32", "amp-fp8": "fp8", "float8": "fp8",
     "fp8-mixed": "fp8", "transformer-engine": "fp8",
     "bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
+    # pure bf16 (no fp32 master), as torchtune's `dtype: bf16` and litgpt's `bf16-true` mean it
+    "pure-bf16": "bf16-true", "bf16-pure": "bf16-true", "true-bf16": "bf16-true",
+    # Megatron-LM's --fp8-format values (Transformer Engine: e4m3 everywhere, or e5m2 for gradients)
+    "e4m3": "fp8", "hybrid": "fp8",
 }
 """--precision as the trainers and papers spell it; the mixed-precision names keep an fp32 master
 copy, which is what bf16 / fp16 plan (bf16-true is the pure-bf16 one)."""
