@@ -16,14 +16,13 @@ confidence (`plan/gemm.py` ASSUMED_SUSTAINED): this checks that the layouts plan
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nemo_recipe_layouts import plan_row  # noqa: E402
+from nemo_recipe_layouts import describe, plan_row, write_results  # noqa: E402
 
 ROWS = (
     ('lora', 'llama3', '70b', 'b200', 'fp8', 8, 4096, 1, 4, 1, 1, 20, 1, 32, None, 0, 0, 0, None),
@@ -138,17 +137,11 @@ def main() -> int:
     results = [plan_blackwell_row(row) for row in ROWS]
     planned = [r for r in results if r["verdict"] != "skipped"]
     for r in planned:
-        detail = r.get("reason") or f"{r['memory_share_of_usable']:.0%} of usable, MFU {r['mfu_16bit_peak']:.1%}"
-        print(f"{r['system']:5s} {r['task']:9s} {r['model']:16s} {r['dtype']:4s} {r['gpus']:5d}  {r['verdict']:12s} "
-              f"{detail} {r.get('note', '')}")
+        print(f"{r['system']:5s} {describe(r)} {r.get('note', '')}")
     summary = {"rows": len(results), "language_model_rows": len(planned),
                **Counter(r["verdict"] for r in planned)}
-    print(json.dumps(summary))
-    path = Path(__file__).resolve().parent / "results" / "nemo_blackwell_layouts.json"
-    path.write_text(json.dumps({"summary": summary, "rows": results}, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_results(summary, results, "nemo_blackwell_layouts")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

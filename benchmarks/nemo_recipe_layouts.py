@@ -122,20 +122,30 @@ def plan_row(row: tuple, hardware: str = "h100-sxm", **stated) -> dict:
             "mfu_16bit_peak": time.mfu_16bit_peak or time.mfu, "tokens_per_second_per_device": time.tokens_per_second_per_device}
 
 
+def describe(row: dict) -> str:
+    """One printed line for a planned row: what it is, its verdict and why."""
+    detail = row.get("reason") or f"{row['memory_share_of_usable']:.0%} of usable, MFU {row['mfu_16bit_peak']:.1%}"
+    return f"{row['task']:9s} {row['model']:16s} {row['dtype']:4s} {row['gpus']:5d}  {row['verdict']:12s} {detail}"
+
+
+def write_results(summary: dict, results: list[dict], name: str) -> None:
+    """Print the summary and write it with every row to benchmarks/results/<name>.json."""
+    print(json.dumps(summary))
+    path = Path(__file__).resolve().parent / "results" / f"{name}.json"
+    path.write_text(json.dumps({"summary": summary, "rows": results}, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def main() -> int:
     results = [plan_row(row) for row in ROWS]
     planned = [r for r in results if r["verdict"] != "skipped"]
     fits = [r for r in planned if r["verdict"] == "fits"]
     tight = [r for r in planned if r["verdict"] == "tight"]
     for r in planned:
-        detail = r.get("reason") or f"{r['memory_share_of_usable']:.0%} of usable, MFU {r['mfu_16bit_peak']:.1%}"
-        print(f"{r['task']:9s} {r['model']:16s} {r['dtype']:4s} {r['gpus']:5d}  {r['verdict']:12s} {detail}")
+        print(describe(r))
     summary = {"rows": len(results), "language_model_rows": len(planned), "plan_and_fit": len(fits),
                "plan_tight": len(tight), "skipped": len(results) - len(planned)}
-    print(json.dumps(summary))
-    path = Path(__file__).resolve().parent / "results" / "nemo_recipe_layouts.json"
-    path.write_text(json.dumps({"summary": summary, "rows": results}, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_results(summary, results, "nemo_recipe_layouts")
     return 0
 
 

@@ -536,8 +536,8 @@ def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_le
     share = mem.recompute_forward_fraction(recompute)
     if recompute == "selective":
         hardware = model + attn_fwd
-    elif recompute_modules.parse(recompute) is not None:  # the frozen base's modules re-run (adapters' few aside)
-        hardware = model + module_recompute_flops(spec, pc, recompute_modules.parse(recompute), attn_fwd)
+    elif (modules := recompute_modules.parse(recompute)) is not None:  # the frozen base's modules re-run
+        hardware = model + module_recompute_flops(spec, pc, modules, attn_fwd)
     else:
         hardware = model + share * forward
     return FlopsEstimate("token", float(n), dense, 3.0 * attn_fwd, model, hardware, units, model * units,

@@ -142,8 +142,8 @@ def estimate_flops(
         hardware = model + attn_fwd
     elif recompute == "op":  # per-op policy: every second matmul re-run, attention output kept
         hardware = model + recompute_forward_fraction(recompute) * 2.0 * n
-    elif recompute_modules.parse(recompute) is not None:
-        hardware = model + module_recompute_flops(spec, params, recompute_modules.parse(recompute), attn_fwd)
+    elif (modules := recompute_modules.parse(recompute)) is not None:
+        hardware = model + module_recompute_flops(spec, params, modules, attn_fwd)
     else:  # none, or every:K (full recompute of one block in K)
         hardware = model + recompute_forward_fraction(recompute) * (2.0 * n + mixer_fwd)
     model_total = model * units

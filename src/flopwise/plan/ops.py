@@ -284,8 +284,8 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
         extra, extra_g, extra_a, extra_m = attn_f, 0.0, attn_f, 0.0
     elif recompute == "op":  # torchtitan's per-op policy re-runs every second matmul (plan/memory.py)
         extra, extra_g, extra_a, extra_m = 0.5 * fwd_g, 0.5 * fwd_g, 0.0, 0.0
-    elif recompute_modules.parse(recompute) is not None:
-        extra_g, extra_a, extra_m = _module_rerun(model, recompute_modules.parse(recompute), rates, T, tp, sp, ge, e,
+    elif (modules := recompute_modules.parse(recompute)) is not None:
+        extra_g, extra_a, extra_m = _module_rerun(model, modules, rates, T, tp, sp, ge, e,
                                                   mlp_fwd_g, shared_up[0] + shared_down[0], attn_f, hs, act)
         extra = extra_g + extra_a + extra_m
     else:

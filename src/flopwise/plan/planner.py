@@ -184,8 +184,8 @@ def validate(spec: RunSpec) -> None:
     if not mem.is_recompute_policy(lay.recompute):
         raise UserError(f"--recompute '{lay.recompute}' is not one of {', '.join(mem.RECOMPUTE_POLICIES)}, "
                         "every:K, blocks:F or Megatron-Core modules (modules:mlp+moe, --recompute-modules)")
-    if recompute_modules.parse(lay.recompute) is not None:
-        recompute_modules.check(recompute_modules.parse(lay.recompute), model)
+    if (modules := recompute_modules.parse(lay.recompute)) is not None:
+        recompute_modules.check(modules, model)
     _choice("framework", lay.framework, FRAMEWORKS)
     tuning.validate_workload(work, lay, model, spec.stack)
     if not 0 <= spec.cluster.allocator_reserve < 1:
@@ -768,13 +768,8 @@ def build_runspec(
     if grad_accum is not None:  # a table's GA column: dp x micro-batch x GA sequences per step
         if grad_accum < 1:
             raise UserError(f"--grad-accum must be >= 1, got {grad_accum}")
-        implied = dp * micro_batch * grad_accum
-        stated = global_batch if global_batch is not None else (
-            max(1, round(parse_count(batch_tokens, "--batch-tokens") / seq_len)) if batch_tokens is not None else None)
-        if stated is not None and stated != implied:
-            raise UserError(f"--grad-accum {grad_accum} gives dp x micro-batch x grad-accum = {dp} x {micro_batch} x "
-                            f"{grad_accum} = {implied} sequences per step, but the global batch is {stated}")
-        global_batch, batch_tokens = implied, None
+        if global_batch is None and batch_tokens is None:
+            global_batch = dp * micro_batch * grad_accum
     if global_batch is None:
         if batch_tokens is None:
             batch_tokens = (EXAMPLE["batch_tokens"] if finetune == "full" else tuning.DEFAULT_FINETUNE_BATCH_TOKENS
@@ -783,6 +778,10 @@ def build_runspec(
             global_batch = dp * micro_batch
         else:
             global_batch = max(1, round(parse_count(batch_tokens, "--batch-tokens") / seq_len))
+    if grad_accum is not None and global_batch != dp * micro_batch * grad_accum:
+        raise UserError(f"--grad-accum {grad_accum} gives dp x micro-batch x grad-accum = {dp} x {micro_batch} x "
+                        f"{grad_accum} = {dp * micro_batch * grad_accum} sequences per step, but the global batch "
+                        f"is {global_batch}")
     accum = max(1, math.ceil(global_batch / (dp * micro_batch)))
     if accum * dp * micro_batch != global_batch:
         warnings.append(f"global batch {global_batch} is not a multiple of dp × micro-batch = {dp * micro_batch}; "
@@ -808,8 +807,6 @@ def build_runspec(
         raise UserError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (or 1f1b), not {schedule}")
     if recompute is not None and recompute.startswith(BLOCK_LAYERS) and not cnn:
         recompute = blocks_of_stage(recompute, model_spec.n_layers, pp * (virtual_stages or 1))
-    if recompute is not None and recompute_modules.parse(recompute) is not None:
-        recompute_modules.check(recompute_modules.parse(recompute), model_spec)
 
     extra: dict = {}
     if calibrate is not None:
