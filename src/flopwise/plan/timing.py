@@ -57,7 +57,7 @@ from functools import lru_cache
 
 from flopwise.catalog.models import kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan import comm as cm
-from flopwise.plan import expert_comm
+from flopwise.plan import activation_offload, expert_comm
 from flopwise.plan import finetune
 from flopwise.plan import ops
 from flopwise.plan import step_comm as sc
@@ -236,6 +236,7 @@ class StepInputs:
     framework: str = "fsdp"
     frozen_gather_bytes: float = 0.0  # a fine-tune's frozen base on one rank, which ZeRO-3 gathers too
     trainable_fraction: float = 1.0  # trainable share of a device's parameters (a fine-tune's adapters)
+    saved_bytes_per_layer: float = 0.0  # one block's saved activations, one micro-batch (what activation offload moves)
 
 
 def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_units: float, peak: float,
@@ -409,6 +410,10 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     # optimizer step and offload
     optimizer, offload_seconds = optimizer_and_offload(lay, work.optimizer, inputs, rates)
+    if lay.offload_activations:  # the busiest stage's activation copies to and from the host
+        offload_seconds += activation_offload.exposed_seconds(
+            lay, layers_busiest, inputs.saved_bytes_per_layer, layer.forward, layer.backward + layer.recompute,
+            activation_offload.host_bytes_per_second(spec.cluster.hardware), stack_offload_stream(spec.stack))
 
     # communication hidden behind compute still slows it (NCCL's thread blocks take SMs)
     tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
@@ -593,6 +598,14 @@ def stack_cross_entropy(spec) -> str:
     if stack.compiles_loss and spec.layout.compiled:
         return "compiled"
     return stack.cross_entropy
+
+
+def stack_offload_stream(stack_name: str) -> bool:
+    """Whether the stack copies offloaded activations on a stream of their own (`Stack.activation_offload_stream`)."""
+    from flopwise.plan.stacks import find_stack
+
+    stack = find_stack(stack_name)
+    return bool(stack is not None and stack.activation_offload_stream)
 
 
 def stack_p2p_overlap(stack_name: str) -> bool:
