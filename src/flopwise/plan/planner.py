@@ -437,7 +437,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
             warnings.append(f"{hw.key}: MXFP8 block scales are native to Blackwell's tensor cores only; "
                             "planned at the per-tensor fp8 rate, which this device's stacks cannot run it at")
         inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
-                            _framework(spec), saved_bytes_per_layer=memory.activation_bytes_per_layer)
+                            _framework(spec), saved_bytes_per_layer=memory.activation_bytes_per_layer,
+                            host_bytes_per_second=activation_offload.host_bytes_per_second(hw))
         if tuned is not None:
             inputs = tuning.step_inputs(inputs, tuned, spec, pc, sb)
         time, comm = step_time(spec, inputs, rates, links, total_units, peak, eff_source, eff_conf)
