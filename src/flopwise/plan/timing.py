@@ -410,7 +410,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     # optimizer step and offload
     optimizer, offload_seconds = optimizer_and_offload(lay, work.optimizer, inputs, rates)
-    if lay.offload_activations:  # the busiest stage's activation copies to and from the host
+    if lay.offload_activations and rates.curve.family != "cpu":  # the busiest stage's copies to and from the host
         offload_seconds += activation_offload.exposed_seconds(
             lay, layers_busiest, inputs.saved_bytes_per_layer, layer.forward, layer.backward + layer.recompute,
             inputs.host_bytes_per_second, stack_offload_stream(spec.stack))
