@@ -7,8 +7,9 @@ Source of the layouts (layouts only: no throughput figure is in those files or u
 commit 8cfedd7203462cb251a914e700e5605444277561 (2025-09-20). Beyond the H100 columns they state
 `use_mcore_fsdp` (Megatron-Core's FSDP: parameters, gradients and optimizer states sharded, planned as
 ZeRO-3), `recompute_layers` (granularity full, method block: N blocks of each pipeline stage,
-`blocks:F`), `activation_offload_layers` (activations of N blocks kept in host memory: not modelled, so
-those rows are planned without it and say so) and `recompute_modules`. Blackwell plans are low
+`blocks:F`), `activation_offload_layers` (the saved activations of N blocks of each stage kept in host
+memory, `--offload-activations N`: Transformer Engine's CPU offload, plan/activation_offload.py) and
+`recompute_modules`. Blackwell plans are low
 confidence (`plan/gemm.py` ASSUMED_SUSTAINED): this checks that the layouts plan, not their speed.
 
     .venv/bin/python benchmarks/nemo_blackwell_layouts.py   # writes benchmarks/results/nemo_blackwell_layouts.json
@@ -125,11 +126,13 @@ def plan_blackwell_row(row: tuple) -> dict:
         stated["recompute"] = f"block-layers:{recompute_layers}"
     elif modules:
         stated["recompute"] = modules
+    if offload_layers:
+        stated["offload_activations"] = offload_layers
     out = plan_row((task, model, size, dtype, gpus, seq, tp, pp, cp, ep, vp, mbs, gbs, etp), hardware=system, **stated)
     out.update(system=system, use_mcore_fsdp=bool(fsdp), recompute_layers=recompute_layers,
                activation_offload_layers=offload_layers)
     if offload_layers:
-        out["note"] = f"{offload_layers} blocks' activations offloaded to host memory in the recipe: not modelled"
+        out["note"] = f"{offload_layers} blocks' activations offloaded to host memory"
     return out
 
 

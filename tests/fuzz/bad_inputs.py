@@ -45,6 +45,8 @@ def _constraints(field) -> dict:
 
 def _base_types(annotation) -> set[type]:
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # StrictInt and the like: the type they annotate
+        return _base_types(typing.get_args(annotation)[0])
     if origin is None:
         return {annotation} if isinstance(annotation, type) else set()
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", typing.Union)):
@@ -77,8 +79,8 @@ def _bad_values(field, rng: random.Random) -> list[str]:
             bad.append(repr(bounds["lt"]))
         if float in types:
             bad += NON_FINITE
-    if typing.Literal in types:
-        bad += ["not-a-choice", "42", "[]"]
+    if typing.Literal in types:  # a number is a fine value where the field also takes one (int | Literal["all"])
+        bad += ["not-a-choice", "[]"] + ([] if int in types else ["42"])
     if types == {bool}:
         bad += ["maybe", "2", "[true]"]
     if list in types or tuple in types:

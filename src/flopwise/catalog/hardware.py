@@ -114,6 +114,9 @@ class HardwareSpec:
     scale_up_domain: int | None = None
     figure_notes: Mapping[str, str] = field(default_factory=dict)
     source_ids: Mapping[str, str] = field(default_factory=dict)
+    # GB/s per direction between a device and its host's memory (PCIe, or NVLink-C2C on Grace
+    # systems): what offloaded activations and states cross; None where no figure is catalogued
+    host_link_gbs: float | None = None
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak in FLOP/s for a dtype, or None if unsupported/unknown."""
@@ -254,7 +257,7 @@ _DEVICE_FIELDS = {
 def _device(key: str, raw: Any, sources: Mapping[str, str]) -> HardwareSpec:
     where = f"device '{key}'"
     entry = _expect_mapping(raw, where)
-    _check_keys(entry, where, _DEVICE_FIELDS)
+    _check_keys(entry, where, _DEVICE_FIELDS, {"host_link_gbs"})
     cited: dict[str, str] = {}
     cited_ids: dict[str, str] = {}
     sure: dict[str, str] = {}
@@ -323,6 +326,7 @@ def _device(key: str, raw: Any, sources: Mapping[str, str]) -> HardwareSpec:
         scale_up_domain=domain,
         figure_notes=notes,
         source_ids=cited_ids,
+        host_link_gbs=take("host_link", entry["host_link_gbs"]) if "host_link_gbs" in entry else None,
     )
 
 

@@ -238,6 +238,9 @@ class TrainingConfig(Section):
     grad_clip: float | None = Field(1.0, gt=0, le=1e9)
     gradient_checkpointing: bool | int = False
     activation_compression: Literal["none", "int8"] = "none"
+    # saved activations of the first N blocks (or all) kept in host memory from their forward to their
+    # backward (train/techniques/activation_offload.py); 0 = none
+    offload_activations: StrictInt | Literal["all"] = 0
     compile: bool = False
     eval_every: int = Field(50, ge=1, le=MAX_STEPS)
     eval_batches: int = Field(8, ge=1, le=MAX_COUNT)
@@ -258,6 +261,8 @@ class TrainingConfig(Section):
         for beta in self.betas:
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"betas: {beta} is outside [0, 1)")
+        if self.offload_activations != "all" and not 0 <= self.offload_activations <= MAX_COUNT:
+            raise ValueError("offload_activations: must be 'all' or a number of blocks >= 0")
         return self
 
     @property

@@ -255,6 +255,15 @@ def _layout_words(lay) -> str:
                         if lay.ep > 1 else []))
 
 
+def _offloaded_activations_words(lay) -> str:
+    """', activations of N blocks per stage offloaded' when the layout offloads them, else ''."""
+    if not lay.offload_activations:
+        return ""
+    from flopwise.plan.activation_offload import describe
+
+    return f", activations of {describe(lay.offload_activations)} blocks per stage offloaded"
+
+
 def print_plan(result) -> None:
     """Print a Plan as rich tables: parameters, FLOPs, memory, time, energy and cost."""
     from rich.console import Console
@@ -266,7 +275,8 @@ def print_plan(result) -> None:
     console.print(
         f"[bold]{spec.model.name or spec.model.key}[/bold] on {lay.devices} x {hw.name or hw.key} "
         f"({_layout_words(lay)}); {work.precision}, {work.optimizer}, ZeRO-{lay.zero_stage}, "
-        f"recompute {lay.recompute}, offload {lay.offload}{', torch.compile' if lay.compiled else ''}; micro-batch {lay.micro_batch_size} x accum "
+        f"recompute {lay.recompute}, offload {lay.offload}"
+        f"{_offloaded_activations_words(lay)}{', torch.compile' if lay.compiled else ''}; micro-batch {lay.micro_batch_size} x accum "
         f"{lay.grad_accum} = {lay.global_batch_size} per step"
         + ("" if spec.model.arch == "cnn" else f", seq {work.seq_len}")
     )
@@ -340,6 +350,7 @@ def print_plan(result) -> None:
          + (f", CP {_duration(tm.cp_exposed_seconds)}" if spec.layout.cp > 1 else "")
          + (f", EP {'DeepEP' if spec.layout.moe_dispatcher == 'deepep' else 'all-to-all'} "
             f"{_duration(tm.ep_exposed_seconds)}" if spec.layout.ep > 1 else "") + ")"),
+        *([("host copies / step (offload, not hidden)", _duration(tm.offload_seconds))] if tm.offload_seconds else []),
         ("step", _duration(tm.step_seconds)),
         (f"{unit}s / s", f"{tm.tokens_per_second:,.0f} ({tm.tokens_per_second_per_device:,.0f} per device)"),
         *([("expected error (validated)", result.band.describe())] if result.band is not None else []),

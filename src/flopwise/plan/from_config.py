@@ -19,6 +19,7 @@ from flopwise.catalog.hardware import HardwareSpec
 from flopwise.catalog.models import ModelSpec, from_hf_config
 from flopwise.config.model_shape import check_shape, ffn_hidden_of, hf_config_path, kv_heads_of
 from flopwise.config.resolve import ResolvedRun
+from flopwise.plan.activation_offload import parse_blocks
 from flopwise.plan.finetune import config_fields
 from flopwise.plan.spec import Cluster, Layout, RunSpec, Workload
 
@@ -81,6 +82,8 @@ def planned_config(cfg, run: ResolvedRun, vocab_size: int | None = None) -> Plan
         compiled=cfg.training.compile,  # each block under torch.compile (train/build.py)
         fsdp_sync_every_micro_step=strategy == "fsdp" and par.fsdp_grad_sync == "every_micro_step",
         fsdp_unit_mb=par.fsdp_unit_mb if strategy in ("fsdp", "pipeline") else 0.0,
+        # training.offload_activations: the first N blocks (a stage's, at pp 1 the model's) or all
+        offload_activations=parse_blocks(cfg.training.offload_activations),
     )
     seq_len = cfg.data.seq_len
     workload = Workload(

@@ -14,6 +14,8 @@ A run is often stated in its launcher's own words (Megatron-LM `megatron/trainin
     --sharding-strategy FULL_SHARD|SHARD_GRAD_OP|NO_SHARD (llm-foundry's fsdp_config)      -> --zero 3|2|0
     --activation-checkpointing true|false (llm-foundry's fsdp_config)                    -> --recompute full|none
     --bf16, --fp16; --fp8-format e4m3|hybrid (Transformer Engine's fp8)                  -> --precision bf16|fp16|fp8
+    --activation-cpu-offload [true|false] (llm-foundry's fsdp_config, every block)        -> --offload-activations all|0
+    --cpu-offloading (Megatron's switch; its blocks are --cpu-offloading-num-layers, an alias) -> dropped
 
 NeMo's underscored spellings of any plan flag read as the dashed one (`--tensor_parallel_size`,
 `--micro_batch_size`, `--compute_dtype`).
@@ -46,6 +48,32 @@ PRECISION_SWITCHES = {"--bf16": "bf16", "--fp16": "fp16"}
 PRECISION_FLAGS = ("--fp8-format",)
 """Megatron-LM's `--fp8-format e4m3|hybrid`: fp8 GEMMs under Transformer Engine (with --bf16 for the rest)."""
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+OFFLOAD_SWITCHES = ("--activation-cpu-offload", "--fsdp-config-activation-cpu-offload")
+"""llm-foundry's `fsdp_config.activation_cpu_offload` (torch's offload_wrapper on every block), bare or true|false."""
+
+
+def offload_switches(argv: list[str]) -> list[str]:
+    """`argv` with llm-foundry's activation offload switch as `--offload-activations all|0`, and Megatron's
+    bare `--cpu-offloading` dropped (its block count, `--cpu-offloading-num-layers`, is an alias)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        flag = "--" + name.lstrip("-").replace("_", "-") if name.startswith("--") else name
+        i += 1
+        if flag == "--cpu-offloading" and not eq:
+            continue
+        if flag not in OFFLOAD_SWITCHES:
+            out.append(argv[i - 1])
+            continue
+        if not eq and i < len(argv) and argv[i].lower() in TRUE_WORDS + FALSE_WORDS:
+            value = argv[i]
+            i += 1
+        word = (value or "true").lower()
+        if word not in TRUE_WORDS + FALSE_WORDS:
+            raise UserError(f"{flag} takes true or false, got '{value}'")
+        out += ["--offload-activations", "all" if word in TRUE_WORDS else "0"]
+    return out
 
 
 def _flag(word: str) -> tuple[str | None, str | None]:
@@ -87,7 +115,7 @@ def dashed(argv: list[str]) -> list[str]:
 def rewrite(argv: list[str]) -> list[str]:
     """`argv` with Megatron's / NeMo's recompute and sharding flags replaced by `--recompute` and `--zero`,
     and NeMo's underscored spellings of plan flags dashed (unchanged without any)."""
-    argv = dashed(argv)
+    argv = dashed(offload_switches(argv))
     seen: dict[str, list[str]] = {}
     rest: list[str] = []
     i = 0

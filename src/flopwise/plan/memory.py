@@ -784,12 +784,14 @@ FP8_CACHED_BYTES_PER_PARAM = 2.0
 micro-batches (TE docs, `fp8_autocast` / "weight caching"): 2 bytes per local parameter."""
 
 
-def fp8_buffer_bytes(precision: str, framework: str, params_on_device: float, largest_unit: float) -> float:
+def fp8_buffer_bytes(precision: str, framework: str, params_on_device: float, largest_unit: float,
+                     zero_stage: int = 0) -> float:
     """fp8 weight copies: megatron/deepspeed (Transformer Engine) cache them for every local
-    weight; fsdp (torchao float8) casts per gathered unit, two units at a time."""
+    weight; fsdp (torchao float8) casts per gathered unit, two units at a time, and so does any
+    stack under ZeRO-3 (Megatron-Core's FSDP), whose weights are whole only while a unit is gathered."""
     if precision != "fp8":
         return 0.0
-    if framework == "fsdp":
+    if framework == "fsdp" or zero_stage >= 3:
         return FP8_CACHED_BYTES_PER_PARAM * 2.0 * largest_unit
     return FP8_CACHED_BYTES_PER_PARAM * params_on_device
 

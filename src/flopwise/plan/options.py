@@ -89,6 +89,12 @@ OPTIONS = (
                "[default: none; full for a --finetune that "
                "does not fit without it]"),
     PlanOption("offload", "--offload", str, "none", "none|optimizer|params (params needs --zero 3)."),
+    PlanOption("offload_activations", "--offload-activations", str, None,
+               "Blocks per pipeline stage whose saved activations wait in host memory between their forward "
+               "and backward (N or all; Megatron's --cpu-offloading-num-layers, NeMo's "
+               "--activation-offload-layers and llm-foundry's activation_cpu_offload are read too): less device "
+               "memory, host-link copies that compute may not hide. [default: 0]",
+               ("--cpu-offloading-num-layers", "--activation-offload-layers")),
     PlanOption("fsdp_unit_mb", "--fsdp-unit-mb", float, 0.0,
                "FSDP2 units of consecutive blocks up to this many MiB of parameters (the trainer's "
                "parallel.fsdp_unit_mb): fewer gathers, two larger units gathered at once. 0 = one per block."),
@@ -153,6 +159,7 @@ RUNSPEC_OPTIONS = (
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
     "lora_dropout", "stack", "fp8_recipe", "moe_dispatcher", "fsdp_unit_mb", "compiled", "cp", "ep", "etp",
     "fsdp_sync_every_micro_step", "interruptions_per_device_day", "restart_seconds", "host_copy_gbps",
+    "offload_activations",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 
@@ -170,6 +177,11 @@ def search_devices_and_base(values: dict) -> tuple[int, dict]:
 
         raise UserError("--search chooses the micro-batch and the accumulation: give the step's --global-batch "
                         "instead of --grad-accum")
+    if o.get("offload_activations") not in (None, "0", 0):
+        from flopwise.errors import UserError
+
+        raise UserError("--search does not try activation offload: plan a layout with --offload-activations "
+                        "without --search")
     o.update(gpus=cp, dp=None, tp=None, pp=None, zero=None, micro_batch=None, ep=None, etp=None,
              search_ep=o.get("ep") or 1)
     return devices, o

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
 from flopwise.plan import finetune as tuning
-from flopwise.plan import mamba, recompute_modules
+from flopwise.plan import activation_offload, mamba, recompute_modules
 from flopwise.plan import memory as mem
 from flopwise.plan.calibration import Efficiency, efficiency_for
 from flopwise.plan.comm import (
@@ -111,7 +111,8 @@ class Plan:
                        "grad_accum": lay.grad_accum, "zero": lay.zero_stage, "framework": lay.framework,
                        "recompute": lay.recompute, "compiled": lay.compiled, "cp": lay.cp, "ep": lay.ep,
                        "etp": lay.expert_tp, "sequence_parallel": lay.sequence_parallel,
-                       "moe_dispatcher": lay.moe_dispatcher, "moe_shared_expert_overlap": lay.moe_shared_expert_overlap},
+                       "moe_dispatcher": lay.moe_dispatcher, "moe_shared_expert_overlap": lay.moe_shared_expert_overlap,
+                       "offload": lay.offload, "offload_activations": lay.offload_activations},
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
@@ -196,6 +197,7 @@ def validate(spec: RunSpec) -> None:
         raise UserError(f"--zero must be 0, 1, 2 or 3, got {lay.zero_stage}")
     if lay.offload == "params" and lay.zero_stage != 3:
         raise UserError("--offload params needs --zero 3 (parameters are offloaded as ZeRO-3 shards)")
+    activation_offload.check(lay, model)
     if not 0 <= lay.fsdp_unit_mb < float("inf"):
         raise UserError(f"--fsdp-unit-mb must be a finite number >= 0 (0 = one unit per block), got {lay.fsdp_unit_mb}")
     if model.arch != "cnn":
@@ -435,7 +437,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
             warnings.append(f"{hw.key}: MXFP8 block scales are native to Blackwell's tensor cores only; "
                             "planned at the per-tensor fp8 rate, which this device's stacks cannot run it at")
         inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
-                            _framework(spec))
+                            _framework(spec), saved_bytes_per_layer=memory.activation_bytes_per_layer,
+                            host_bytes_per_second=activation_offload.host_bytes_per_second(hw))
         if tuned is not None:
             inputs = tuning.step_inputs(inputs, tuned, spec, pc, sb)
         time, comm = step_time(spec, inputs, rates, links, total_units, peak, eff_source, eff_conf)
@@ -683,6 +686,7 @@ def build_runspec(
     interruptions_per_device_day: float | None = None,
     restart_seconds: float | None = None,
     host_copy_gbps: float | None = None,
+    offload_activations: str | int | None = None,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -891,7 +895,7 @@ def build_runspec(
         moe_dispatcher=dispatcher, moe_shared_expert_overlap=shared_overlap,
         fsdp_sync_every_micro_step=fsdp_sync_every_micro_step,
         tp_comm_overlap=tp_comm_overlap, fsdp_unit_mb=fsdp_unit_mb,
-        framework=framework,
+        framework=framework, offload_activations=activation_offload.parse_blocks(offload_activations),
     )
     workload = Workload(
         precision=precision or EXAMPLE["precision"], optimizer=optimizer or EXAMPLE["optimizer"],

@@ -44,6 +44,7 @@ from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import device_rates
 from flopwise.plan.comm import links_for
 from flopwise.plan.memory import activation_dtype_bytes, compute_dtype, state_bytes
+from flopwise.plan.activation_offload import host_bytes_per_second
 from flopwise.plan.timing import StepInputs, step_lower_bound
 
 OBJECTIVES = ("time", "cost", "energy")
@@ -428,10 +429,12 @@ def _bounder(reference: Plan, profile=None):
     # an unknown link costs nothing in the bound (the plan then counts it as free or warns)
     links = dataclasses.replace(links, node_bps=links.node_bps or math.inf, net_bps=links.net_bps or math.inf)
     activation = activation_dtype_bytes(work.precision)
+    host_link = host_bytes_per_second(hw)
 
     def bound(candidate: RunSpec) -> float:
         lay = candidate.layout
-        inputs = StepInputs(total / (lay.tp * lay.pp), sb.grad, sb.weight, activation, 0.0, 0.0, framework)
+        inputs = StepInputs(total / (lay.tp * lay.pp), sb.grad, sb.weight, activation, 0.0, 0.0, framework,
+                            host_bytes_per_second=host_link)
         return step_lower_bound(candidate, rates, inputs, links)
 
     return bound

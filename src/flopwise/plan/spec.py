@@ -77,6 +77,11 @@ class Layout:
     # combine (Megatron-Core `moe_shared_expert_overlap`)
     moe_dispatcher: str = "alltoall"
     moe_shared_expert_overlap: bool = False
+    # activation offload: the saved activations of this many blocks of each stage (every micro-batch's)
+    # go to host memory in the forward and come back before their backward (Megatron-Core / Transformer
+    # Engine `cpu_offloading_num_layers`, NeMo `activation_offload_layers`, Composer
+    # `activation_cpu_offload`: every block); plan/activation_offload.py
+    offload_activations: int = 0
 
     @property
     def expert_tp(self) -> int:

@@ -15,7 +15,7 @@ import dataclasses
 from functools import lru_cache
 from typing import NamedTuple
 
-from flopwise.plan import finetune, recompute_modules
+from flopwise.plan import activation_offload, finetune, recompute_modules
 from flopwise.plan import memory as mem
 from flopwise.plan import step_comm as sc
 from flopwise.plan.fsdp_units import planned_blocks_per_unit
@@ -293,7 +293,9 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
                 # the loss's backward frees what the head's end keeps before the last block is
                 # recomputed: the rebuilt block and those are never alive together
                 activations -= min(rebuilt, logits)
-        fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest)
+        relief, host_activations = activation_offload.device_and_host_bytes(lay, per_layer, inflight, n)
+        activations -= relief  # offloaded blocks' activations wait in host memory (plan/activation_offload.py)
+        fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest, lay.zero_stage)
         if conv.fp8_cache_bytes_per_param is not None and fp8:
             fp8 *= conv.fp8_cache_bytes_per_param / mem.FP8_CACHED_BYTES_PER_PARAM
         weights, gradients = params * unit.weights, params * unit.gradients
@@ -312,6 +314,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         if tuned is not None:
             weights, gradients, optimizer, master, cpu = finetune.stage_states(
                 tuned, spec, params, n, sb, lay.zero_stage, lay.shard_group, lay.offload)
+        cpu += host_activations
         gathered = params * (sb.weight + accumulated_grad) if stage_gathered else buffers
         if tuned is not None and not cnn:
             gathered += loss_transient

@@ -57,7 +57,7 @@ from functools import lru_cache
 
 from flopwise.catalog.models import kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan import comm as cm
-from flopwise.plan import expert_comm
+from flopwise.plan import activation_offload, expert_comm
 from flopwise.plan import finetune
 from flopwise.plan import ops
 from flopwise.plan import step_comm as sc
@@ -69,8 +69,6 @@ from flopwise.plan.spec import local_seq_len
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (bucket_cap_mb=25)."""
-PCIE_BYTES_PER_S = 25e9
-"""Host <-> device copies for offload: PCIe Gen4/5 x16 effective (assumption)."""
 OVERLAP_SLOWDOWN = 0.4
 """Compute time lost per second of communication hidden behind it. Measured: overlapping GPT and
 LLaMA layers' compute with collectives on 4 A100 / H100 slows the compute by 18.9 % on average and
@@ -236,6 +234,9 @@ class StepInputs:
     framework: str = "fsdp"
     frozen_gather_bytes: float = 0.0  # a fine-tune's frozen base on one rank, which ZeRO-3 gathers too
     trainable_fraction: float = 1.0  # trainable share of a device's parameters (a fine-tune's adapters)
+    saved_bytes_per_layer: float = 0.0  # one block's saved activations, one micro-batch (what activation offload moves)
+    # host <-> device copies (offloaded states and activations): `activation_offload.host_bytes_per_second`
+    host_bytes_per_second: float = activation_offload.FALLBACK_HOST_BYTES_PER_S
 
 
 def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_units: float, peak: float,
@@ -409,6 +410,10 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
 
     # optimizer step and offload
     optimizer, offload_seconds = optimizer_and_offload(lay, work.optimizer, inputs, rates)
+    if lay.offload_activations and rates.curve.family != "cpu":  # the busiest stage's copies to and from the host
+        offload_seconds += activation_offload.exposed_seconds(
+            lay, layers_busiest, inputs.saved_bytes_per_layer, layer.forward, layer.backward + layer.recompute,
+            inputs.host_bytes_per_second, stack_offload_stream(spec.stack))
 
     # communication hidden behind compute still slows it (NCCL's thread blocks take SMs)
     tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
@@ -595,6 +600,14 @@ def stack_cross_entropy(spec) -> str:
     return stack.cross_entropy
 
 
+def stack_offload_stream(stack_name: str) -> bool:
+    """Whether the stack copies offloaded activations on a stream of their own (`Stack.activation_offload_stream`)."""
+    from flopwise.plan.stacks import find_stack
+
+    stack = find_stack(stack_name)
+    return bool(stack is not None and stack.activation_offload_stream)
+
+
 def stack_p2p_overlap(stack_name: str) -> bool:
     """Whether the stack overlaps an interleaved pipeline's sends with compute (`Stack.overlap_p2p_comm`)."""
     from flopwise.plan.stacks import find_stack
@@ -638,9 +651,10 @@ def optimizer_and_offload(lay, optimizer_name: str, inputs: StepInputs, rates: D
         return ops.optimizer_seconds(owned, inputs.grad_bytes, inputs.weight_bytes, optimizer_name, rates,
                                      fused=inputs.framework != "fsdp",
                                      fsdp_sharded=inputs.framework == "fsdp" and lay.zero_stage >= 3 and dp > 1), 0.0
-    copies = owned * (inputs.grad_bytes + inputs.weight_bytes) / PCIE_BYTES_PER_S
+    link = inputs.host_bytes_per_second
+    copies = owned * (inputs.grad_bytes + inputs.weight_bytes) / link
     if lay.offload == "params":
-        copies += 2 * lay.grad_accum * (psi * inputs.weight_bytes + inputs.frozen_gather_bytes) / max(1, dp) / PCIE_BYTES_PER_S
+        copies += 2 * lay.grad_accum * (psi * inputs.weight_bytes + inputs.frozen_gather_bytes) / max(1, dp) / link
     return owned / HOST_ADAM_PARAMS_PER_S, copies
 
 

@@ -14,6 +14,8 @@ switch is on (turning one off leaves no trace):
                                    the run's one DeviceMesh                  parallel.sequence_parallel)
 3. activation checkpointing        `activation_checkpointing.apply_activation_checkpointing`
                                                                          (training.gradient_checkpointing)
+   activation offload              `activation_offload.apply_activation_offload`: the first N
+                                   blocks' saved tensors in host memory  (training.offload_activations)
 4. activation compression (int8)   `activation_compression.int8_saved_activations`
                                    entered around each forward          (training.activation_compression)
 5. torch.compile, per block        `nn.Module.compile`                    (training.compile)
@@ -40,9 +42,11 @@ from torch import nn
 
 from flopwise.train.techniques import activation_compression
 from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing
+from flopwise.train.techniques.activation_offload import apply_activation_offload
 from flopwise.config.resolve import ResolvedRun
 from flopwise.config.schema import RunConfig
 from flopwise.train.parallel.distributed import DistEnv
+from flopwise.errors import UserError
 from flopwise.train.model import build_model, transformer_blocks
 from flopwise.train.parallel.parallelize import (
     apply_tensor_parallel, attach_strategy, build_device_mesh, parallelize_model, unwrap,
@@ -114,6 +118,12 @@ def build_training_model(cfg: RunConfig, vocab_size: int, env: DistEnv, run: Res
     if every:
         apply_activation_checkpointing(model, every)
         notes.append(f"activation checkpointing: every {every} block(s)")
+    if cfg.training.offload_activations:
+        if cfg.parallel.strategy == "pipeline" and cfg.training.offload_activations != "all":
+            raise UserError("training.offload_activations: with parallel.strategy=pipeline use 'all' (a count of "
+                            "blocks would offload only the first stages' blocks)")
+        offloaded = apply_activation_offload(model, cfg.training.offload_activations)
+        notes.append(f"activation offload: the saved activations of {offloaded} block(s) in host memory")
 
     forward_context: Callable[[], ContextManager] = contextlib.nullcontext
     hooks = None

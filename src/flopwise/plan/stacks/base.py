@@ -87,6 +87,9 @@ class Stack:
     zero3_gathers_modules: bool = False  # ZeRO-3 fetches one module at a time (DeepSpeed), not a block (FSDP)
     sequence_parallel: bool = False  # its recipes run sequence parallelism whenever tp > 1
     overlap_p2p_comm: bool = False  # interleaved pipeline sends/receives posted ahead and overlapped with compute
+    # offloaded activations copied on a stream of their own beside the compute (Transformer Engine's CPU
+    # offload), not on the compute stream (torch's save_on_cpu / offload_wrapper); plan/activation_offload.py
+    activation_offload_stream: bool = False
     # the loss, then the embedding, may take a decoder layer's place in the pipeline split when the layers
     # are one or two fewer than the chunks (Megatron's --account-for-{loss,embedding}-in-pipeline-split)
     ends_in_pipeline_split: bool = False

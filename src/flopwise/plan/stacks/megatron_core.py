@@ -36,6 +36,9 @@ STACK = Stack(
     # overlap_p2p_comm on, forced off for non-interleaved schedules; schedules.py then posts the
     # next chunk's isend/irecv before computing and waits after
     overlap_p2p_comm=True,
+    # Transformer Engine's CPU offload (cpu_offloading_num_layers; NeMo activation_offload_layers) copies on its
+    # own stream, double-buffered (transformer_engine/pytorch/cpu_offload.py; megatron/core/transformer/transformer_block.py)
+    activation_offload_stream=True,
     # TransformerConfig.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split: the
     # embedding (loss) counts as one more layer of the split and the first (last) chunk builds one decoder
     # layer fewer, none at all allowed (megatron/core/transformer/transformer_block.py get_num_layers_to_build);
