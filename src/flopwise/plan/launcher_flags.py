@@ -59,7 +59,7 @@ def offload_switches(argv: list[str]) -> list[str]:
     i = 0
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
-        flag = "--" + name.lstrip("-").replace("_", "-") if name.startswith("--") else name
+        flag = _dashed_name(name)
         i += 1
         if flag == "--cpu-offloading" and not eq:
             continue
@@ -76,10 +76,15 @@ def offload_switches(argv: list[str]) -> list[str]:
     return out
 
 
+def _dashed_name(name: str) -> str:
+    """A flag's name with its dashes and underscores as Megatron's argparse reads them (`--a_b` is `--a-b`)."""
+    return "--" + name.lstrip("-").replace("_", "-") if name.startswith("-") else name
+
+
 def _flag(word: str) -> tuple[str | None, str | None]:
     """(the launcher flag `word` is, its `=value` if written so), (None, None) for any other word."""
     name, eq, value = word.partition("=")
-    name = "--" + name.lstrip("-").replace("_", "-") if name.startswith("-") else name
+    name = _dashed_name(name)
     if (name in RECOMPUTE_FLAGS or name in SHARDING_FLAGS or name in SHARDING_SWITCHES or name in PRECISION_SWITCHES
             or name in PRECISION_FLAGS):
         return name, (value if eq else None)

@@ -168,12 +168,17 @@ def split_layers(n_layers: int, pp: int, virtual: int, embedding_slot: bool = Fa
     return tuple(tuple(counts[c] for c in range(dev, chunks, pp)) for dev in range(pp))
 
 
-def stack_ends_in_split(stack_name: str) -> bool:
-    """Whether the stack can count the embedding and the loss as pipeline layers (`Stack.ends_in_pipeline_split`)."""
+def stack_switch(stack_name: str, field: str) -> bool:
+    """A yes/no field of the named stack (`plan/stacks/base.Stack`); False for a name no stack module describes."""
     from flopwise.plan.stacks import find_stack
 
     stack = find_stack(stack_name)
-    return bool(stack is not None and stack.ends_in_pipeline_split)
+    return bool(stack is not None and getattr(stack, field))
+
+
+def stack_ends_in_split(stack_name: str) -> bool:
+    """Whether the stack can count the embedding and the loss as pipeline layers (`Stack.ends_in_pipeline_split`)."""
+    return stack_switch(stack_name, "ends_in_pipeline_split")
 
 
 @lru_cache(maxsize=4096)
@@ -413,7 +418,7 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     if lay.offload_activations and rates.curve.family != "cpu":  # the busiest stage's copies to and from the host
         offload_seconds += activation_offload.exposed_seconds(
             lay, layers_busiest, inputs.saved_bytes_per_layer, layer.forward, layer.backward + layer.recompute,
-            inputs.host_bytes_per_second, stack_offload_stream(spec.stack))
+            inputs.host_bytes_per_second, stack_switch(spec.stack, "activation_offload_stream"))
 
     # communication hidden behind compute still slows it (NCCL's thread blocks take SMs)
     tp_hidden = m * layers_busiest * max(0.0, tp_wire - tp_layer)
@@ -600,20 +605,9 @@ def stack_cross_entropy(spec) -> str:
     return stack.cross_entropy
 
 
-def stack_offload_stream(stack_name: str) -> bool:
-    """Whether the stack copies offloaded activations on a stream of their own (`Stack.activation_offload_stream`)."""
-    from flopwise.plan.stacks import find_stack
-
-    stack = find_stack(stack_name)
-    return bool(stack is not None and stack.activation_offload_stream)
-
-
 def stack_p2p_overlap(stack_name: str) -> bool:
     """Whether the stack overlaps an interleaved pipeline's sends with compute (`Stack.overlap_p2p_comm`)."""
-    from flopwise.plan.stacks import find_stack
-
-    stack = find_stack(stack_name)
-    return bool(stack is not None and stack.overlap_p2p_comm)
+    return stack_switch(stack_name, "overlap_p2p_comm")
 
 
 def fsdp_units(model, layers: int, stage: int, pp: int, tp: int, params: float,

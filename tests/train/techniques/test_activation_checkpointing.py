@@ -1,10 +1,6 @@
 """Activation checkpointing: same loss and gradients, fewer saved activations, composes with FSDP2."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -13,6 +9,7 @@ from flopwise.errors import UserError
 from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
 from flopwise.config.schema import ModelConfig
 from flopwise.train.model import build_model, transformer_blocks
+from tests.train.techniques.fsdp_equivalence import run_fsdp_equivalence
 
 VOCAB = 61
 
@@ -134,56 +131,8 @@ def test_huggingface_layers_are_checkpointed(tmp_path):
         torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
-FSDP_SCRIPT = textwrap.dedent(
-    """
-    import os, sys, torch, torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-    from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
-    from flopwise.config.schema import ModelConfig
-    from flopwise.train.model import build_model, transformer_blocks
-
-    dist.init_process_group("gloo")
-    cfg = ModelConfig(n_layers=2, hidden=32, n_heads=4, max_seq_len=16)
-
-    def sharded(checkpoint):
-        torch.manual_seed(0)
-        model = build_model(cfg, 61)
-        if checkpoint:
-            apply_activation_checkpointing(model, True)
-        for block in transformer_blocks(model):
-            fully_shard(block)
-        fully_shard(model)
-        return model
-
-    torch.manual_seed(dist.get_rank())
-    ids = torch.randint(0, 61, (2, 16))
-    results = []
-    for checkpoint in (False, True):
-        model = sharded(checkpoint)
-        loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad.full_tensor() for n, p in model.named_parameters()}))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    assert torch.equal(loss_a, loss_b)
-    assert grads_a.keys() == grads_b.keys()
-    for name in grads_a:
-        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
-    print(f"rank {dist.get_rank()} ok")
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # no interpreter teardown, as train/launch/worker.py: gloo threads can abort there
-    """
-)
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_checkpointing_composes_with_fsdp2_applied_afterwards(tmp_path):
-    script = tmp_path / "fsdp_checkpointing.py"
-    script.write_text(FSDP_SCRIPT)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert "rank 0 ok" in result.stdout and "rank 1 ok" in result.stdout
+    run_fsdp_equivalence(tmp_path, ["apply_activation_checkpointing(model, True)"],
+                         "assert torch.equal(loss_a, loss_b)\nassert grads_a.keys() == grads_b.keys()")

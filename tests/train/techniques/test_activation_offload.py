@@ -1,10 +1,6 @@
 """Activation offload: same loss and gradients; what the device keeps for backward shrinks as the planner says."""
 
 import copy
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -15,6 +11,7 @@ from flopwise.errors import UserError
 from flopwise.train.model import build_model
 from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing
 from flopwise.train.techniques.activation_offload import apply_activation_offload, offloaded_block_count
+from tests.train.techniques.fsdp_equivalence import run_fsdp_equivalence
 
 VOCAB = 61
 
@@ -116,57 +113,8 @@ def test_a_config_plans_its_offload():
     assert offloaded.memory.cpu_offload_bytes > 0 and offloaded.time.offload_seconds > 0
 
 
-FSDP_SCRIPT = textwrap.dedent(
-    """
-    import os, sys, torch, torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-    from flopwise.train.techniques.activation_checkpointing import apply_activation_checkpointing
-    from flopwise.train.techniques.activation_offload import apply_activation_offload
-    from flopwise.config.schema import ModelConfig
-    from flopwise.train.model import build_model, transformer_blocks
-
-    dist.init_process_group("gloo")
-    cfg = ModelConfig(n_layers=2, hidden=32, n_heads=4, max_seq_len=16)
-
-    def sharded(offload):
-        torch.manual_seed(0)
-        model = build_model(cfg, 61)
-        if offload:
-            apply_activation_checkpointing(model, 2)
-            apply_activation_offload(model, "all")
-        for block in transformer_blocks(model):
-            fully_shard(block)
-        fully_shard(model)
-        return model
-
-    torch.manual_seed(dist.get_rank())
-    ids = torch.randint(0, 61, (2, 16))
-    results = []
-    for offload in (False, True):
-        model = sharded(offload)
-        loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad.full_tensor() for n, p in model.named_parameters()}))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    torch.testing.assert_close(loss_a, loss_b)
-    for name in grads_a:
-        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
-    print(f"rank {dist.get_rank()} ok")
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
-    """
-)
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_offload_composes_with_fsdp2_applied_afterwards(tmp_path):
-    script = tmp_path / "fsdp_offload.py"
-    script.write_text(FSDP_SCRIPT)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert "rank 0 ok" in result.stdout and "rank 1 ok" in result.stdout
+    run_fsdp_equivalence(tmp_path, ["apply_activation_checkpointing(model, 2)", "apply_activation_offload(model, 'all')"],
+                         "torch.testing.assert_close(loss_a, loss_b)")
