@@ -199,13 +199,18 @@ def test_help_shows_every_default():
 
 def test_stack_flag_through_a_real_process():
     """`plan --json --stack nemo`: the alias resolves to megatron-core, the published Llama 2 7B
-    fp8 layout fits with the stack's bf16 gradient reduce; an unknown stack is one line, exit != 0."""
-    out = run("--json", "--stack", "nemo", "--precision", "fp8", "--seq-len", "4096", "--global-batch", "128",
-              "--micro-batch", "1", "--zero", "1")
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+    fp8 layout fits as NeMo's fp8 recipes run it (bf16 gradients); stated fp32 gradients need TE's fp8
+    weights to fit; an unknown stack or reduce dtype is one line, exit != 0."""
+    args = ("--json", "--stack", "nemo", "--precision", "fp8", "--seq-len", "4096", "--global-batch", "128",
+            "--micro-batch", "1", "--zero", "1")
+    out, fp32 = run(*args), run(*args, "--grad-reduce", "fp32")
+    assert out.returncode == 0 == fp32.returncode, out.stderr + fp32.stderr
+    data, wide = json.loads(out.stdout), json.loads(fp32.stdout)
     check_contract(data)
-    assert data["stack"] == "megatron-core" and data["fits"] and data["fits_with"] == ["bf16-grad-reduce"]
+    assert data["stack"] == "megatron-core" and data["fits"] and data["fits_with"] == []
+    assert wide["memory"]["gradients"] == pytest.approx(2 * data["memory"]["gradients"])
+    assert wide["comm"]["dp_bytes"] > data["comm"]["dp_bytes"]
+    assert run("--grad-reduce", "fp16").returncode != 0
     bad = run("--stack", "paxml")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--stack" in bad.stderr + bad.stdout
 

@@ -64,10 +64,10 @@ def test_llama2_7b_fp8_on_8_h100_fits_under_megatron_core_and_says_how():
     mcore = _plan(stack="megatron-core", **layout)
     assert not generic.fits
     assert mcore.fits and mcore.spec.layout.framework == "megatron"
-    assert mcore.memory.fits_with == ("bf16-grad-reduce",)
+    assert mcore.memory.fits_with == ()  # NeMo's fp8 recipes keep bf16 main grads: no option needed
     assert mcore.memory.gradients == pytest.approx(mcore.memory.weights)  # bf16 main_grad: 2 bytes/param
     assert mcore.memory.allocated_bytes < generic.memory.allocated_bytes - 10 * GIB
-    assert mcore.to_dict()["fits_with"] == ["bf16-grad-reduce"]
+    assert mcore.to_dict()["fits_with"] == []
 
 
 def test_torchtitan_layout_fits_with_torch_compile_and_says_so():
@@ -499,3 +499,38 @@ def test_an_unknown_stack_still_refuses():
 
     with pytest.raises(UserError, match="--stack 'nanogpt' is not one of"):
         get_stack("nanogpt")
+
+
+@pytest.mark.parametrize(("stack", "precision", "options", "expected"), [
+    ("megatron-core", "bf16", (), 4.0),  # Megatron-LM arguments.py forces fp32 accumulation and reduction for bf16
+    ("megatron-core", "fp8", (), 2.0),  # NeMo's fp8 performance recipes: grad_reduce_in_fp32=False
+    ("megatron-core", "bf16", ("bf16-grad-reduce",), 2.0),
+    ("megatron-lm", "fp16", (), 2.0),  # fp16 keeps a 16-bit main_grad unless asked
+    ("torchtitan", "bf16", (), 4.0),  # MixedPrecisionPolicy(reduce_dtype=fp32)
+    ("flopwise", "bf16", (), 4.0),  # the trainer's FSDP2 policy reduces in fp32 too
+    ("flash-attn", "bf16", (), 4.0),  # Lightning AMP: fp32 parameters, so fp32 gradients
+    ("composer", "bf16", (), 2.0),  # fsdp_config mixed_precision PURE
+    ("composer", "fp32", (), 4.0), ("torchtitan", "bf16-true", (), 2.0)])
+def test_each_stack_reduces_gradients_in_its_own_dtype(stack, precision, options, expected):
+    from flopwise.plan.stacks.conventions import gradient_reduce_bytes
+
+    assert gradient_reduce_bytes(get_stack(stack), precision, options) == expected
+
+
+def test_the_data_parallel_reduction_moves_the_stacks_gradient_bytes():
+    """Megatron-Core at bf16 reduce-scatters fp32 gradients and all-gathers bf16 weights: 1.5x the bytes of
+    a bf16 reduction; a plan that fits only with the bf16 gradient buffer is timed with its bf16 reduction."""
+    layout = dict(model="gpt3-1.3b", hardware="h100-sxm", gpus=64, micro_batch=4, global_batch=256, zero=1,
+                  precision="bf16", stack="megatron-core")
+    fp32, bf16 = _plan(**layout), _plan(**layout, grad_reduce="bf16")
+    assert fp32.comm.dp_bytes == pytest.approx(1.5 * bf16.comm.dp_bytes)
+    assert fp32.time.step_seconds > bf16.time.step_seconds
+    assert bf16.memory.gradients == pytest.approx(fp32.memory.gradients / 2)
+    tight = dict(model="llama2-7b", hardware="h100-sxm", gpus=8, precision="bf16", seq_len=4096, micro_batch=2,
+                 global_batch=64, zero=1, stack="megatron-core")
+    laddered = _plan(**tight)
+    assert laddered.memory.fits_with == ("bf16-grad-reduce",)
+    assert laddered.comm.dp_bytes == pytest.approx(_plan(**tight, grad_reduce="bf16").comm.dp_bytes)
+    assert _plan(**tight, grad_reduce="fp32").memory.fits_with != ("bf16-grad-reduce",)
+    with pytest.raises(UserError, match="--grad-reduce"):
+        _plan(**tight, grad_reduce="fp8")

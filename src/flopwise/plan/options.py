@@ -88,6 +88,12 @@ OPTIONS = (
                "and NeMo's --recompute-layers are read too. "
                "[default: none; full for a --finetune that "
                "does not fit without it]"),
+    PlanOption("grad_reduce", "--grad-reduce", str, None,
+               "Data-parallel gradient reduction dtype: bf16|fp32 (Megatron's --grad-reduce-in-bf16, NeMo's "
+               "grad_reduce_in_fp32=False, FSDP2's MixedPrecisionPolicy reduce_dtype); Megatron keeps its gradient "
+               "buffer in it. [default: the stack's: fp32 for megatron-core bf16, flopwise, torchtitan, "
+               "flash-attn; bf16 for megatron-core fp8 (NeMo's performance scripts), composer, deepspeed]",
+               ("--grad-reduce-dtype",)),
     PlanOption("offload", "--offload", str, "none", "none|optimizer|params (params needs --zero 3)."),
     PlanOption("offload_activations", "--offload-activations", str, None,
                "Blocks per pipeline stage whose saved activations wait in host memory between their forward "
@@ -159,7 +165,7 @@ RUNSPEC_OPTIONS = (
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
     "lora_dropout", "stack", "fp8_recipe", "moe_dispatcher", "fsdp_unit_mb", "compiled", "cp", "ep", "etp",
     "fsdp_sync_every_micro_step", "interruptions_per_device_day", "restart_seconds", "host_copy_gbps",
-    "offload_activations",
+    "offload_activations", "grad_reduce",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 

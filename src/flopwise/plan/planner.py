@@ -314,6 +314,34 @@ def stack_rates(spec: RunSpec) -> tuple[str | None, str | None]:
     return stack.attention_kernel, recipe
 
 
+GRAD_REDUCE_DTYPES = {"bf16": "bf16", "fp32": "fp32", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
+"""`--grad-reduce` values: the dtype the data-parallel gradient reduction runs in."""
+
+
+def spelled_grad_reduce(text: str) -> str:
+    """`--grad-reduce` as bf16 or fp32 (any case); one line naming the choices otherwise."""
+    value = GRAD_REDUCE_DTYPES.get(str(text).strip().lower())
+    if value is None:
+        raise UserError(f"--grad-reduce {text!r} is not one of: bf16, fp32")
+    return value
+
+
+def gradient_bytes(spec: RunSpec, options: tuple[str, ...] = ()) -> float:
+    """Bytes per gradient element the data-parallel reduction moves under the spec's stack, with
+    the memory `options` the plan fits with (`stacks.conventions.gradient_reduce_bytes`), or as
+    `--grad-reduce` states it."""
+    from flopwise.plan.stacks import find_stack
+    from flopwise.plan.stacks.conventions import gradient_reduce_bytes
+
+    stated = spec.cluster.extra.get("grad_reduce")
+    if stated is not None and spec.workload.precision not in ("fp32", "tf32", "bf16-true"):
+        return 2.0 if stated == "bf16" else 4.0
+    stack = find_stack(spec.stack)
+    if stack is None:
+        return mem.state_bytes(spec.workload.precision, spec.workload.optimizer).grad
+    return gradient_reduce_bytes(stack, spec.workload.precision, options)
+
+
 def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:
     """The recompute policies to try for `spec`, or None when its stack offers none (the
     flopwise stack, a layout that already recomputes or whose recompute the user stated, a CNN)."""
@@ -436,7 +464,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
                 and rates.curve.family != "blackwell":
             warnings.append(f"{hw.key}: MXFP8 block scales are native to Blackwell's tensor cores only; "
                             "planned at the per-tensor fp8 rate, which this device's stacks cannot run it at")
-        inputs = StepInputs(psi, sb.grad, sb.weight, e, flops.hardware_per_unit, flops.model_per_unit,
+        inputs = StepInputs(psi, gradient_bytes(spec, memory.fits_with), sb.weight, e, flops.hardware_per_unit,
+                            flops.model_per_unit,
                             _framework(spec), saved_bytes_per_layer=memory.activation_bytes_per_layer,
                             host_bytes_per_second=activation_offload.host_bytes_per_second(hw))
         if tuned is not None:
@@ -687,6 +716,7 @@ def build_runspec(
     restart_seconds: float | None = None,
     host_copy_gbps: float | None = None,
     offload_activations: str | int | None = None,
+    grad_reduce: str | None = None,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -852,6 +882,8 @@ def build_runspec(
         lora_rank = stack_spec.lora_rank if stack != "flopwise" else tuning.DEFAULT_LORA_RANK
         if finetune in ("lora", "qlora") and lora_rank != tuning.DEFAULT_LORA_RANK:
             extra["defaults"] = (*extra.get("defaults", ()), f"lora rank {lora_rank}: {stack}'s LoRA default")
+    if grad_reduce is not None:  # the data-parallel gradient reduction's dtype, as the run states it
+        extra["grad_reduce"] = spelled_grad_reduce(grad_reduce)
     if stack != "flopwise":
         extra["fp8_recipe"] = fp8_recipe or stack_spec.fp8_recipe
     elif fp8_recipe is not None:

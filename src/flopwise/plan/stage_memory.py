@@ -166,13 +166,18 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
         return _estimate(spec, pc, warnings, every_stage, FRAMEWORK_DEFAULTS)
     precision = spec.workload.precision
     zero = spec.layout.zero_stage
-    first = _estimate(spec, pc, warnings, every_stage, conventions(stack, precision, (), zero))
+    stated = spec.cluster.extra.get("grad_reduce")  # --grad-reduce: no ladder changes a stated dtype
+    first = _estimate(spec, pc, warnings, every_stage, conventions(stack, precision, (), zero, stated))
     if first.fits:
         return first
     # the first option set that fits; else the first within the memory band (tight); else the defaults
     tight = first if first.may_fit else None
     for options in option_ladder(stack, precision):
-        tried = _estimate(spec, pc, [], every_stage, conventions(stack, precision, options, zero))
+        if stated and "bf16-grad-reduce" in options:
+            options = tuple(o for o in options if o != "bf16-grad-reduce")
+            if not options:
+                continue
+        tried = _estimate(spec, pc, [], every_stage, conventions(stack, precision, options, zero, stated))
         if tried.fits:
             return tried
         tight = tight or (tried if tried.may_fit else None)

@@ -103,5 +103,8 @@ class Stack:
     # which its recipes run the shared expert beside the dispatch and combine (moe_shared_expert_overlap)
     deepep_families: tuple[str, ...] = ()
     shared_expert_overlap: tuple[str, ...] = ()
+    # bytes per gradient element an fp8 run's data-parallel reduction moves, when the stack's fp8 recipes
+    # reduce in another dtype than its bf16 runs (None: `reduce_bytes`); conventions.gradient_reduce_bytes
+    fp8_reduce_bytes: float | None = None
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

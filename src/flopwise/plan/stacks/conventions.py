@@ -54,12 +54,39 @@ FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
 """The flopwise stack: the framework conventions plan/memory.py states, unchanged."""
 
 
-def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zero_stage: int = 0) -> MemoryConventions:
-    """The stack's memory conventions at `precision` and ZeRO stage, with `options` applied."""
+def gradient_reduce_bytes(stack: Stack, precision: str, options: tuple[str, ...] = ()) -> float:
+    """Bytes per gradient element the data-parallel reduction moves (reduce-scatter or all-reduce),
+    as the stack runs it at `precision` with memory `options`; the time model sends this many.
+
+    - fp32 / tf32 runs reduce fp32 gradients, `bf16-true` bf16 ones;
+    - `bf16-grad-reduce` (Megatron `--grad-reduce-in-bf16`, NeMo `grad_reduce_in_fp32=False`): bf16;
+    - Megatron (either stack) at fp16: the gradient buffer and its reduction stay 16-bit, since
+      Megatron-LM forces fp32 accumulation and reduction for bf16 only (megatron/training/arguments.py,
+      `if args.bf16: ... accumulate_allreduce_grads_in_fp32 = True`);
+    - fp8 runs of a stack whose fp8 recipes reduce in another dtype (`Stack.fp8_reduce_bytes`);
+    - otherwise the stack's `reduce_bytes` (FSDP2's `MixedPrecisionPolicy.reduce_dtype`, DDP's
+      gradient dtype, Megatron's `grad_reduce_in_fp32`)."""
+    if precision in ("fp32", "tf32"):
+        return 4.0
+    if precision == "bf16-true" or "bf16-grad-reduce" in options:
+        return 2.0
+    if precision == "fp16" and stack.framework == "megatron":
+        return 2.0
+    if precision == "fp8" and stack.fp8_reduce_bytes is not None:
+        return stack.fp8_reduce_bytes
+    return stack.reduce_bytes
+
+
+def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zero_stage: int = 0,
+                grad_reduce: str | None = None) -> MemoryConventions:
+    """The stack's memory conventions at `precision` and ZeRO stage, with `options` applied and
+    the gradient reduction in `grad_reduce` (bf16 / fp32) when the run states it."""
     sixteen = precision not in ("fp32", "tf32", "bf16-true")
     grad = None
     if sixteen and stack.framework == "megatron":
-        grad = 2.0 if "bf16-grad-reduce" in options else stack.grad_bytes
+        # Megatron's gradient buffer (`main_grad`) is kept in the dtype it is reduced in
+        # (param_and_grad_buffer.py: grad_dtype = fp32 if grad_reduce_in_fp32 else the params')
+        grad = {"bf16": 2.0, "fp32": 4.0}.get(grad_reduce) or gradient_reduce_bytes(stack, precision, options)
     if precision == "bf16" and stack.bf16_optimizer_fp32_grads and zero_stage <= 1:
         grad = 2.0 + 4.0  # the bf16 .grad of the backward and the fp32 accumulation buffer
     fp8 = precision == "fp8"
@@ -89,5 +116,6 @@ def option_ladder(stack: Stack, precision: str) -> tuple[tuple[str, ...], ...]:
               and (o != "fp8-params" or precision == "fp8")
               and (o != "fp8-activation-store" or stack.fused_swiglu)
               and (o != "torch-compile" or not (stack.fused_norm and stack.fused_swiglu))
-              and (o != "bf16-grad-reduce" or (stack.framework == "megatron" and stack.grad_bytes > 2))]
+              and (o != "bf16-grad-reduce" or (stack.framework == "megatron"
+                                               and gradient_reduce_bytes(stack, precision) > 2))]
     return tuple(tuple(usable[: i + 1]) for i in range(len(usable)))

@@ -11,7 +11,9 @@ STACK = Stack(
     cross_entropy="single-pass",  # flash_attn/losses/cross_entropy.py (inplace_backward)
     overlap_grad_reduce=True, overlap_param_gather=False,  # DDP buckets overlap backward
     tp_comm_overlap=False,
-    grad_bytes=2.0, reduce_bytes=2.0,
+    # training/Dockerfile: pytorch-lightning 1.8.6, whose `precision: bf16` (configs/experiment/pile/base.yaml)
+    # is native AMP: fp32 parameters under torch.autocast, so DDP all-reduces fp32 gradients
+    grad_bytes=2.0, reduce_bytes=4.0,
     distributed_optimizer=True,  # ZeRO-2 style sharded optimizer (training/configs)
     fp8_gemm_input_bytes=2.0,
     loss_bytes_per_logit=2.0,  # inplace_backward: the gradient overwrites the logits

@@ -11,7 +11,9 @@ STACK = Stack(
     cross_entropy="eager",  # train/step.py: F.cross_entropy(logits.float()), outside the compiled blocks
     overlap_grad_reduce=True, overlap_param_gather=True,  # FSDP2 reduce-scatter / prefetched all-gather
     tp_comm_overlap=False,
-    grad_bytes=2.0, reduce_bytes=2.0,  # FSDP2 MixedPrecisionPolicy(param_dtype=bf16): bf16 gradients
+    # FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (train/techniques/precision.py
+    # fsdp_mixed_precision): bf16 gradients, reduce-scattered in fp32; DDP under autocast reduces fp32 ones
+    grad_bytes=2.0, reduce_bytes=4.0,
     distributed_optimizer=True,  # FSDP shards optimizer states with the parameters
     fp8_gemm_input_bytes=2.0,  # torchao float8 linear saves the high-precision input (float8_linear.py)
     loss_bytes_per_logit=8.0,  # fp32 copy + fp32 log-softmax (memory.loss_logits_bytes_per_element)

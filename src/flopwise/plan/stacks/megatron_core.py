@@ -17,6 +17,11 @@ STACK = Stack(
     # there; Megatron-LM's arguments.py and NeMo's MegatronMixedPrecision turn it on for bf16): an fp32
     # main_grad buffer by default, bf16 as the memory option `bf16-grad-reduce`
     grad_bytes=4.0, reduce_bytes=4.0,
+    # fp8: NeMo's performance scripts set grad_reduce_in_fp32=False with bf16_with_fp8_mixed()
+    # (scripts/performance/llm/*.py), its launcher's fp8 examples grad_sync_dtype=bf16
+    # (NeMo-Framework-Launcher examples/training/llama/h100/*_fp8.sh), Megatron-Bridge's performance
+    # configs ddp.grad_reduce_in_fp32=False: bf16 gradient buffer and reduction
+    fp8_reduce_bytes=2.0,
     distributed_optimizer=True,  # --use-distributed-optimizer, on in the recipes
     # TE Linear / LayerNormLinear save their input as a Float8Tensor under fp8_autocast
     # (transformer_engine/pytorch/module/linear.py, layernorm_linear.py: saved inputmat / ln_out)

@@ -14,7 +14,7 @@ STACK = Stack(
     # it (timing.stack_dp_overlap)
     overlap_grad_reduce=False, overlap_param_gather=False,
     tp_comm_overlap=False,
-    grad_bytes=4.0, reduce_bytes=4.0,  # --accumulate-allreduce-grads-in-fp32 (main_grad fp32)
+    grad_bytes=4.0, reduce_bytes=4.0,  # bf16 forces fp32 main_grad and reduction; fp16 keeps 16-bit (conventions.py)
     distributed_optimizer=False,
     fp8_gemm_input_bytes=2.0,
     loss_bytes_per_logit=4.0,  # _VocabParallelCrossEntropy keeps the fp32 softmax
