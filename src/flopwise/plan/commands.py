@@ -327,7 +327,8 @@ def print_plan(result) -> None:
         ("final norm + head inputs, logits" + (" (kept for backward)" if tuned else ""), _gib(m.logits)),
         ("communication buffers" + (" + dequantised weight" if tuned and tuned.method == "qlora" else "")
          + (" + loss's transient logits" if tuned else ""), _gib(m.comm_buffers)),
-        *([("fp8 weight copies", _gib(m.fp8_buffers))] if m.fp8_buffers else []),
+        *([("fp8 weight copies" if spec.workload.precision == "fp8" else "autocast weight copies",
+            _gib(m.fp8_buffers))] if m.fp8_buffers else []),
         ("allocated", _gib(m.allocated_bytes)),
         (f"allocator reserve ({spec.cluster.allocator_reserve:.0%} of per-step allocations)", _gib(m.allocator_reserve)),
         ("[bold]total (reserved)[/bold]", f"[bold]{_gib(m.total_bytes)}[/bold]"),

@@ -13,6 +13,7 @@ of a run carries no caching-allocator reserve.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from flopwise.catalog.hardware import HardwareSpec
@@ -95,6 +96,10 @@ def planned_config(cfg, run: ResolvedRun, vocab_size: int | None = None) -> Plan
         dropout=cfg.model.dropout > 0,
         **config_fields(getattr(cfg, "finetune", None)),  # LoRA / QLoRA (plan/finetune.py)
     )
+    if _amp(run.precision, strategy) and workload.finetune == "full":
+        # plain bf16/fp16 (and `*-params` without FSDP2): fp32 parameters under torch.autocast
+        # (train/techniques/precision.py), planned with AMP's fp32 weights, gradients and bf16 copies
+        workload = dataclasses.replace(workload, fp32_params=True)
     return PlannedConfig(model=model_spec_from_config(cfg.model, vocab, seq_len), layout=layout,
                          workload=workload, notes=tuple(notes_for(cfg)))
 
@@ -119,6 +124,13 @@ def _planned_schedule(schedule: str) -> str:
 def _interleaved_variant(schedule: str) -> str:
     """Which interleaved schedule the trainer runs: the planner's memory model tells them apart."""
     return {"looped-bfs": "looped-bfs", "interleaved-zero-bubble": "zero-bubble"}.get(schedule, "1f1b")
+
+
+def _amp(precision, strategy: str) -> bool:
+    """Whether the trainer keeps fp32 parameters under autocast: a 16-bit mode that is not pure, whose
+    FSDP2 parameter dtype is fp32 (DeepSpeed casts the model to its own 16-bit dtype)."""
+    return (precision.compute_dtype in ("bf16", "fp16") and not precision.pure and precision.param_dtype == "fp32"
+            and strategy != "deepspeed")
 
 
 def _offload_of(parallel, strategy: str) -> str:

@@ -67,6 +67,30 @@ COMPUTE_DTYPE = {"bf16-true": "bf16"}
 """The dtype matmuls run in, for precisions whose name says more than that (peaks, profiles)."""
 
 
+AMP_STATE_BYTES_NOTE = ("fp32 parameters under autocast (AMP): weights 4 + gradients 4 + optimizer bytes/param, "
+                        "no separate master, and a 16-bit copy of every weight saved for the backward")
+
+
+def amp_state_bytes(optimizer: str) -> StateBytes:
+    """AMP as torch.autocast runs it (Micikevicius et al. 2018 with the master copy as the model
+    itself): fp32 weights and gradients, the optimizer's states, no second fp32 copy."""
+    return StateBytes(4.0, 4.0, 0.0, OPTIMIZER_BYTES_PER_PARAM[optimizer])
+
+
+def autocast_copy_bytes(stage_params: float, block_params: float, blocks: int, embedding_params: float,
+                        recompute: str) -> float:
+    """The 16-bit weight copies AMP keeps for the backward on one stage: autocast casts each
+    matmul's fp32 weight and the matmul saves the cast (torch's weight-cast cache, and flash-attn's
+    FusedDense, keep it until the backward), so every weight but the embedding table, which is
+    gathered not multiplied, has a 2-byte copy alive from its forward to its backward. A recomputed
+    block saves only its input: its copies exist again for the one block being rebuilt.
+    `stage_params`, `block_params` and `embedding_params` are on one tensor-parallel rank."""
+    share = recompute_forward_fraction(recompute)
+    in_blocks = min(block_params * blocks, stage_params)
+    elsewhere = max(0.0, stage_params - in_blocks - embedding_params)  # the output head
+    return 2.0 * (in_blocks * (1.0 - share) + (block_params if share > 0 else 0.0) + elsewhere)
+
+
 def compute_dtype(precision: str) -> str:
     """The matmul dtype of a precision: `bf16-true` computes in bf16."""
     return COMPUTE_DTYPE.get(precision, precision)

@@ -94,6 +94,11 @@ OPTIONS = (
                "buffer in it. [default: the stack's: fp32 for megatron-core bf16, flopwise, torchtitan, "
                "flash-attn; bf16 for megatron-core fp8 (NeMo's performance scripts), composer, deepspeed]",
                ("--grad-reduce-dtype",)),
+    PlanOption("fp32_params", "--fp32-params/--no-fp32-params", bool, None,
+               "AMP as torch.autocast runs it (HF Trainer --bf16, Lightning bf16-mixed, flopwise's plain bf16): fp32 "
+               "weights and gradients (4 + 4 bytes/param, no separate master) and a 16-bit copy of every weight "
+               "saved for the backward. [default: the stack's: on for flash-attn, off elsewhere, where 16-bit "
+               "weights sit beside an fp32 master]"),
     PlanOption("offload", "--offload", str, "none", "none|optimizer|params (params needs --zero 3)."),
     PlanOption("offload_activations", "--offload-activations", str, None,
                "Blocks per pipeline stage whose saved activations wait in host memory between their forward "
@@ -165,7 +170,7 @@ RUNSPEC_OPTIONS = (
     "framework", "allocator_reserve", "nodes_per_rack", "tp_comm_overlap", "finetune", "lora_rank", "lora_targets",
     "lora_dropout", "stack", "fp8_recipe", "moe_dispatcher", "fsdp_unit_mb", "compiled", "cp", "ep", "etp",
     "fsdp_sync_every_micro_step", "interruptions_per_device_day", "restart_seconds", "host_copy_gbps",
-    "offload_activations", "grad_reduce",
+    "offload_activations", "grad_reduce", "fp32_params",
 )
 """The options passed straight to `build_runspec` (flash attention is the negated flag)."""
 

@@ -326,6 +326,24 @@ def spelled_grad_reduce(text: str) -> str:
     return value
 
 
+def _amp_params(stated: bool | None, stack, framework: str, precision: str, finetune: str) -> bool:
+    """`--fp32-params` as planned: AMP with fp32 parameters, stated or the stack's 16-bit training,
+    for a full bf16/fp16 training under FSDP/DDP conventions; a statement that cannot hold is one line."""
+    if stated is None:
+        return stack.fp32_params and precision in ("bf16", "fp16") and finetune == "full"
+    if not stated:
+        return False
+    if precision not in ("bf16", "fp16"):
+        raise UserError(f"--fp32-params: autocast keeps fp32 parameters under bf16 or fp16 (got --precision "
+                        f"{precision}; fp32 parameters are already planned at fp32, bf16-true has none)")
+    if framework != "fsdp":
+        raise UserError(f"--fp32-params: {framework} keeps 16-bit weights beside an fp32 master; AMP's fp32 "
+                        "parameters are planned with FSDP / DDP conventions (--framework fsdp)")
+    if finetune != "full":
+        raise UserError("--fp32-params: a --finetune plans its frozen base's and adapters' dtypes itself")
+    return True
+
+
 def gradient_bytes(spec: RunSpec, options: tuple[str, ...] = ()) -> float:
     """Bytes per gradient element the data-parallel reduction moves under the spec's stack, with
     the memory `options` the plan fits with (`stacks.conventions.gradient_reduce_bytes`), or as
@@ -336,6 +354,8 @@ def gradient_bytes(spec: RunSpec, options: tuple[str, ...] = ()) -> float:
     stated = spec.cluster.extra.get("grad_reduce")
     if stated is not None and spec.workload.precision not in ("fp32", "tf32", "bf16-true"):
         return 2.0 if stated == "bf16" else 4.0
+    if spec.workload.fp32_params:  # AMP: the gradients are the fp32 parameters' own
+        return 4.0
     stack = find_stack(spec.stack)
     if stack is None:
         return mem.state_bytes(spec.workload.precision, spec.workload.optimizer).grad
@@ -717,6 +737,7 @@ def build_runspec(
     host_copy_gbps: float | None = None,
     offload_activations: str | int | None = None,
     grad_reduce: str | None = None,
+    fp32_params: bool | None = None,
 ) -> RunSpec:
     """Build a RunSpec from CLI-like options; anything left None takes the built-in example's value.
 
@@ -882,6 +903,10 @@ def build_runspec(
         lora_rank = stack_spec.lora_rank if stack != "flopwise" else tuning.DEFAULT_LORA_RANK
         if finetune in ("lora", "qlora") and lora_rank != tuning.DEFAULT_LORA_RANK:
             extra["defaults"] = (*extra.get("defaults", ()), f"lora rank {lora_rank}: {stack}'s LoRA default")
+    amp = _amp_params(fp32_params, stack_spec, framework, precision or EXAMPLE["precision"], finetune)
+    if amp and fp32_params is None:
+        extra["defaults"] = (*extra.get("defaults", ()), f"{mem.AMP_STATE_BYTES_NOTE}: {stack}'s 16-bit training "
+                                                         "is AMP (torch.autocast)")
     if grad_reduce is not None:  # the data-parallel gradient reduction's dtype, as the run states it
         extra["grad_reduce"] = spelled_grad_reduce(grad_reduce)
     if stack != "flopwise":
@@ -933,6 +958,7 @@ def build_runspec(
         precision=precision or EXAMPLE["precision"], optimizer=optimizer or EXAMPLE["optimizer"],
         seq_len=seq_len, total_tokens=0.0 if cnn else total, total_samples=total if cnn else 0.0,
         dropout=dropout, finetune=finetune, lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout,
+        fp32_params=amp if fp32_params is not None else None,
     )
     cluster = Cluster(
         hardware=hw, devices_per_node=devices_per_node, efficiency=efficiency,

@@ -137,6 +137,10 @@ class Workload:
     lora_rank: int = 16
     lora_targets: str = "all-linear"
     lora_dropout: float = 0.0
+    # AMP as torch.autocast runs it (HF Trainer --bf16, Lightning bf16-mixed, flopwise's plain bf16): the
+    # parameters and their gradients stay fp32 and each weight is cast to 16 bits for its matmul;
+    # None: as the stack trains 16-bit (`Stack.fp32_params`)
+    fp32_params: bool | None = None
 
 
 @dataclass(frozen=True)

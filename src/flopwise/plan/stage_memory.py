@@ -184,6 +184,14 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     return tight or first
 
 
+def amp_params(spec: RunSpec, conv: MemoryConventions) -> bool:
+    """Whether the spec trains AMP-style, fp32 parameters under autocast (`--fp32-params`, or a stack
+    whose 16-bit training is so): a full 16-bit training under FSDP/DDP conventions."""
+    stated = spec.workload.fp32_params
+    return ((conv.fp32_params if stated is None else stated) and spec.workload.precision in ("bf16", "fp16")
+            and spec.layout.framework == "fsdp" and spec.workload.finetune == "full")
+
+
 def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: bool,
               conv: MemoryConventions) -> mem.MemoryEstimate:
     """`estimate_memory` under one set of memory conventions."""
@@ -192,6 +200,10 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     seq = local_seq_len(spec)  # context parallelism keeps a cp-th of each sequence on a rank
     framework = lay.framework
     sb = _state_bytes(work.precision, work.optimizer, framework, lay.zero_stage)
+    # AMP (fp32 parameters under autocast): fp32 weights and gradients, no master; for a full training
+    amp = amp_params(spec, conv)
+    if amp:
+        sb = mem.amp_state_bytes(work.optimizer)
     if conv.grad_bytes is not None or conv.weight_bytes is not None or conv.grad_partition_bytes is not None:
         sb = mem.StateBytes(sb.weight if conv.weight_bytes is None else conv.weight_bytes,
                             sb.grad if conv.grad_bytes is None else conv.grad_bytes,
@@ -303,6 +315,9 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         fp8 = mem.fp8_buffer_bytes(work.precision, framework, params, largest, lay.zero_stage)
         if conv.fp8_cache_bytes_per_param is not None and fp8:
             fp8 *= conv.fp8_cache_bytes_per_param / mem.FP8_CACHED_BYTES_PER_PARAM
+        if amp and not cnn:  # autocast's 16-bit weight copies, saved for the backward (the fp8 copies' slot)
+            fp8 += mem.autocast_copy_bytes(params, pc.per_layer / lay.tp, n,
+                                           pc.embedding / lay.tp if i == 0 else 0.0, lay.recompute)
         weights, gradients = params * unit.weights, params * unit.gradients
         if unsharded_accumulation:
             gradients = params * accumulated_grad

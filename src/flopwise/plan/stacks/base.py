@@ -106,5 +106,7 @@ class Stack:
     # bytes per gradient element an fp8 run's data-parallel reduction moves, when the stack's fp8 recipes
     # reduce in another dtype than its bf16 runs (None: `reduce_bytes`); conventions.gradient_reduce_bytes
     fp8_reduce_bytes: float | None = None
+    # its 16-bit training is AMP with fp32 parameters (torch.autocast): memory.autocast_copy_bytes
+    fp32_params: bool = False
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

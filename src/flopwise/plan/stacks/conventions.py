@@ -48,6 +48,7 @@ class MemoryConventions:
     grad_partition_bytes: float | None = None
     activations_sharded_over_tp: bool = False
     master_unsharded: bool = False
+    fp32_params: bool = False  # AMP: fp32 parameters under torch.autocast (Stack.fp32_params)
 
 
 FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
@@ -66,7 +67,7 @@ def gradient_reduce_bytes(stack: Stack, precision: str, options: tuple[str, ...]
     - fp8 runs of a stack whose fp8 recipes reduce in another dtype (`Stack.fp8_reduce_bytes`);
     - otherwise the stack's `reduce_bytes` (FSDP2's `MixedPrecisionPolicy.reduce_dtype`, DDP's
       gradient dtype, Megatron's `grad_reduce_in_fp32`)."""
-    if precision in ("fp32", "tf32"):
+    if precision in ("fp32", "tf32") or (stack.fp32_params and precision in ("bf16", "fp16")):
         return 4.0
     if precision == "bf16-true" or "bf16-grad-reduce" in options:
         return 2.0
@@ -106,6 +107,7 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zer
         zero3_gathers_modules=stack.zero3_gathers_modules,
         activations_sharded_over_tp=stack.activations_sharded_over_tp,
         master_unsharded=(precision == "bf16" and stack.bf16_optimizer_full_fp32_master and zero_stage <= 1),
+        fp32_params=stack.fp32_params and precision in ("bf16", "fp16"),
     )
 
 

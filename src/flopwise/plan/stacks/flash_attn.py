@@ -14,6 +14,7 @@ STACK = Stack(
     # training/Dockerfile: pytorch-lightning 1.8.6, whose `precision: bf16` (configs/experiment/pile/base.yaml)
     # is native AMP: fp32 parameters under torch.autocast, so DDP all-reduces fp32 gradients
     grad_bytes=2.0, reduce_bytes=4.0,
+    fp32_params=True,  # the same: weights 4 + gradients 4 + Adam 8 bytes/param, a bf16 copy per weight saved
     distributed_optimizer=True,  # ZeRO-2 style sharded optimizer (training/configs)
     fp8_gemm_input_bytes=2.0,
     loss_bytes_per_logit=2.0,  # inplace_backward: the gradient overwrites the logits
