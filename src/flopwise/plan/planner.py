@@ -112,7 +112,9 @@ class Plan:
                        "recompute": lay.recompute, "compiled": lay.compiled, "cp": lay.cp, "ep": lay.ep,
                        "etp": lay.expert_tp, "sequence_parallel": lay.sequence_parallel,
                        "moe_dispatcher": lay.moe_dispatcher, "moe_shared_expert_overlap": lay.moe_shared_expert_overlap,
-                       "offload": lay.offload, "offload_activations": lay.offload_activations},
+                       "offload": lay.offload, "offload_activations": lay.offload_activations,
+                       "grad_reduce": gradient_dtype(self.spec, self.memory.fits_with),
+                       "fp32_params": planned_amp(self.spec)},
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
@@ -342,6 +344,24 @@ def _amp_params(stated: bool | None, stack, framework: str, precision: str, fine
     if finetune != "full":
         raise UserError("--fp32-params: a --finetune plans its frozen base's and adapters' dtypes itself")
     return True
+
+
+def gradient_dtype(spec: RunSpec, options: tuple[str, ...] = ()) -> str:
+    """The dtype the data-parallel gradient reduction runs in (`gradient_bytes`), by name."""
+    if gradient_bytes(spec, options) >= 4:
+        return "fp32"
+    return "fp16" if spec.workload.precision == "fp16" else "bf16"
+
+
+def planned_amp(spec: RunSpec) -> bool:
+    """Whether the plan keeps AMP's fp32 parameters (`--fp32-params`, or the stack's 16-bit training)."""
+    from flopwise.plan.stacks import find_stack
+
+    stated = spec.workload.fp32_params
+    stack = find_stack(spec.stack)
+    amp = stated if stated is not None else bool(stack is not None and stack.fp32_params)
+    return (amp and spec.workload.precision in ("bf16", "fp16") and spec.layout.framework == "fsdp"
+            and spec.workload.finetune == "full")
 
 
 def gradient_bytes(spec: RunSpec, options: tuple[str, ...] = ()) -> float:
