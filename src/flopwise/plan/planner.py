@@ -199,7 +199,9 @@ def validate(spec: RunSpec) -> None:
         raise UserError(f"--zero must be 0, 1, 2 or 3, got {lay.zero_stage}")
     if lay.offload == "params" and lay.zero_stage != 3:
         raise UserError("--offload params needs --zero 3 (parameters are offloaded as ZeRO-3 shards)")
-    activation_offload.check(lay, model)
+    from flopwise.plan.stacks import find_stack
+
+    activation_offload.check(lay, model, find_stack(spec.stack))
     if not 0 <= lay.fsdp_unit_mb < float("inf"):
         raise UserError(f"--fsdp-unit-mb must be a finite number >= 0 (0 = one unit per block), got {lay.fsdp_unit_mb}")
     if model.arch != "cnn":
@@ -393,6 +395,8 @@ def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:
     stack = find_stack(spec.stack)
     if stack is None or "recompute" not in stack.memory_options:
         return None
+    if spec.layout.offload_activations and stack.layer_offload_limits:
+        return None  # its CPU offload refuses recompute (activation_offload.check)
     return STACK_RECOMPUTE_LADDER
 
 

@@ -44,6 +44,9 @@ STACK = Stack(
     # Transformer Engine's CPU offload (cpu_offloading_num_layers; NeMo activation_offload_layers) copies on its
     # own stream, double-buffered (transformer_engine/pytorch/cpu_offload.py; megatron/core/transformer/transformer_block.py)
     activation_offload_stream=True,
+    # megatron/core/transformer/transformer_config.py (d98e8a64): cpu_offloading with pipeline parallelism,
+    # with recompute_granularity set, or with cpu_offloading_num_layers >= num_layers raises ValueError
+    layer_offload_limits=True,
     # TransformerConfig.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split: the
     # embedding (loss) counts as one more layer of the split and the first (last) chunk builds one decoder
     # layer fewer, none at all allowed (megatron/core/transformer/transformer_block.py get_num_layers_to_build);
