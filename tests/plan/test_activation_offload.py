@@ -117,3 +117,16 @@ def test_host_links_are_catalogued_with_their_source():
     assert (h100.host_link_gbs, a100.host_link_gbs, gb200.host_link_gbs) == (64, 32, 225)
     assert "PCI-SIG" in h100.sources["host_link"] and "NVLink-C2C" in gb200.sources["host_link"]
     assert ao.host_bytes_per_second(get_hardware("tpu-v4")) == ao.FALLBACK_HOST_BYTES_PER_S
+
+
+def test_megatron_core_refuses_what_its_layer_offload_cannot_run():
+    """Megatron-Core's transformer_config.py raises for CPU offload with pipeline parallelism, with
+    recompute, or over every layer; the plan says so in one line, and a layout that does not fit with
+    offload is not given a recompute Megatron would refuse. torch's save_on_cpu (Composer) has no such limits."""
+    for bad, word in ((dict(pp=2), "--pp 2"), (dict(recompute="selective"), "recompute"),
+                      (dict(offload_activations="all"), "fewer layers")):
+        with pytest.raises(UserError, match=word):
+            _plan(stack="megatron-core", **{"offload_activations": 10, **bad})
+    assert _plan(stack="composer", zero=3, pp=2, offload_activations="all", recompute="full").memory.cpu_offload_bytes > 0
+    crowded = _plan(stack="megatron-core", offload_activations=2, micro_batch=8, global_batch=64)
+    assert crowded.spec.layout.recompute == "none" and not crowded.memory.fits

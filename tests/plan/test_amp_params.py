@@ -83,6 +83,8 @@ def test_flash_attn_plans_its_lightning_amp_and_the_flag_turns_it_off():
     assert any("AMP" in note for note in amp.spec.cluster.extra["defaults"])
     assert mixed.memory.weights == pytest.approx(2 * psi) and mixed.memory.fp8_buffers == 0
     assert amp.memory.total_bytes > mixed.memory.total_bytes + 10 * mem.GIB
+    assert amp.to_dict()["layout"]["fp32_params"] is True and mixed.to_dict()["layout"]["fp32_params"] is False
+    assert amp.to_dict()["layout"]["grad_reduce"] == "fp32"  # DDP all-reduces the fp32 gradients
 
 
 def test_fp32_params_on_any_fsdp_stack_and_refused_where_it_cannot_hold():

@@ -210,6 +210,8 @@ def test_stack_flag_through_a_real_process():
     assert data["stack"] == "megatron-core" and data["fits"] and data["fits_with"] == []
     assert wide["memory"]["gradients"] == pytest.approx(2 * data["memory"]["gradients"])
     assert wide["comm"]["dp_bytes"] > data["comm"]["dp_bytes"]
+    assert (data["layout"]["grad_reduce"], wide["layout"]["grad_reduce"]) == ("bf16", "fp32")
+    assert data["layout"]["fp32_params"] is False
     assert run("--grad-reduce", "fp16").returncode != 0
     bad = run("--stack", "paxml")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--stack" in bad.stderr + bad.stdout

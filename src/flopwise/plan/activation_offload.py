@@ -63,10 +63,24 @@ def parse_blocks(value: str | int | None) -> int:
     return min(blocks, ALL_BLOCKS)
 
 
-def check(lay, model) -> None:
-    """Refuse what has no saved activations to offload."""
+def check(lay, model, stack=None) -> None:
+    """Refuse what has no saved activations to offload, and what the stack's offload cannot run
+    (`Stack.layer_offload_limits`: Megatron-Core's layer-level CPU offload)."""
     if lay.offload_activations and model.arch == "cnn":
         raise UserError(f"--offload-activations: {model.key} is a CNN, whose activation memory is not modelled")
+    if not lay.offload_activations or stack is None or not stack.layer_offload_limits:
+        return
+    source = "(megatron/core/transformer/transformer_config.py; its fine-grained --offload-modules is not planned)"
+    if lay.pp > 1:
+        raise UserError(f"--offload-activations with --pp {lay.pp}: Megatron-Core's layer-level CPU offload "
+                        f"supports no pipeline parallelism {source}")
+    if lay.recompute != "none":
+        raise UserError(f"--offload-activations with --recompute {lay.recompute}: Megatron-Core's layer-level CPU "
+                        f"offload does not work with activation recomputation {source}")
+    if lay.offload_activations >= model.n_layers:
+        count = "all" if lay.offload_activations == ALL_BLOCKS else lay.offload_activations
+        raise UserError(f"--offload-activations {count}: Megatron-Core's layer-level CPU offload takes fewer "
+                        f"layers than the model's {model.n_layers} (cpu_offloading_num_layers < num_layers) {source}")
 
 
 def describe(blocks: int) -> str:

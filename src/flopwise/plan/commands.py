@@ -269,6 +269,8 @@ def print_plan(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from flopwise.plan.planner import gradient_dtype
+
     spec, lay, work = result.spec, result.spec.layout, result.spec.workload
     hw = spec.cluster.hardware
     console = Console()
@@ -344,7 +346,7 @@ def print_plan(result) -> None:
                                            tm.optimizer_seconds))),
         ("pipeline bubble" + (f" (layers per stage {tm.stage_layers})" if spec.layout.pp > 1 else ""),
          f"{tm.bubble_fraction:.1%}"),
-        (f"exposed comm / step (DP {c.dp_link}, TP {c.tp_link})",
+        (f"exposed comm / step (DP {c.dp_link}, {gradient_dtype(spec, m.fits_with)} gradients; TP {c.tp_link})",
          f"{_duration(tm.exposed_comm_seconds)} ({tm.exposed_comm_share:.0%} of the step; "
          f"TP {_duration(tm.tp_exposed_seconds)}, DP {_duration(tm.dp_exposed_seconds)}, "
          f"PP {_duration(tm.pp_exposed_seconds)}"

@@ -112,7 +112,9 @@ class Plan:
                        "recompute": lay.recompute, "compiled": lay.compiled, "cp": lay.cp, "ep": lay.ep,
                        "etp": lay.expert_tp, "sequence_parallel": lay.sequence_parallel,
                        "moe_dispatcher": lay.moe_dispatcher, "moe_shared_expert_overlap": lay.moe_shared_expert_overlap,
-                       "offload": lay.offload, "offload_activations": lay.offload_activations},
+                       "offload": lay.offload, "offload_activations": lay.offload_activations,
+                       "grad_reduce": gradient_dtype(self.spec, self.memory.fits_with),
+                       "fp32_params": planned_amp(self.spec)},
             "facility": estimate_facility(self.spec).to_dict(),
             "defaults": list(self.spec.cluster.extra.get("defaults", ())),
             "fits": self.fits,
@@ -197,7 +199,9 @@ def validate(spec: RunSpec) -> None:
         raise UserError(f"--zero must be 0, 1, 2 or 3, got {lay.zero_stage}")
     if lay.offload == "params" and lay.zero_stage != 3:
         raise UserError("--offload params needs --zero 3 (parameters are offloaded as ZeRO-3 shards)")
-    activation_offload.check(lay, model)
+    from flopwise.plan.stacks import find_stack
+
+    activation_offload.check(lay, model, find_stack(spec.stack))
     if not 0 <= lay.fsdp_unit_mb < float("inf"):
         raise UserError(f"--fsdp-unit-mb must be a finite number >= 0 (0 = one unit per block), got {lay.fsdp_unit_mb}")
     if model.arch != "cnn":
@@ -344,6 +348,24 @@ def _amp_params(stated: bool | None, stack, framework: str, precision: str, fine
     return True
 
 
+def gradient_dtype(spec: RunSpec, options: tuple[str, ...] = ()) -> str:
+    """The dtype the data-parallel gradient reduction runs in (`gradient_bytes`), by name."""
+    if gradient_bytes(spec, options) >= 4:
+        return "fp32"
+    return "fp16" if spec.workload.precision == "fp16" else "bf16"
+
+
+def planned_amp(spec: RunSpec) -> bool:
+    """Whether the plan keeps AMP's fp32 parameters (`--fp32-params`, or the stack's 16-bit training)."""
+    from flopwise.plan.stacks import find_stack
+
+    stated = spec.workload.fp32_params
+    stack = find_stack(spec.stack)
+    amp = stated if stated is not None else bool(stack is not None and stack.fp32_params)
+    return (amp and spec.workload.precision in ("bf16", "fp16") and spec.layout.framework == "fsdp"
+            and spec.workload.finetune == "full")
+
+
 def gradient_bytes(spec: RunSpec, options: tuple[str, ...] = ()) -> float:
     """Bytes per gradient element the data-parallel reduction moves under the spec's stack, with
     the memory `options` the plan fits with (`stacks.conventions.gradient_reduce_bytes`), or as
@@ -373,6 +395,8 @@ def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:
     stack = find_stack(spec.stack)
     if stack is None or "recompute" not in stack.memory_options:
         return None
+    if spec.layout.offload_activations and stack.layer_offload_limits:
+        return None  # its CPU offload refuses recompute (activation_offload.check)
     return STACK_RECOMPUTE_LADDER
 
 

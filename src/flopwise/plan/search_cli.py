@@ -152,8 +152,12 @@ def print_search(result: SearchResult) -> None:
         console.print(f"[dim]{note}[/dim]")
     without_sp = any(p.spec.layout.tp > 1 and not p.spec.layout.sequence_parallel for p in result.ranked)
     sp_note = "sequence parallelism off (--no-sequence-parallel)" if without_sp else "sequence parallelism is on with every tp > 1"
+    from flopwise.plan.activation_offload import host_bytes_per_second
+
+    link = host_bytes_per_second(result.ranked[0].spec.cluster.hardware) / 1e9 if result.ranked else None
+    copies = f"copies over the device's host link ({link:.0f} GB/s)" if link else "host-link copies"
     console.print(f"[dim]GiB: planned peak with the allocator's reserve; CPU GiB: states offloaded per device (host memory checked only with --host-memory-gib); {sp_note}; variants scoring the same that differ only in "
-                  "ZeRO stage or offload are shown once (the simplest); offload is timed as PCIe copies at 25 GB/s and "
+                  f"ZeRO stage or offload are shown once (the simplest); offload is timed as {copies} and "
                   "a CPU Adam step at 1e9 parameters/s (assumptions), and ties prefer no offload. ± is the expected error validated on published runs of the regime, ? where it "
                   "extrapolates (docs/validation.md). intl: interleaved; optim: optimizer. `--json` lists each layout's full "
                   "plan.[/dim]")

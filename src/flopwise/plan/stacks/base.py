@@ -90,6 +90,9 @@ class Stack:
     # offloaded activations copied on a stream of their own beside the compute (Transformer Engine's CPU
     # offload), not on the compute stream (torch's save_on_cpu / offload_wrapper); plan/activation_offload.py
     activation_offload_stream: bool = False
+    # its layer-level CPU offload refuses pipeline parallelism, any recompute and offloading every layer
+    # (Megatron-Core transformer_config.py: cpu_offloading checks); plan/activation_offload.check
+    layer_offload_limits: bool = False
     # the loss, then the embedding, may take a decoder layer's place in the pipeline split when the layers
     # are one or two fewer than the chunks (Megatron's --account-for-{loss,embedding}-in-pipeline-split)
     ends_in_pipeline_split: bool = False

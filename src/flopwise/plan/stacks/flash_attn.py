@@ -20,5 +20,8 @@ STACK = Stack(
     loss_bytes_per_logit=2.0,  # inplace_backward: the gradient overwrites the logits
     allocator_reserve=0.10,
     memory_options=("recompute",),
-    sources=("Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py, flash_attn/modules/mha.py",),
+    sources=("Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py, flash_attn/modules/mha.py",
+             "Dao-AILab/flash-attention flash_attn/ops/fused_dense.py (FusedDenseFunc casts the weight under "
+             "autocast and saves the cast for the backward), training/Dockerfile (pytorch-lightning 1.8.6), "
+             "training/configs/experiment/pile/base.yaml (precision: bf16)"),
 )

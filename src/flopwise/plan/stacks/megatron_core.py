@@ -44,6 +44,9 @@ STACK = Stack(
     # Transformer Engine's CPU offload (cpu_offloading_num_layers; NeMo activation_offload_layers) copies on its
     # own stream, double-buffered (transformer_engine/pytorch/cpu_offload.py; megatron/core/transformer/transformer_block.py)
     activation_offload_stream=True,
+    # megatron/core/transformer/transformer_config.py (d98e8a64): cpu_offloading with pipeline parallelism,
+    # with recompute_granularity set, or with cpu_offloading_num_layers >= num_layers raises ValueError
+    layer_offload_limits=True,
     # TransformerConfig.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split: the
     # embedding (loss) counts as one more layer of the split and the first (last) chunk builds one decoder
     # layer fewer, none at all allowed (megatron/core/transformer/transformer_block.py get_num_layers_to_build);
@@ -62,6 +65,7 @@ STACK = Stack(
     shared_expert_overlap=("alltoall",),
     memory_options=("bf16-grad-reduce", "fp8-params", "fp8-activation-store", "recompute"),
     sources=("NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py",
+             "NVIDIA/Megatron-LM megatron/training/arguments.py at f2e5db40 and d98e8a64 (bf16 forces fp32 gradient accumulation and reduction; --grad-reduce-in-bf16 since d165a8548b, 2025-02-26); NVIDIA/NeMo nemo/collections/llm/recipes/precision/mixed_precision.py (bf16_mixed_plugin grad_reduce_in_fp32=True), scripts/performance/llm (fp8: grad_reduce_in_fp32=False); NVIDIA/NeMo-Framework-Launcher examples/training/llama/h100/*.sh (grad_sync_dtype=bf16)",
              "NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py (bucket_size: max(40M, "
              "1M x dp) parameters), param_and_grad_buffer.py, megatron/core/optimizer/distrib_optimizer.py "
              "(param all-gather one bucket at a time in the forward pre-hooks), at f2e5db40 (2024-07-15)",
