@@ -31,7 +31,7 @@ from flopwise.plan.spec import (
 from flopwise.plan.band import Band, band_for, model_size_reason, widened
 from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import ASSUMED_FAMILIES, ASSUMED_SUSTAINED, GemmProfile, curve_for, device_rates
-from flopwise.plan.stage_memory import estimate_memory, every_stage_memory
+from flopwise.plan.stage_memory import amp_params, estimate_memory, every_stage_memory
 from flopwise.plan.timing import StepInputs, TimeEstimate, end_slots_note, flat_time, stack_ends_in_split, step_time
 
 GIB = mem.GIB
@@ -359,11 +359,8 @@ def planned_amp(spec: RunSpec) -> bool:
     """Whether the plan keeps AMP's fp32 parameters (`--fp32-params`, or the stack's 16-bit training)."""
     from flopwise.plan.stacks import find_stack
 
-    stated = spec.workload.fp32_params
     stack = find_stack(spec.stack)
-    amp = stated if stated is not None else bool(stack is not None and stack.fp32_params)
-    return (amp and spec.workload.precision in ("bf16", "fp16") and spec.layout.framework == "fsdp"
-            and spec.workload.finetune == "full")
+    return amp_params(spec, bool(stack is not None and stack.fp32_params))
 
 
 def gradient_bytes(spec: RunSpec, options: tuple[str, ...] = ()) -> float:

@@ -184,11 +184,11 @@ def estimate_memory(spec: RunSpec, pc: ParamCount, warnings: list[str], every_st
     return tight or first
 
 
-def amp_params(spec: RunSpec, conv: MemoryConventions) -> bool:
-    """Whether the spec trains AMP-style, fp32 parameters under autocast (`--fp32-params`, or a stack
-    whose 16-bit training is so): a full 16-bit training under FSDP/DDP conventions."""
+def amp_params(spec: RunSpec, stack_default: bool) -> bool:
+    """Whether the spec trains AMP-style, fp32 parameters under autocast (`--fp32-params`, else
+    `stack_default`, the stack's 16-bit training): a full 16-bit training under FSDP/DDP conventions."""
     stated = spec.workload.fp32_params
-    return ((conv.fp32_params if stated is None else stated) and spec.workload.precision in ("bf16", "fp16")
+    return ((stack_default if stated is None else stated) and spec.workload.precision in ("bf16", "fp16")
             and spec.layout.framework == "fsdp" and spec.workload.finetune == "full")
 
 
@@ -201,7 +201,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     framework = lay.framework
     sb = _state_bytes(work.precision, work.optimizer, framework, lay.zero_stage)
     # AMP (fp32 parameters under autocast): fp32 weights and gradients, no master; for a full training
-    amp = amp_params(spec, conv)
+    amp = amp_params(spec, conv.fp32_params)
     if amp:
         sb = mem.amp_state_bytes(work.optimizer)
     if conv.grad_bytes is not None or conv.weight_bytes is not None or conv.grad_partition_bytes is not None:
