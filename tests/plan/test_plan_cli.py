@@ -198,7 +198,7 @@ def test_help_shows_every_default():
 
 
 def test_stack_flag_through_a_real_process():
-    """`plan --json --stack nemo`: the alias resolves to megatron-core, the published Llama 2 7B
+    """`plan --json --stack nemo`: NVIDIA's performance recipes on Megatron-Core, the published Llama 2 7B
     fp8 layout fits as NeMo's fp8 recipes run it (bf16 gradients); stated fp32 gradients need TE's fp8
     weights to fit; an unknown stack or reduce dtype is one line, exit != 0."""
     args = ("--json", "--stack", "nemo", "--precision", "fp8", "--seq-len", "4096", "--global-batch", "128",
@@ -207,7 +207,7 @@ def test_stack_flag_through_a_real_process():
     assert out.returncode == 0 == fp32.returncode, out.stderr + fp32.stderr
     data, wide = json.loads(out.stdout), json.loads(fp32.stdout)
     check_contract(data)
-    assert data["stack"] == "megatron-core" and data["fits"] and data["fits_with"] == []
+    assert data["stack"] == "nemo" and data["fits"] and data["fits_with"] == []
     assert wide["memory"]["gradients"] == pytest.approx(2 * data["memory"]["gradients"])
     assert wide["comm"]["dp_bytes"] > data["comm"]["dp_bytes"]
     assert (data["layout"]["grad_reduce"], wide["layout"]["grad_reduce"]) == ("bf16", "fp32")

@@ -9,15 +9,16 @@ from flopwise.plan.stacks import FP8_RECIPES, STACK_NAMES, get_stack
 
 def test_agreed_names_and_aliases():
     assert STACK_NAMES[0] == "flopwise"
-    assert set(STACK_NAMES) == {"flopwise", "megatron-core", "megatron-lm", "deepspeed", "megatron-deepspeed",
-                                "composer", "torchtitan", "flash-attn", "jax"}
-    for alias in ("nemo", "megatron-bridge"):
+    assert set(STACK_NAMES) == {"flopwise", "megatron-core", "nemo", "megatron-lm", "deepspeed",
+                                "megatron-deepspeed", "composer", "torchtitan", "flash-attn", "jax"}
+    for alias in ("mcore", "transformer-engine"):
         assert get_stack(alias) is get_stack("megatron-core")
+    assert get_stack("megatron-bridge") is get_stack("nemo")
     assert RunSpec.__dataclass_fields__["stack"].default == "flopwise"
 
 
 @pytest.mark.parametrize(("spelled", "name"), [
-    ("NeMo", "megatron-core"), ("Megatron Bridge", "megatron-core"), ("MosaicML", "composer"),
+    ("NeMo", "nemo"), ("Megatron Bridge", "nemo"), ("MosaicML", "composer"),
     ("LLM-Foundry", "composer"), ("flash_attn", "flash-attn"), ("flash-attention", "flash-attn"),
     ("GPT-NeoX", "megatron-deepspeed"), ("TorchTitan", "torchtitan"), (" deepspeed ", "deepspeed")])
 def test_a_stack_as_its_source_spells_it_resolves(spelled, name):
@@ -483,8 +484,8 @@ def test_mxfp8_off_blackwell_is_planned_with_a_warning():
 
 
 @pytest.mark.parametrize(("typed", "name"), [
-    ("FlashAttention", "flash-attn"), ("Dao-AILab/flash-attention", "flash-attn"), ("NeMo 2.0", "megatron-core"),
-    ("NVIDIA/NeMo", "megatron-core"), ("mosaicml/llm-foundry", "composer"), ("Megatron Core", "megatron-core"),
+    ("FlashAttention", "flash-attn"), ("Dao-AILab/flash-attention", "flash-attn"), ("NeMo 2.0", "nemo"),
+    ("NVIDIA/NeMo", "nemo"), ("mosaicml/llm-foundry", "composer"), ("Megatron Core", "megatron-core"),
     ("MegatronLM", "megatron-lm"), ("TorchTitan", "torchtitan")])
 def test_a_stack_as_its_source_prints_it(typed, name):
     """Separators, a version and the repository's owner do not matter; an unknown name still refuses."""
@@ -534,3 +535,30 @@ def test_the_data_parallel_reduction_moves_the_stacks_gradient_bytes():
     assert _plan(**tight, grad_reduce="fp32").memory.fits_with != ("bf16-grad-reduce",)
     with pytest.raises(UserError, match="--grad-reduce"):
         _plan(**tight, grad_reduce="fp8")
+
+
+def test_nvidia_performance_recipes_reduce_bf16_gradients_at_every_precision():
+    """`nemo` is Megatron-Core as NeMo's scripts/performance and Megatron-Bridge's perf_recipes run it:
+    grad_reduce_in_fp32=False for bf16 and fp8 alike, so the main_grad buffer and the DP reduction are
+    bf16; Megatron-LM's own bf16 default stays fp32. Everything else is Megatron-Core's."""
+    import dataclasses
+
+    from flopwise.plan.stacks.conventions import conventions, gradient_reduce_bytes, option_ladder
+
+    nemo, mcore = get_stack("nemo"), get_stack("megatron-core")
+    assert [gradient_reduce_bytes(nemo, p) for p in ("bf16", "fp8")] == [2.0, 2.0]
+    assert [gradient_reduce_bytes(mcore, p) for p in ("bf16", "fp8")] == [4.0, 2.0]
+    assert gradient_reduce_bytes(nemo, "fp32") == 4.0  # an fp32 run reduces fp32 whatever the recipe
+    assert conventions(nemo, "bf16").grad_bytes == 2.0 and conventions(nemo, "bf16", grad_reduce="fp32").grad_bytes == 4.0
+    assert all("bf16-grad-reduce" not in options for options in option_ladder(nemo, "bf16"))
+    same = {f.name for f in dataclasses.fields(mcore)} - {"name", "title", "grad_bytes", "reduce_bytes",
+                                                          "fp8_reduce_bytes", "memory_options", "sources"}
+    assert all(getattr(nemo, f) == getattr(mcore, f) for f in same)
+    kwargs = dict(model="llama3-70b", hardware="h100-sxm", gpus=64, tp=4, pp=4, micro_batch=1, global_batch=128,
+                  seq_len=4096, precision="bf16")
+    recipe, core = (plan(build_runspec(**kwargs, stack=s)) for s in ("nemo", "megatron-core"))
+    assert recipe.comm.dp_bytes == pytest.approx(core.comm.dp_bytes * 4 / 6)  # bf16 RS + bf16 AG, not fp32 RS + bf16 AG
+    assert recipe.time.step_seconds < core.time.step_seconds
+    stated = plan(build_runspec(**kwargs, stack="nemo", grad_reduce="fp32"))
+    assert stated.memory.total_bytes == core.memory.total_bytes
+    assert stated.time.step_seconds == pytest.approx(core.time.step_seconds)

@@ -298,10 +298,11 @@ def print_plan(result) -> None:
             ("non-embedding", _count(p.non_embedding))]
     table("Parameters", rows)
     from flopwise.plan.finetune import split_of, summary_rows
+    from flopwise.plan.planner import gradient_dtype
 
     tuned = split_of(spec)
     if tuned is not None:
-        table("Fine-tune", summary_rows(tuned, result.memory))
+        table("Fine-tune", summary_rows(tuned, result.memory, gradient_dtype(spec, result.memory.fits_with)))
     unit = f.unit
     table("FLOPs", [
         (f"N for 6N (active non-embedding + head)", _count(f.matmul_params)),

@@ -261,7 +261,7 @@ def adapter_style(stack: str) -> str:
     from flopwise.plan.stacks import find_stack
 
     found = find_stack(stack)
-    return "megatron" if found is not None and found.name == "megatron-core" else "peft"
+    return "megatron" if found is not None and found.name in ("megatron-core", "nemo") else "peft"
 
 
 def finetune_split(spec: ModelSpec, pc: ParamCount, method: str, rank: int, targets: str,
@@ -715,8 +715,9 @@ def split_json(spec) -> dict:
     return {"method": "full"} if split is None else split.to_dict()
 
 
-def summary_rows(split: FinetuneSplit, memory) -> list[tuple[str, str]]:
-    """The fine-tune's own lines for `plan`: method, trainable parameters, frozen base bytes."""
+def summary_rows(split: FinetuneSplit, memory, grad_dtype: str = "fp32") -> list[tuple[str, str]]:
+    """The fine-tune's own lines for `plan`: method, trainable parameters, frozen base bytes;
+    `grad_dtype` names Megatron's main grads, kept in the dtype the stack reduces them in."""
     gib = mem.GIB
     rows = [("method", f"{split.method} (rank {split.rank}, targets {split.targets})"),
             ("trainable parameters", f"{split.trainable_params / 1e6:,.1f}M ({split.trainable_share:.2%} of "
@@ -728,7 +729,7 @@ def summary_rows(split: FinetuneSplit, memory) -> list[tuple[str, str]]:
             ("fits", "yes" if memory.fits else "no")]
     if split.adapters == "megatron":
         rows.insert(1, ("adapters", "Megatron-Core ParallelLinearAdapter: one on the fused qkv and fc1, "
-                                    "A and B split over tp, bf16 with fp32 main grads"))
+                                    f"A and B split over tp, bf16 with {grad_dtype} main grads"))
     if split.method == "qlora":
         rows.insert(3, ("dequantised bf16 weight (transient)", f"{split.largest_dequantized_bytes / gib:,.3f} GiB"))
     return rows

@@ -11,13 +11,13 @@ from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
 from flopwise.plan.stacks.base import FP8_RECIPE_ALIASES, FP8_RECIPES, Stack, spelled_fp8_recipe
 from flopwise.plan.stacks import (
-    composer, deepspeed, flash_attn, flopwise, jax, megatron_core, megatron_deepspeed, megatron_lm, torchtitan,
+    composer, deepspeed, flash_attn, flopwise, jax, megatron_core, megatron_deepspeed, megatron_lm, nemo, torchtitan,
 )
 
 _STACKS = {module.STACK.name: module.STACK for module in (
-    flopwise, megatron_core, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn, jax)}
+    flopwise, megatron_core, nemo, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn, jax)}
 STACK_NAMES = tuple(_STACKS)
-ALIASES = {"nemo": "megatron-core", "megatron-bridge": "megatron-core", "llm-foundry": "composer",
+ALIASES = {"megatron-bridge": "nemo", "llm-foundry": "composer",
            "mcore": "megatron-core", "gpt-neox": "megatron-deepspeed",
            # the names the sources print: MosaicML's tables, flash-attention's repository, NVIDIA's TE
            "mosaicml": "composer", "flash-attention": "flash-attn", "transformer-engine": "megatron-core",
