@@ -371,14 +371,12 @@ def gradient_bytes(spec: RunSpec, options: tuple[str, ...] = ()) -> float:
     from flopwise.plan.stacks.conventions import gradient_reduce_bytes
 
     stated = spec.cluster.extra.get("grad_reduce")
-    if stated is not None and spec.workload.precision not in ("fp32", "tf32", "bf16-true"):
-        return 2.0 if stated == "bf16" else 4.0
-    if spec.workload.fp32_params:  # AMP: the gradients are the fp32 parameters' own
-        return 4.0
     stack = find_stack(spec.stack)
-    if stack is None:
+    if stated is None and spec.workload.fp32_params:  # AMP: the gradients are the fp32 parameters' own
+        return 4.0
+    if stack is None and stated is None:
         return mem.state_bytes(spec.workload.precision, spec.workload.optimizer).grad
-    return gradient_reduce_bytes(stack, spec.workload.precision, options)
+    return gradient_reduce_bytes(stack or find_stack("flopwise"), spec.workload.precision, options, stated)
 
 
 def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:

@@ -55,10 +55,17 @@ FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
 """The flopwise stack: the framework conventions plan/memory.py states, unchanged."""
 
 
-def gradient_reduce_bytes(stack: Stack, precision: str, options: tuple[str, ...] = ()) -> float:
-    """Bytes per gradient element the data-parallel reduction moves (reduce-scatter or all-reduce),
-    as the stack runs it at `precision` with memory `options`; the time model sends this many.
+STATED_REDUCE_BYTES = {"bf16": 2.0, "fp32": 4.0}
+"""`--grad-reduce` as the bytes per gradient element it moves."""
 
+
+def gradient_reduce_bytes(stack: Stack, precision: str, options: tuple[str, ...] = (),
+                          stated: str | None = None) -> float:
+    """Bytes per gradient element the data-parallel reduction moves (reduce-scatter or all-reduce),
+    as the stack runs it at `precision` with memory `options`, or as the run `stated` it (`--grad-reduce`
+    bf16 / fp32); the time model sends this many and Megatron's gradient buffer holds it.
+
+    - a stated dtype, at any 16-bit or fp8 precision (fp32 and bf16-true runs have one dtype);
     - fp32 / tf32 runs reduce fp32 gradients, `bf16-true` bf16 ones;
     - `bf16-grad-reduce` (Megatron `--grad-reduce-in-bf16`, NeMo `grad_reduce_in_fp32=False`): bf16;
     - Megatron (either stack) at fp16: the gradient buffer and its reduction stay 16-bit, since
@@ -67,6 +74,8 @@ def gradient_reduce_bytes(stack: Stack, precision: str, options: tuple[str, ...]
     - fp8 runs of a stack whose fp8 recipes reduce in another dtype (`Stack.fp8_reduce_bytes`);
     - otherwise the stack's `reduce_bytes` (FSDP2's `MixedPrecisionPolicy.reduce_dtype`, DDP's
       gradient dtype, Megatron's `grad_reduce_in_fp32`)."""
+    if stated is not None and precision not in ("fp32", "tf32", "bf16-true"):
+        return STATED_REDUCE_BYTES[stated]
     if precision in ("fp32", "tf32") or (stack.fp32_params and precision in ("bf16", "fp16")):
         return 4.0
     if precision == "bf16-true" or "bf16-grad-reduce" in options:
@@ -87,7 +96,7 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zer
     if sixteen and stack.framework == "megatron":
         # Megatron's gradient buffer (`main_grad`) is kept in the dtype it is reduced in
         # (param_and_grad_buffer.py: grad_dtype = fp32 if grad_reduce_in_fp32 else the params')
-        grad = {"bf16": 2.0, "fp32": 4.0}.get(grad_reduce) or gradient_reduce_bytes(stack, precision, options)
+        grad = gradient_reduce_bytes(stack, precision, options, grad_reduce)
     if precision == "bf16" and stack.bf16_optimizer_fp32_grads and zero_stage <= 1:
         grad = 2.0 + 4.0  # the bf16 .grad of the backward and the fp32 accumulation buffer
     fp8 = precision == "fp8"
