@@ -764,7 +764,8 @@ def render(cases, loso, in_sample, summary, published_memory, formula_rows, band
               "schedule (Figure 6). At tp 8 + SP and seq 8,192 one layer of one micro-batch keeps 0.50 GiB per GPU "
               "with fused norms and SwiGLU (Megatron-Core's kernels, or torchtitan under torch.compile, measured on "
               "the partitioned graph; 0.66 GiB eager); the 16,384-GPU layout (m = p = 16: 128 layer-micro-batches "
-              "on the busiest stage) fits, the 8,192-GPU one (m = 32: 143) is planned 7 % over the usable memory. "
+              "on the busiest stage) and the 8,192-GPU one (m = 32: 143, 77.6 GiB planned) fit an H100's 79.6 GiB "
+              "(the memory its driver exposes, nvidia-smi's 81,559 MiB, not 80e9 bytes) less the 2 GiB reserve. "
               "A layout over by less than the memory forecast's own validated error (the published peaks below; "
               "`memory` in bands.json) is *tight*: kept and named so, never judged not to fit, since runs planned "
               "that close have run.", ""]

@@ -50,9 +50,12 @@ def test_catalog_has_every_required_device():
 @pytest.mark.parametrize("key", REQUIRED_KEYS)
 def test_every_figure_has_source_and_confidence(key):
     spec = get_hardware(key)
-    assert set(spec.confidence) - {"host_link"} == set(FIGURES)  # the host link is optional
+    # the host link and the memory the driver exposes are optional
+    assert set(spec.confidence) - {"host_link", "memory_visible"} == set(FIGURES)
     if spec.host_link_gbs is not None:
         assert spec.sources["host_link"].strip() and spec.confidence["host_link"] in CONFIDENCES
+    if spec.memory_visible_mib is not None:
+        assert spec.sources["memory_visible"].strip() and spec.confidence["memory_visible"] in CONFIDENCES
     for figure in FIGURES:
         confidence = spec.confidence[figure]
         assert confidence in CONFIDENCES
@@ -106,7 +109,8 @@ def test_dense_peaks_match_published_figures(key, dtype, tflops):
 )
 def test_memory_bandwidth_and_power_match_published_figures(key, memory_bytes, bandwidth_gbs, tdp_w):
     spec = get_hardware(key)
-    assert spec.memory_bytes == pytest.approx(memory_bytes)
+    datasheet = spec.memory_gb * (2**30 if spec.memory_unit == "GiB" else 1e9)
+    assert datasheet == pytest.approx(memory_bytes)
     assert spec.memory_bandwidth_gbs == pytest.approx(bandwidth_gbs)
     assert spec.tdp_w == pytest.approx(tdp_w)
 
@@ -384,3 +388,16 @@ def test_system_words_do_not_hide_an_ambiguity():
         get_hardware("DGX A100")
     with pytest.raises(UserError, match="unknown hardware"):
         get_hardware("H200 SXM 80GB")
+
+
+@pytest.mark.parametrize(("key", "mib"), [
+    ("h100-sxm", 81559), ("h800", 81559), ("h200", 143771), ("a100-80gb", 81920), ("a800-80gb", 81920),
+    ("a100-40gb", 40960), ("rtx4090", 24564), ("l40s", 46068)])
+def test_fit_checks_use_the_memory_the_driver_exposes(key, mib):
+    """NVIDIA's "80GB" parts expose ~80 GiB (nvidia-smi memory.total), 7 % more than 80e9 bytes; where a
+    source shows it, that is the device's memory; the datasheet figure stays what the catalog prints."""
+    spec = get_hardware(key)
+    assert spec.memory_visible_mib == mib and spec.memory_bytes == mib * 2**20
+    assert spec.memory_bytes > spec.memory_gb * 1e9
+    assert get_hardware("a100-80gb-pcie").memory_visible_mib is None  # no source shows it: the datasheet's
+    assert get_hardware("a100-80gb-pcie").memory_bytes == 80e9

@@ -84,7 +84,9 @@ class HardwareSpec:
 
     `peak_tflops` holds dense peaks per dtype (None where unsupported or unknown);
     multiply by `sparse_factor` for 2:4-sparse peaks. `memory_gb` is the vendor's
-    figure in decimal GB unless `memory_unit` says GiB. `scale_up_basis` says what
+    figure in decimal GB unless `memory_unit` says GiB; `memory_visible_mib`, where catalogued, is
+    the device memory the driver exposes (nvidia-smi `memory.total`), which fit checks use: NVIDIA's
+    "80GB" parts expose ~80 GiB, not 80e9 bytes. `scale_up_basis` says what
     the vendor's scale-up figure (`scale_up_published`) meant; where it is
     "unstated", `scale_up_gbs` is the published number as is.
     """
@@ -117,6 +119,8 @@ class HardwareSpec:
     # GB/s per direction between a device and its host's memory (PCIe, or NVLink-C2C on Grace
     # systems): what offloaded activations and states cross; None where no figure is catalogued
     host_link_gbs: float | None = None
+    # MiB the driver reports as the device's memory (nvidia-smi memory.total); None: the datasheet figure
+    memory_visible_mib: float | None = None
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak in FLOP/s for a dtype, or None if unsupported/unknown."""
@@ -132,7 +136,9 @@ class HardwareSpec:
 
     @property
     def memory_bytes(self) -> float | None:
-        """Device memory in bytes."""
+        """Device memory in bytes: what the driver exposes where catalogued, else the datasheet figure."""
+        if self.memory_visible_mib is not None:
+            return self.memory_visible_mib * 2**20
         if self.memory_gb is None:
             return None
         return self.memory_gb * (2**30 if self.memory_unit == "GiB" else 1e9)
@@ -257,7 +263,7 @@ _DEVICE_FIELDS = {
 def _device(key: str, raw: Any, sources: Mapping[str, str]) -> HardwareSpec:
     where = f"device '{key}'"
     entry = _expect_mapping(raw, where)
-    _check_keys(entry, where, _DEVICE_FIELDS, {"host_link_gbs"})
+    _check_keys(entry, where, _DEVICE_FIELDS, {"host_link_gbs", "memory_visible_mib"})
     cited: dict[str, str] = {}
     cited_ids: dict[str, str] = {}
     sure: dict[str, str] = {}
@@ -327,6 +333,8 @@ def _device(key: str, raw: Any, sources: Mapping[str, str]) -> HardwareSpec:
         figure_notes=notes,
         source_ids=cited_ids,
         host_link_gbs=take("host_link", entry["host_link_gbs"]) if "host_link_gbs" in entry else None,
+        memory_visible_mib=(take("memory_visible", entry["memory_visible_mib"])
+                            if "memory_visible_mib" in entry else None),
     )
 
 

@@ -107,6 +107,9 @@ def _figure_rows(spec: HardwareSpec) -> list[tuple[str, str, str]]:
     rows += [
         ("2:4 sparse factor", "sparse_factor", sparse),
         ("memory", "memory", _num(spec.memory_gb, f" {spec.memory_unit} {spec.memory_type}".rstrip())),
+        *([("memory the driver exposes", "memory_visible",
+            f"{spec.memory_visible_mib:,.0f} MiB ({spec.memory_visible_mib / 1024:.2f} GiB)")]
+          if spec.memory_visible_mib is not None else []),
         ("memory bandwidth", "memory_bandwidth", _num(spec.memory_bandwidth_gbs, " GB/s")),
         ("scale-up per direction", "scale_up", _num(spec.scale_up_gbs, " GB/s")),
         ("devices per node", "devices_per_node", str(spec.devices_per_node)),

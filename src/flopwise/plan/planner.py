@@ -265,7 +265,7 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 # --------------------------------------------------------------------------- the plan
 
 
-def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
+def plan(spec: RunSpec, profile: GemmProfile | None = None, advise: bool = True) -> Plan:
     """Predict parameters, FLOPs, memory, communication, time, energy and cost of a run.
 
     `profile`: a measured device profile (`flopwise.plan.profile.DeviceProfile` or anything
@@ -274,16 +274,25 @@ def plan(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     offload, smaller micro-batch, more devices) make it fit, each computed by planning it.
     `profile`: a measured device profile (`flopwise.plan.profile.DeviceProfile`); the
     efficiency of the step's GEMMs then comes from it (unless --efficiency is given).
+    `advise=False` leaves the advice out (a search times thousands of layouts and shows a few:
+    `with_advice` adds it to those).
     """
     result = _evaluate(spec, profile)
     if result.fits:
         return result
     if kept_as_stated(spec, result.memory):  # the verdict says tight, the advice what fits for certain
-        return dataclasses.replace(result, advice=_advice(spec, result, profile))
+        return with_advice(result, profile) if advise else result
     with_recompute = _stack_recompute(spec, profile)
     if with_recompute is not None:
         return with_recompute
-    return dataclasses.replace(result, advice=_advice(spec, result, profile))
+    return with_advice(result, profile) if advise else result
+
+
+def with_advice(result: Plan, profile: GemmProfile | None = None) -> Plan:
+    """`result` with the advice `plan` gives a layout that does not fit (none for one that fits)."""
+    if result.fits or result.advice:
+        return result
+    return dataclasses.replace(result, advice=_advice(result.spec, result, profile))
 
 
 def plan_layout(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:

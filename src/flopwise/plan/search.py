@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from flopwise.errors import UserError
 from flopwise.plan.finetune import model_parallel_refusal
-from flopwise.plan.planner import GIB, Plan, _framework, check_expert_parallel, plan, plan_memory, stack_rates
+from flopwise.plan.planner import GIB, Plan, _framework, check_expert_parallel, plan, plan_memory, stack_rates, with_advice
 from flopwise.plan.spec import OFFLOAD, RECOMPUTE, Layout, RunSpec
 from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import device_rates
@@ -337,7 +337,7 @@ def search_layouts(
                         fits.append(candidate(mbs))
                         if first_fit_only:
                             return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred,
-                                           [plan(fits[0], profile)], 1, top, smallest, shapes)
+                                           [plan(fits[0], profile, advise=False)], 1, top, smallest, shapes, profile)
                     else:
                         rejected["memory"] += 1
                         smallest = memory.total_bytes if smallest is None else min(smallest, memory.total_bytes)
@@ -359,7 +359,7 @@ def search_layouts(
             rejected["memory"] += len(micro_batches) - lo
     timed = _time_best(fits, objective, top, exhaustive, profile)
     return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, len(fits), top,
-                   smallest, shapes)
+                   smallest, shapes, profile)
 
 
 def family_key(result: Plan, objective: str) -> tuple:
@@ -373,8 +373,8 @@ def family_key(result: Plan, objective: str) -> tuple:
 def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool, profile=None) -> list[Plan]:
     """Plan the layouts that fit, in order of a lower bound on their step time, until none can enter the top k."""
     if exhaustive or not fits:
-        return [plan(c, profile) for c in fits]
-    first = plan(fits[0], profile)
+        return [plan(c, profile, advise=False) for c in fits]
+    first = plan(fits[0], profile, advise=False)
     timed: list[Plan] = [first]
     families: set[tuple] = set()
     smallest: list[float] = []  # max-heap (negated) of the `top` best objective values of distinct families
@@ -386,7 +386,7 @@ def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool, 
     for bound, _, candidate in pending:
         if len(smallest) >= top and bound * ratio > -smallest[0] * (1 + 1e-9):
             break
-        result = plan(candidate, profile)
+        result = plan(candidate, profile, advise=False)
         timed.append(result)
         _keep_top(families, smallest, result, objective, top)
     return timed
@@ -441,13 +441,15 @@ def _bounder(reference: Plan, profile=None):
 
 
 def _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, fitting, top, smallest,
-            shapes) -> SearchResult:
+            shapes, profile=None) -> SearchResult:
     timed = [p for p in timed if p.memory.may_fit]  # plan() has the last word on every layout shown
     ranked = _distinct([p for p in timed if p.fits], objective, top)
     # tight layouts (over the usable memory by less than the memory forecast's validated error) come
-    # after those that fit: the ones that would beat the last layout shown, which a user may try
+    # after those that fit: the ones that would beat the last layout shown, which a user may try;
+    # each with the advice `plan` gives it (timed without, as every layout of the search was)
     worst = objective_value(ranked[-1], objective) if len(ranked) == top else math.inf
-    ranked += _distinct([p for p in timed if not p.fits and objective_value(p, objective) < worst], objective, top)
+    ranked += [with_advice(p, profile) for p in
+               _distinct([p for p in timed if not p.fits and objective_value(p, objective) < worst], objective, top)]
     notes = []
     if not shapes:
         notes.append(f"no (tp, pp) split of {devices} devices suits {spec.model.key}")
