@@ -209,6 +209,7 @@ def activation_terms(
     gemm_input_bytes: float | None = None,
     fused_swiglu: bool = False,
     act_input_bytes: float | None = None,
+    norm_input_bytes: float | None = None,
 ) -> ActivationTerms:
     """Korthikanti et al. 2022 §4.1 per-layer breakdown, generalised.
 
@@ -219,6 +220,8 @@ def activation_terms(
     down projection its own input: 3·e·sbf instead of 4 (Megatron-Core
     `fusions/fused_bias_swiglu.py`, `BiasSwiGLUFunction`). `act_input_bytes`: that input's
     bytes when stored apart (1 with `--activation-func-fp8-input-store`, which casts it to fp8).
+    `norm_input_bytes`: bytes of each norm's saved input when the residual stream is kept in another
+    dtype (4: flash-attention's GPT with `residual_in_fp32`).
 
     With e = dtype bytes, s·b tokens, h hidden, d = heads·head_dim, k = kv_heads·head_dim,
     f the MLP width, a heads:
@@ -272,7 +275,8 @@ def activation_terms(
     replicated += g * sb * h  # MLP input
     replicated += mask * sb * h  # MLP output dropout mask
     per_norm = 2.0 if (spec.norm == "rmsnorm" and rmsnorm_saves_normalized) else 1.0
-    replicated += spec.norms_per_layer * per_norm * e * sb * h  # norm inputs (+ normalised)
+    norm_in = e if norm_input_bytes is None else norm_input_bytes
+    replicated += spec.norms_per_layer * (norm_in + (per_norm - 1.0) * e) * sb * h  # norm inputs (+ normalised)
     latents = spec.q_lora_rank + spec.kv_lora_rank  # MLA: norm inputs (+ normalised), q_b / kv_b inputs
     replicated += (per_norm * e + g) * sb * latents
     replicated += e * sb * spec.qk_rope_head_dim  # the KV norm's input is a view of kv_a's output, rope part too

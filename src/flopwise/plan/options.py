@@ -92,7 +92,7 @@ OPTIONS = (
                "Data-parallel gradient reduction dtype: bf16|fp32 (Megatron's --grad-reduce-in-bf16, NeMo's "
                "grad_reduce_in_fp32=False, FSDP2's MixedPrecisionPolicy reduce_dtype); Megatron keeps its gradient "
                "buffer in it. [default: the stack's: fp32 for megatron-core bf16, flopwise, torchtitan, "
-               "flash-attn; bf16 for megatron-core fp8 (NeMo's performance scripts), composer, deepspeed]",
+               "flash-attn; bf16 for nemo (NVIDIA's performance recipes), megatron-core fp8, composer, deepspeed]",
                ("--grad-reduce-dtype",)),
     PlanOption("fp32_params", "--fp32-params/--no-fp32-params", bool, None,
                "AMP as torch.autocast runs it (HF Trainer --bf16, Lightning bf16-mixed, flopwise's plain bf16): fp32 "
@@ -125,7 +125,9 @@ OPTIONS = (
                "and SwiGLU no SiLU output, as inductor's partitioner saves them."),
     PlanOption("tp_comm_overlap", "--tp-comm-overlap", bool, False,
                "Overlap TP collectives with the GEMMs (Transformer Engine userbuffers)."),
-    PlanOption("dropout", "--dropout", bool, False, "Count dropout masks in activation memory."),
+    PlanOption("dropout", "--dropout/--no-dropout", bool, None,
+               "Attention and residual dropout on: its masks in activation memory, its kernels in the step. "
+               "[default: the stack's: on for flash-attn (its GPT configs keep GPT2Config's 0.1), off elsewhere]"),
     PlanOption("finetune", "--finetune", str, "full",
                "full|lora|qlora: train every weight, or LoRA adapters on a frozen base (qlora: base in NF4). "
                "A fine-tune defaults to 1B tokens and 128Ki-token batches."),

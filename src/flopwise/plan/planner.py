@@ -740,7 +740,7 @@ def build_runspec(
     ep: int | None = None,
     etp: int | None = None,
     fsdp_sync_every_micro_step: bool = False,
-    dropout: bool = False,
+    dropout: bool | None = None,
     tp_comm_overlap: bool = False,
     efficiency: float | None = None,
     price_per_hour: float | None = None,
@@ -935,6 +935,11 @@ def build_runspec(
     if amp and fp32_params is None:
         extra["defaults"] = (*extra.get("defaults", ()), f"{mem.AMP_STATE_BYTES_NOTE}: {stack}'s 16-bit training "
                                                          "is AMP (torch.autocast)")
+    if dropout is None:  # the stack's models' own (flash-attn's GPT configs: 0.1)
+        dropout = stack_spec.dropout
+        if dropout:
+            extra["defaults"] = (*extra.get("defaults", ()), f"dropout on: {stack}'s models train with it "
+                                                             "(--no-dropout plans without)")
     if grad_reduce is not None:  # the data-parallel gradient reduction's dtype, as the run states it
         extra["grad_reduce"] = spelled_grad_reduce(grad_reduce)
     if stack != "flopwise":

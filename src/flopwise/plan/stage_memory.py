@@ -229,7 +229,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     terms = None if cnn else _activation_terms(model, seq, lay.micro_batch_size, e, work.dropout,
                                                lay.flash_attention, conv.gemm_input_bytes,
                                                conv.fused_norm or lay.compiled, conv.fused_swiglu or lay.compiled,
-                                               conv.act_input_bytes)
+                                               conv.act_input_bytes, conv.norm_input_bytes)
     sharded = lay.sequence_parallel or conv.activations_sharded_over_tp  # SP, or GSPMD's model-axis sharding
     if terms is not None and terms.routed_copies and sharded and lay.expert_tp < lay.tp:
         # folded experts (etp < tp): a rank's dispatcher sends only its own sequence shard's tokens,
@@ -372,11 +372,13 @@ def every_stage_memory(spec: RunSpec) -> tuple[StageMemory, ...]:
 @lru_cache(maxsize=4096)
 def _activation_terms(model, seq_len: int, micro_batch: int, e: float, dropout: bool, flash: bool,
                       gemm_input_bytes: float | None = None, fused_norm: bool = False, fused_swiglu: bool = False,
-                      act_input_bytes: float | None = None) -> mem.ActivationTerms:
+                      act_input_bytes: float | None = None,
+                      norm_input_bytes: float | None = None) -> mem.ActivationTerms:
     """`activation_terms`, cached: a search tries many layouts with the same micro-batch."""
     return mem.activation_terms(model, seq_len, micro_batch, e, dropout, flash,
                                 rmsnorm_saves_normalized=not fused_norm, gemm_input_bytes=gemm_input_bytes,
-                                fused_swiglu=fused_swiglu, act_input_bytes=act_input_bytes)
+                                fused_swiglu=fused_swiglu, act_input_bytes=act_input_bytes,
+                                norm_input_bytes=norm_input_bytes)
 
 
 @lru_cache(maxsize=256)

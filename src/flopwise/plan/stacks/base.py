@@ -111,5 +111,9 @@ class Stack:
     fp8_reduce_bytes: float | None = None
     # its 16-bit training is AMP with fp32 parameters (torch.autocast): memory.autocast_copy_bytes
     fp32_params: bool = False
+    # bytes of each norm's saved input when the stack keeps the residual stream in another dtype than its
+    # activations (None: the activations'); its models train with dropout unless a run says otherwise
+    norm_input_bytes: float | None = None
+    dropout: bool = False
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

@@ -49,6 +49,7 @@ class MemoryConventions:
     activations_sharded_over_tp: bool = False
     master_unsharded: bool = False
     fp32_params: bool = False  # AMP: fp32 parameters under torch.autocast (Stack.fp32_params)
+    norm_input_bytes: float | None = None  # a residual stream kept in another dtype (Stack.norm_input_bytes)
 
 
 FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
@@ -117,6 +118,7 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zer
         activations_sharded_over_tp=stack.activations_sharded_over_tp,
         master_unsharded=(precision == "bf16" and stack.bf16_optimizer_full_fp32_master and zero_stage <= 1),
         fp32_params=stack.fp32_params and precision in ("bf16", "fp16"),
+        norm_input_bytes=stack.norm_input_bytes,
     )
 
 
