@@ -10,13 +10,19 @@ STACK = Stack(
     cross_entropy="single-pass",  # loss_fn "fused_crossentropy" (flash_attn.losses.cross_entropy)
     overlap_grad_reduce=True, overlap_param_gather=True,  # FSDP backward/forward prefetch
     tp_comm_overlap=False,
-    grad_bytes=2.0, reduce_bytes=2.0,  # fsdp_config mixed_precision PURE/DEFAULT: bf16 reduce
+    # fsdp_config mixed_precision PURE (llm-foundry's pretrain yamls; scripts/train/benchmarking/submit_benchmarks.py
+    # --fsdp_config_mixed_precision default): bf16 params, reduce and buffers; composer's DEFAULT would reduce fp32
+    # (composer/distributed/mosaic_parallelism.py get_mixed_precision): plan such a run with --grad-reduce fp32
+    grad_bytes=2.0, reduce_bytes=2.0,
     distributed_optimizer=True,
     fp8_gemm_input_bytes=1.0,  # TE Linear saves the fp8 input under fp8_autocast
     loss_bytes_per_logit=2.0,  # flash-attn's cross_entropy writes the gradient into the logits buffer
     allocator_reserve=0.10,
     memory_options=("recompute",),
     sources=("mosaicml/llm-foundry llmfoundry/models/layers/attention.py, models/mpt/modeling_mpt.py",
-             "mosaicml/composer composer/core/precision.py (amp_fp8)",
+             "mosaicml/composer composer/core/precision.py (amp_fp8), composer/distributed/mosaic_parallelism.py "
+             "(get_mixed_precision: PURE reduces in the run's 16-bit dtype, DEFAULT in fp32)",
+             "mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (mixed_precision: PURE), "
+             "scripts/train/benchmarking/submit_benchmarks.py (default PURE), at 4c99952d0 (settings only)",
              "Dao-AILab/flash-attention flash_attn/ops/triton/cross_entropy.py"),
 )
