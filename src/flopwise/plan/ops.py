@@ -142,7 +142,7 @@ def _gemm_fwd_bwd(rates: DeviceRates, m: int, n: int, k: int, e: float, count: f
 def layer_times(
     model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool, flash: bool,
     dropout: bool, recompute: str, precision: str, rates: DeviceRates, kv_len: int | None = None,
-    ep: int = 1, etp: int = 0,
+    ep: int = 1, etp: int = 0, early_stop: bool = False,
 ) -> LayerTimes:
     """Compute seconds of one layer per micro-batch on one rank (cached by every argument).
 
@@ -150,10 +150,13 @@ def layer_times(
     that differs (context parallelism: a cp-th of the queries against the whole sequence); `ep`
     the expert-parallel size (a rank runs E/ep experts on the tokens the ep ranks route to them:
     the same FLOPs in ep times fewer, larger GEMMs); `etp` the experts' own tensor-parallel width
-    (0: tp; below tp a rank runs whole experts on the tokens of tp / etp sequence-parallel ranks)."""
+    (0: tp; below tp a rank runs whole experts on the tokens of tp / etp sequence-parallel ranks);
+    `early_stop`: a full recompute stops once it has rebuilt every tensor the block's backward needs
+    (PyTorch's non-reentrant checkpoint, `Stack.recompute_early_stop`), so a dense block's last GEMM,
+    the down projection, and the residual add after it are not run again."""
     return _cached(_LAYER_CACHE, _layer_times, model,
                    seq_len, micro_batch, tp, sequence_parallel, flash, dropout, recompute, precision, rates,
-                   kv_len, ep, etp or tp)
+                   kv_len, ep, etp or tp, early_stop)
 
 
 def _cached(cache: dict, compute, model: ModelSpec, *args):
@@ -193,7 +196,7 @@ def attention_gemms(model, T: int, tp: int, sp: bool) -> list[tuple[int, int, in
 
 
 def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rates: DeviceRates,
-                 kv_len: int | None = None, ep: int = 1, etp: int = 0) -> LayerTimes:
+                 kv_len: int | None = None, ep: int = 1, etp: int = 0, early_stop: bool = False) -> LayerTimes:
     mix = mamba.layer_mix(model)
     if mix is not None:
         return _hybrid_layer_times(model, mix, s, b, tp, sp, flash, dropout, recompute, precision, rates, kv_len)
@@ -279,7 +282,13 @@ def _layer_times(model, s, b, tp, sp, flash, dropout, recompute, precision, rate
     backward = dgrad_g + wgrad_g + attn_b + mem_b
     share = full_recompute_share(recompute)
     if share:
-        extra, extra_g, extra_a, extra_m = share * forward, share * fwd_g, share * attn_f, share * mem_f
+        rerun_g, rerun_m = fwd_g, mem_f
+        if early_stop and experts == 1:  # the down projection and the residual add after it are not re-run
+            rerun_g -= _gemm_fwd_bwd(rates, T, h, max(1, f // tp), ge)[0]
+            if measured is None:  # a measured profile's element-wise forward stays whole (its share is measured)
+                rerun_m -= rates.memory_seconds(T * 3 * hs * e, 1)
+        extra_g, extra_a, extra_m = share * rerun_g, share * attn_f, share * max(0.0, rerun_m)
+        extra = extra_g + extra_a + extra_m
     elif recompute == "selective":
         extra, extra_g, extra_a, extra_m = attn_f, 0.0, attn_f, 0.0
     elif recompute == "op":  # torchtitan's per-op policy re-runs every second matmul (plan/memory.py)

@@ -259,7 +259,8 @@ def step_time(spec, inputs: StepInputs, rates: DeviceRates, links: Links, total_
     sp = lay.sequence_parallel and tp > 1
     layer = finetune.layer_times(ops.layer_times(model, s, b, tp, sp, lay.flash_attention, work.dropout,
                                                  lay.recompute, work.precision, rates,
-                                                 work.seq_len if cp > 1 else None, lay.ep, lay.expert_tp),
+                                                 work.seq_len if cp > 1 else None, lay.ep, lay.expert_tp,
+                                                 stack_switch(spec.stack, "recompute_early_stop")),
                                  spec, rates)
     ends = finetune.end_times(ops.end_times(model, s, b, tp, sp, work.precision, rates, stack_cross_entropy(spec)),
                               spec, rates)
@@ -665,7 +666,8 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
     s = local_seq_len(spec)  # a rank's tokens of a sequence, as `step_time` times them
     layer = finetune.layer_times(ops.layer_times(model, s, lay.micro_batch_size, tp, sp, lay.flash_attention,
                                                  work.dropout, lay.recompute, work.precision, rates,
-                                                 work.seq_len if lay.cp > 1 else None, lay.ep, lay.expert_tp),
+                                                 work.seq_len if lay.cp > 1 else None, lay.ep, lay.expert_tp,
+                                                 stack_switch(spec.stack, "recompute_early_stop")),
                                  spec, rates)
     ends = finetune.end_times(ops.end_times(model, s, lay.micro_batch_size, tp, sp, work.precision, rates,
                                             stack_cross_entropy(spec)), spec, rates)

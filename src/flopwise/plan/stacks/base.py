@@ -115,5 +115,9 @@ class Stack:
     # activations (None: the activations'); its models train with dropout unless a run says otherwise
     norm_input_bytes: float | None = None
     dropout: bool = False
+    # its block recompute is PyTorch's non-reentrant checkpoint with early stop: the backward's recompute
+    # stops once the tensors the block's backward needs are rebuilt, so a dense block's down projection and
+    # last residual add are not run again (torch/utils/checkpoint.py `_enable_checkpoint_early_stop`)
+    recompute_early_stop: bool = False
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

@@ -18,11 +18,16 @@ STACK = Stack(
     fp8_gemm_input_bytes=1.0,  # TE Linear saves the fp8 input under fp8_autocast
     loss_bytes_per_logit=2.0,  # flash-attn's cross_entropy writes the gradient into the logits buffer
     allocator_reserve=0.10,
+    # activation_checkpointing_reentrant: false (llm-foundry's pretrain yamls): composer wraps each block in
+    # checkpoint_wrapper(CheckpointImpl.NO_REENTRANT) without overriding early stop, PyTorch's default
+    recompute_early_stop=True,
     memory_options=("recompute",),
     sources=("mosaicml/llm-foundry llmfoundry/models/layers/attention.py, models/mpt/modeling_mpt.py",
              "mosaicml/composer composer/core/precision.py (amp_fp8), composer/distributed/mosaic_parallelism.py "
              "(get_mixed_precision: PURE reduces in the run's 16-bit dtype, DEFAULT in fp32)",
              "mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (mixed_precision: PURE), "
              "scripts/train/benchmarking/submit_benchmarks.py (default PURE), at 4c99952d0 (settings only)",
+             "mosaicml/composer composer/distributed/activation_checkpointing.py (checkpoint_wrapper, NO_REENTRANT); "
+             "pytorch/pytorch torch/utils/checkpoint.py (_enable_checkpoint_early_stop, default True)",
              "Dao-AILab/flash-attention flash_attn/ops/triton/cross_entropy.py"),
 )

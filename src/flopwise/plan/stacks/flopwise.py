@@ -18,6 +18,8 @@ STACK = Stack(
     fp8_gemm_input_bytes=2.0,  # torchao float8 linear saves the high-precision input (float8_linear.py)
     loss_bytes_per_logit=8.0,  # fp32 copy + fp32 log-softmax (memory.loss_logits_bytes_per_element)
     allocator_reserve=0.10,  # PyTorch caching allocator slack: stated assumption (docs/planner.md)
+    # train/techniques/activation_checkpointing.py: torch.utils.checkpoint(use_reentrant=False), early stop on
+    recompute_early_stop=True,
     memory_options=("recompute",),
     sources=("flopwise train/ (FSDP2 fully_shard, MixedPrecisionPolicy)",
              "pytorch/ao torchao/float8/float8_linear.py (saves the bf16 input), config.py (tensorwise default)"),

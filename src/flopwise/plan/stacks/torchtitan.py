@@ -24,6 +24,9 @@ STACK = Stack(
     # Shard(1) whenever tensor parallelism is on
     sequence_parallel=True,
     # compile.enable (on in llama3_405b of models/llama3/config_registry.py): see conventions.py
+    # torchtitan/distributed/activation_checkpoint.py FullAC: ptd_checkpoint_wrapper(early_stop=False) since
+    # 25413d224 (2025-08-29): a full recompute re-runs the whole block
+    recompute_early_stop=False,
     memory_options=("torch-compile", "recompute"),
     sources=("pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py",
              "pytorch/torchtitan torchtitan/components/loss.py, components/quantization/float8.py",
