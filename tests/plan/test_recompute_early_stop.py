@@ -77,3 +77,15 @@ def test_the_planner_charges_a_recompute_as_its_stack_runs_it():
     moe = get_model("mixtral-8x7b")
     assert ops.layer_times(moe, 4096, 1, 1, False, True, False, "full", "bf16", rates, early_stop=True).recompute \
         == pytest.approx(ops.layer_times(moe, 4096, 1, 1, False, True, False, "full", "bf16", rates).recompute)
+
+
+def test_hardware_flops_leave_out_the_down_projections_an_early_stop_skips():
+    job = dict(model="mpt-30b", hardware="h100-sxm", gpus=8, micro_batch=3, global_batch=504, seq_len=2048,
+               zero=3, recompute="full")
+    composer, titan = (plan(build_runspec(stack=s, **job)).flops for s in ("composer", "torchtitan"))
+    from flopwise.catalog.models import get_model
+
+    mpt = get_model("mpt-30b")
+    assert composer.model_per_unit == titan.model_per_unit
+    assert titan.hardware_per_unit - composer.hardware_per_unit == pytest.approx(
+        2.0 * mpt.ffn_hidden * mpt.hidden * mpt.n_layers)

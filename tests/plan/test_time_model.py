@@ -201,8 +201,9 @@ def test_every_kth_block_recompute_reruns_that_share_of_forwards():
 
 def test_a_recomputed_share_of_blocks_adds_that_share_of_a_third_of_the_training_flops():
     """`blocks:F` re-runs F of every block's forward: HFU/MFU = 1 + F/3 (how PaLM's stated HFU 57.8 %
-    and MFU 46.2 % are planned), and the layer's recompute time is F of its forward."""
-    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, recompute="blocks:0.75")
+    and MFU 46.2 % are planned), and the layer's recompute time is F of its forward, on a stack whose
+    recompute re-runs whole blocks (torchtitan's FullAC; flopwise's early stop skips the down projections)."""
+    spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, recompute="blocks:0.75", stack="torchtitan")
     result = plan(spec)
     assert result.flops.hardware_per_unit / result.flops.model_per_unit == pytest.approx(1 + 0.75 / 3)
     assert result.time.hfu / result.time.mfu == pytest.approx(1 + 0.75 / 3)

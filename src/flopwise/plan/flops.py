@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flopwise.catalog.models import ModelSpec, query_key_head_dim, value_head_dim
-from flopwise.plan.mamba import attention_layers, scan_flops_forward
+from flopwise.plan.mamba import attention_layers, layer_mix, scan_flops_forward
 from flopwise.plan import recompute_modules
 from flopwise.plan.memory import recompute_forward_fraction
 from flopwise.plan.params import ParamCount
@@ -119,9 +119,11 @@ def module_recompute_flops(spec: ModelSpec, params: ParamCount, modules: frozens
 
 
 def estimate_flops(
-    spec: ModelSpec, params: ParamCount, seq_len: int, recompute: str, units: float
+    spec: ModelSpec, params: ParamCount, seq_len: int, recompute: str, units: float, early_stop: bool = False
 ) -> FlopsEstimate:
-    """Per-unit and total model/hardware FLOPs for `units` tokens (or samples for a CNN)."""
+    """Per-unit and total model/hardware FLOPs for `units` tokens (or samples for a CNN). `early_stop`:
+    a block recompute that stops once the backward's tensors are rebuilt (`ops.layer_times`) leaves each
+    dense block's down projection, 2·f·h per token, out of the hardware FLOPs."""
     if spec.arch == "cnn":
         forward = float(spec.flops_per_sample)
         model = 3.0 * forward
@@ -136,8 +138,11 @@ def estimate_flops(
     dense = 6.0 * n
     attention = 3.0 * mixer_fwd
     model = dense + attention
+    dense_blocks = spec.n_experts <= 1 and layer_mix(spec) is None
+    rerun = 2.0 * n + mixer_fwd - (2.0 * spec.ffn_hidden * spec.hidden * spec.n_layers
+                                    if early_stop and dense_blocks else 0.0)
     if recompute == "full":
-        hardware = model + 2.0 * n + mixer_fwd
+        hardware = model + rerun
     elif recompute == "selective":
         hardware = model + attn_fwd
     elif recompute == "op":  # per-op policy: every second matmul re-run, attention output kept
@@ -145,7 +150,7 @@ def estimate_flops(
     elif (modules := recompute_modules.parse(recompute)) is not None:
         hardware = model + module_recompute_flops(spec, params, modules, attn_fwd)
     else:  # none, or every:K (full recompute of one block in K)
-        hardware = model + recompute_forward_fraction(recompute) * (2.0 * n + mixer_fwd)
+        hardware = model + recompute_forward_fraction(recompute) * rerun
     model_total = model * units
     return FlopsEstimate(
         "token", float(n), dense, attention, model, hardware, units,

@@ -32,7 +32,7 @@ from flopwise.plan.band import Band, band_for, model_size_reason, widened
 from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import ASSUMED_FAMILIES, ASSUMED_SUSTAINED, GemmProfile, curve_for, device_rates
 from flopwise.plan.stage_memory import amp_params, estimate_memory, every_stage_memory
-from flopwise.plan.timing import StepInputs, TimeEstimate, end_slots_note, flat_time, stack_ends_in_split, step_time
+from flopwise.plan.timing import StepInputs, TimeEstimate, end_slots_note, flat_time, stack_ends_in_split, stack_switch, step_time
 
 GIB = mem.GIB
 SCHEMA_VERSION = 2
@@ -467,7 +467,8 @@ def _evaluate(spec: RunSpec, profile: GemmProfile | None = None) -> Plan:
     # FLOPs
     units_per_step = float(lay.global_batch_size) * (1 if cnn else work.seq_len)
     total_units = work.total_samples if cnn else work.total_tokens
-    flops = estimate_flops(model, pc, work.seq_len, lay.recompute, total_units)
+    flops = estimate_flops(model, pc, work.seq_len, lay.recompute, total_units,
+                           stack_switch(spec.stack, "recompute_early_stop"))
     tuned = tuning.split_of(spec)
     if tuned is not None:  # no base weight gradients: 4N + 6·adapters (plan/finetune.py)
         flops = tuning.finetune_flops(model, pc, tuned, work.seq_len, lay.recompute, total_units)
