@@ -18,10 +18,12 @@ The rotary variants share their base config's shapes and are left out.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nemo_recipe_layouts import write_results  # noqa: E402
 
 ROWS = (
     ("owt/gpt2s-flash", "gpt2-124m", 1024, "fp16", 0, 64, 64, 512),
@@ -58,9 +60,8 @@ def plan_row(config: str, model: str, seq: int, precision: str, zero: int, mbs: 
     except UserError as err:
         return {**out, "verdict": "refused", "reason": str(err).splitlines()[0]}
     memory, time = result.memory, result.time
-    verdict = "fits" if result.fits else "tight" if memory.may_fit else "does not fit"
-    allocated = memory.total_bytes - memory.allocator_reserve
-    return {**out, "verdict": verdict, "allocated_share_of_usable": round(allocated / memory.capacity_bytes, 3),
+    return {**out, "verdict": memory.verdict,
+            "allocated_share_of_usable": round(memory.allocated_bytes / memory.capacity_bytes, 3),
             "mfu": round(time.mfu, 4), "tokens_per_second_per_device": round(time.tokens_per_second_per_device, 1)}
 
 
@@ -68,10 +69,7 @@ def main() -> int:
     rows = [plan_row(config, model, seq, precision, zero, mbs, hardware, gbs)
             for config, model, seq, precision, zero, mbs80, mbs40, gbs in ROWS
             for hardware, mbs in (("a100-80gb", mbs80), ("a100-40gb", mbs40))]
-    summary = {"rows": len(rows), **Counter(row["verdict"] for row in rows)}
-    out = Path(__file__).parent / "results" / "flash_attn_config_layouts.json"
-    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
-    print(json.dumps(summary))
+    write_results({"rows": len(rows), **Counter(row["verdict"] for row in rows)}, rows, "flash_attn_config_layouts")
     for row in rows:
         if row["verdict"] != "fits":
             print({k: row[k] for k in ("config", "hardware", "micro_batch", "verdict")},
