@@ -392,7 +392,7 @@ def test_system_words_do_not_hide_an_ambiguity():
 
 @pytest.mark.parametrize(("key", "mib"), [
     ("h100-sxm", 81559), ("h800", 81559), ("h200", 143771), ("a100-80gb", 81920), ("a800-80gb", 81920),
-    ("a100-40gb", 40960), ("rtx4090", 24564), ("l40s", 46068)])
+    ("a100-40gb", 40960), ("rtx4090", 24564), ("l40s", 46068), ("b200", 183359)])
 def test_fit_checks_use_the_memory_the_driver_exposes(key, mib):
     """NVIDIA's "80GB" parts expose ~80 GiB (nvidia-smi memory.total), 7 % more than 80e9 bytes; where a
     source shows it, that is the device's memory; the datasheet figure stays what the catalog prints."""

@@ -115,3 +115,18 @@ def test_the_extrapolation_band_is_built_from_every_row_and_spares_borrowed_regi
     assert borrowed.expected_error == band.band_quantile(errors + [0.01])
     beyond = band.band_for("megatron-core", 1, "bf16", 4096, "hopper", built)
     assert beyond.extrapolates and beyond.expected_error == 0.19 and beyond.widened_from == 0.17
+
+
+def test_a_precision_never_validated_takes_its_familys_band_at_the_same_scale():
+    """fp8 had no validation row: its band is the family's at the same scale (here the wide
+    small-scale one), never a narrower band pooled from other scales."""
+    rows = [{"family": "megatron", "precision": "16-bit", "scale": "<=64", "error": e,
+             "device_family": "hopper", "devices": 8} for e in (0.20, 0.21, 0.22)]
+    rows += [{"family": "megatron", "precision": "16-bit", "scale": ">1024", "error": 0.01,
+              "device_family": "hopper", "devices": 2048} for _ in range(20)]
+    built = band.build_bands(rows)
+    fp8_small = band.band_for("megatron-core", 1, "fp8", 8, "hopper", built)
+    bf16_small = band.band_for("megatron-core", 1, "bf16", 8, "hopper", built)
+    assert fp8_small.regime == "megatron|*|<=64" and fp8_small.extrapolates
+    assert fp8_small.expected_error >= bf16_small.expected_error == 0.22
+    assert band.band_for("megatron-core", 1, "fp8", 2048, "hopper", built).regime == "megatron|*|>1024"

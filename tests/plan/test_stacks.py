@@ -489,6 +489,16 @@ def test_mxfp8_off_blackwell_is_planned_with_a_warning():
     assert not any("MXFP8" in w for w in blackwell.warnings)
 
 
+def test_an_fp8_recipe_on_a_16_bit_plan_is_named_as_ignored():
+    """--fp8-recipe without --precision fp8 changes nothing: the plan says so rather than staying silent;
+    with fp8 (stated either way) no such warning."""
+    ignored = plan(build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=8, fp8_recipe="rowwise"))
+    assert any("--fp8-recipe rowwise" in w and "ignores it" in w for w in ignored.warnings)
+    for stated in ({"precision": "fp8", "fp8_recipe": "rowwise"}, {"precision": "fp8-rowwise"}):
+        assert not any("--fp8-recipe" in w for w in plan(build_runspec(
+            model="llama3-8b", hardware="h100-sxm", gpus=8, **stated)).warnings)
+
+
 @pytest.mark.parametrize(("typed", "name"), [
     ("FlashAttention", "flash-attn"), ("Dao-AILab/flash-attention", "flash-attn"), ("NeMo 2.0", "nemo"),
     ("NVIDIA/NeMo", "nemo"), ("mosaicml/llm-foundry", "composer"), ("Megatron Core", "megatron-core"),

@@ -4,8 +4,10 @@
 other sources (leave-one-source-out) and writes the residuals' spread per regime to
 `plan/data/bands.json`. A regime is the stack family (Megatron / DeepSpeed / PyTorch-native),
 the precision (16-bit / fp8) and the scale (GPUs). A plan's band is its regime's, or a
-coarser regime's when this one had too few validated rows; it says it extrapolates when the
-device family, stack, precision or scale was never validated.
+coarser regime's when this one had too few validated rows (a precision no row had takes its
+stack family's band at the same scale, so an fp8 forecast is never narrower than the 16-bit one
+beside it); it says it extrapolates when the device family, stack, precision or scale was never
+validated.
 """
 
 from __future__ import annotations
@@ -103,8 +105,8 @@ def build_bands(rows: list[dict]) -> dict:
     regimes: dict[str, list[float]] = {}
     for row in rows:
         for key in (regime_key(row["family"], row["precision"], row["scale"]),
-                    regime_key(row["family"], row["precision"], "*"), regime_key(row["family"], "*", "*"),
-                    regime_key("*", "*", "*")):
+                    regime_key(row["family"], row["precision"], "*"), regime_key(row["family"], "*", row["scale"]),
+                    regime_key(row["family"], "*", "*"), regime_key("*", "*", "*")):
             regimes.setdefault(key, []).append(row["error"])
     return {
         "_about": "Written by benchmarks/validate_planner.py: per regime (stack family | precision | scale), the "
@@ -230,8 +232,8 @@ def _band(stack: str, zero_stage: int, precision: str, devices: int, device_fami
     if devices > validated.get("max_devices", 0):
         reasons.append(f"{devices:,} devices, beyond the {validated.get('max_devices', 0):,} validated")
     regimes = bands.get("regimes", {})
-    for key in (regime_key(family, prec, scale), regime_key(family, prec, "*"), regime_key(family, "*", "*"),
-                regime_key("*", "*", "*")):
+    for key in (regime_key(family, prec, scale), regime_key(family, prec, "*"), regime_key(family, "*", scale),
+                regime_key(family, "*", "*"), regime_key("*", "*", "*")):
         entry = regimes.get(key)
         if entry and entry["rows"] >= MIN_ROWS:
             if key != regime_key(family, prec, scale) and not reasons:

@@ -914,6 +914,10 @@ def build_runspec(
                         f"({hw.memory_bytes / mem.GIB:.1f} GiB)")
     if precision == "bf16-true":
         warnings.append(mem.BF16_TRUE_TRADE_OFF)
+    planned_precision = precision or EXAMPLE["precision"]
+    if options["fp8_recipe"] is not None and planned_precision != "fp8":
+        warnings.append(f"--fp8-recipe {fp8_recipe} applies to fp8 GEMMs only: this plan is "
+                        f"{planned_precision} and ignores it (add --precision fp8)")
     extra["warnings"] = tuple(warnings)
     if recompute is not None:  # a stated policy is planned as given: no stack recompute added to fit
         extra["recompute_stated"] = True
