@@ -617,7 +617,7 @@ def band_rows(cases: list[Case], errors: list[float]) -> list[dict]:
              "precision": band.precision_class(case.spec.workload.precision),
              "scale": band.scale_class(case.spec.layout.devices), "error": error,
              "device_family": device_family(case.spec), "devices": case.spec.layout.devices,
-             "params": count_params(case.spec.model).active}
+             "params": count_params(case.spec.model).active, "stack": case.spec.stack}
             for case, error in zip(cases, errors)]
 
 

@@ -130,3 +130,18 @@ def test_a_precision_never_validated_takes_its_familys_band_at_the_same_scale():
     assert fp8_small.regime == "megatron|*|<=64" and fp8_small.extrapolates
     assert fp8_small.expected_error >= bf16_small.expected_error == 0.22
     assert band.band_for("megatron-core", 1, "fp8", 2048, "hopper", built).regime == "megatron|*|>1024"
+
+
+@pytest.mark.parametrize("stack", ["nemo", "flash-attn"])
+def test_a_stack_with_no_run_of_its_own_extrapolates(stack):
+    """NeMo's recipes and flash-attention's trainer share a validated family (Megatron, PyTorch-native)
+    but no validation run was theirs: the band says so and takes the extrapolation floor; the
+    family's validated stacks keep their regime's band."""
+    spec = build_runspec(model="llama2-70b", hardware="h100-sxm", gpus=128, tp=4, pp=4, seq_len=4096,
+                         global_batch=128)
+    floor = band.load_bands()[band.EXTRAPOLATED_KEY]["expected_error"]
+    own = plan(dataclasses.replace(spec, stack=stack)).band
+    assert own.extrapolates and any(f"stack {stack} never validated" in r for r in own.reasons)
+    assert own.expected_error >= floor
+    sibling = plan(dataclasses.replace(spec, stack="megatron-core" if stack == "nemo" else "composer")).band
+    assert not any("never validated" in r for r in sibling.reasons)

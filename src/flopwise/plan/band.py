@@ -7,7 +7,7 @@ the precision (16-bit / fp8) and the scale (GPUs). A plan's band is its regime's
 coarser regime's when this one had too few validated rows (a precision no row had takes its
 stack family's band at the same scale, so an fp8 forecast is never narrower than the 16-bit one
 beside it); it says it extrapolates when the device family, stack, precision or scale was never
-validated.
+validated, a stack counting as validated only with runs of its own.
 """
 
 from __future__ import annotations
@@ -118,6 +118,9 @@ def build_bands(rows: list[dict]) -> dict:
         "validated": {  # what has at least MIN_ROWS validation runs behind it
             "device_families": _at_least(rows, "device_family"),
             "families": _at_least(rows, "family"),
+            # stacks with runs of their own: a stack only its family validated (NeMo's recipes beside
+            # Megatron-Core, flash-attention's trainer beside Composer) extrapolates its kernels and conventions
+            **({"stacks": _at_least(rows, "stack")} if all("stack" in row for row in rows) else {}),
             "precisions": _at_least(rows, "precision"),
             "max_devices": max(row["devices"] for row in rows),
             # the smallest model any validation run trained (active parameters): below it, per-step
@@ -227,6 +230,8 @@ def _band(stack: str, zero_stage: int, precision: str, devices: int, device_fami
         reasons.append(f"device family {device_family} never validated")
     if family not in validated.get("families", ()):
         reasons.append(f"stack {stack} never validated")
+    elif "stacks" in validated and stack not in validated["stacks"]:
+        reasons.append(f"stack {stack} never validated (other {family}-family stacks were)")
     if prec not in validated.get("precisions", ()):
         reasons.append(f"{prec} never validated")
     if devices > validated.get("max_devices", 0):
