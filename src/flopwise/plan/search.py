@@ -45,7 +45,8 @@ from flopwise.plan.gemm import device_rates
 from flopwise.plan.comm import links_for
 from flopwise.plan.memory import activation_dtype_bytes, compute_dtype, state_bytes
 from flopwise.plan.activation_offload import host_bytes_per_second
-from flopwise.plan.timing import StepInputs, step_lower_bound
+from flopwise.plan.stacks import find_stack
+from flopwise.plan.timing import StepInputs, optimizer_and_offload, pipeline_lower_bound
 
 OBJECTIVES = ("time", "cost", "energy")
 
@@ -218,8 +219,6 @@ def schedules(n_layers: int, pp: int, max_virtual_stages: int) -> list[tuple[str
 
 def selective_recompute(stack_name: str) -> str:
     """The policy "selective" names on this stack (`Stack.selective_recompute`)."""
-    from flopwise.plan.stacks import find_stack
-
     stack = find_stack(stack_name)
     return stack.selective_recompute if stack is not None else "selective"
 
@@ -431,11 +430,24 @@ def _bounder(reference: Plan, profile=None):
     activation = activation_dtype_bytes(work.precision)
     host_link = host_bytes_per_second(hw)
 
+    inputs_of: dict[int, StepInputs] = {}  # by tp x pp: the parameters a rank holds
+    pipeline_of: dict[tuple, float] = {}
+
     def bound(candidate: RunSpec) -> float:
+        # `step_lower_bound`, its pipeline part shared by the layouts that differ only in ZeRO stage
+        # and offload (the candidates of one search differ in nothing but the fields of this key)
         lay = candidate.layout
-        inputs = StepInputs(total / (lay.tp * lay.pp), sb.grad, sb.weight, activation, 0.0, 0.0, framework,
-                            host_bytes_per_second=host_link)
-        return step_lower_bound(candidate, rates, inputs, links)
+        ranks = lay.tp * lay.pp
+        inputs = inputs_of.get(ranks)
+        if inputs is None:
+            inputs = inputs_of[ranks] = StepInputs(total / ranks, sb.grad, sb.weight, activation, 0.0, 0.0,
+                                                   framework, host_bytes_per_second=host_link)
+        key = (lay.dp, lay.tp, lay.pp, lay.micro_batch_size, lay.grad_accum, lay.sequence_parallel,
+               lay.recompute, lay.pipeline_schedule, lay.virtual_stages)
+        pipeline = pipeline_of.get(key)
+        if pipeline is None:
+            pipeline = pipeline_of[key] = pipeline_lower_bound(candidate, rates, inputs, links)
+        return pipeline + sum(optimizer_and_offload(lay, work.optimizer, inputs, rates))
 
     return bound
 
