@@ -344,9 +344,11 @@ def search_layouts(
             # memory never shrinks as the micro-batch grows: bisect for the largest that fits
             lo, hi = 0, len(micro_batches)  # micro_batches[:lo] fit, micro_batches[hi:] do not
             inferred += len(micro_batches)
+            tried: dict[int, RunSpec] = {}  # the layouts bisected, kept for the list of those that fit
             while lo < hi:
                 mid = (lo + hi) // 2
-                memory = plan_memory(candidate(micro_batches[mid]), check=False)
+                tried[mid] = candidate(micro_batches[mid])
+                memory = plan_memory(tried[mid], check=False)
                 evaluated += 1
                 inferred -= 1
                 if memory.may_fit:
@@ -354,7 +356,7 @@ def search_layouts(
                 else:
                     hi = mid
                     smallest = memory.total_bytes if smallest is None else min(smallest, memory.total_bytes)
-            fits.extend(candidate(mbs) for mbs in micro_batches[:lo])
+            fits.extend(tried[i] if i in tried else candidate(micro_batches[i]) for i in range(lo))
             rejected["memory"] += len(micro_batches) - lo
     timed = _time_best(fits, objective, top, exhaustive, profile)
     return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, len(fits), top,
