@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flopwise.errors import UserError
-from flopwise.runrecord.records import comparison_path, read_comparison
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,9 @@ class RunCalibration:
 def load_run_calibration(run_dir: str | Path) -> RunCalibration:
     """Read `RUN_DIR/predicted_vs_measured.json` (written by `flopwise train`): `measured.mfu`
     becomes the efficiency, `measured.hardware` names the device it was measured on."""
+    # the run record's reader loads only for --calibrate-from, not for every plan
+    from flopwise.runrecord.records import comparison_path, read_comparison
+
     path = comparison_path(run_dir)
     try:
         comparison = read_comparison(run_dir)

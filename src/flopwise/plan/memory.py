@@ -28,6 +28,7 @@ Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
 from flopwise.plan import mamba, recompute_modules
@@ -403,6 +404,7 @@ def every_k(recompute: str) -> int | None:
     return None
 
 
+@lru_cache(maxsize=256)
 def recomputed_block_share(recompute: str) -> float | None:
     """Share of the blocks whose whole forward is re-run by a partial policy: 1/K for `every:K`,
     F for `blocks:F` (0 < F <= 1; Megatron-Core `--recompute-method block --recompute-num-layers N`

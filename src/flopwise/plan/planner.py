@@ -31,6 +31,8 @@ from flopwise.plan.spec import (
 from flopwise.plan.band import Band, band_for, model_size_reason, widened
 from flopwise.plan.fit import stack_speed
 from flopwise.plan.gemm import ASSUMED_FAMILIES, ASSUMED_SUSTAINED, GemmProfile, curve_for, device_rates
+from flopwise.plan.stacks import find_stack
+from flopwise.plan.stacks.conventions import gradient_reduce_bytes
 from flopwise.plan.stage_memory import amp_params, estimate_memory, every_stage_memory
 from flopwise.plan.timing import StepInputs, TimeEstimate, end_slots_note, flat_time, stack_ends_in_split, stack_switch, step_time
 
@@ -199,8 +201,6 @@ def validate(spec: RunSpec) -> None:
         raise UserError(f"--zero must be 0, 1, 2 or 3, got {lay.zero_stage}")
     if lay.offload == "params" and lay.zero_stage != 3:
         raise UserError("--offload params needs --zero 3 (parameters are offloaded as ZeRO-3 shards)")
-    from flopwise.plan.stacks import find_stack
-
     activation_offload.check(lay, model, find_stack(spec.stack))
     if not 0 <= lay.fsdp_unit_mb < float("inf"):
         raise UserError(f"--fsdp-unit-mb must be a finite number >= 0 (0 = one unit per block), got {lay.fsdp_unit_mb}")
@@ -319,8 +319,6 @@ def stack_rates(spec: RunSpec) -> tuple[str | None, str | None]:
     """(attention kernel, fp8 recipe) of the spec's stack, for `gemm.device_rates`: the flopwise
     stack keeps the family curve's attention unless a recipe is given."""
     recipe = spec.cluster.extra.get("fp8_recipe")
-    from flopwise.plan.stacks import find_stack
-
     stack = None if spec.stack == "flopwise" else find_stack(spec.stack)
     if stack is None:
         return None, recipe
@@ -366,8 +364,6 @@ def gradient_dtype(spec: RunSpec, options: tuple[str, ...] = ()) -> str:
 
 def planned_amp(spec: RunSpec) -> bool:
     """Whether the plan keeps AMP's fp32 parameters (`--fp32-params`, or the stack's 16-bit training)."""
-    from flopwise.plan.stacks import find_stack
-
     stack = find_stack(spec.stack)
     return amp_params(spec, bool(stack is not None and stack.fp32_params))
 
@@ -376,9 +372,6 @@ def gradient_bytes(spec: RunSpec, options: tuple[str, ...] = ()) -> float:
     """Bytes per gradient element the data-parallel reduction moves under the spec's stack, with
     the memory `options` the plan fits with (`stacks.conventions.gradient_reduce_bytes`), or as
     `--grad-reduce` states it."""
-    from flopwise.plan.stacks import find_stack
-    from flopwise.plan.stacks.conventions import gradient_reduce_bytes
-
     stated = spec.cluster.extra.get("grad_reduce")
     stack = find_stack(spec.stack)
     if stated is None and spec.workload.fp32_params:  # AMP: the gradients are the fp32 parameters' own
@@ -394,8 +387,6 @@ def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:
     if spec.stack == "flopwise" or spec.layout.recompute != "none" or spec.model.arch == "cnn" \
             or spec.cluster.extra.get("recompute_stated"):
         return None
-    from flopwise.plan.stacks import find_stack
-
     stack = find_stack(spec.stack)
     if stack is None or "recompute" not in stack.memory_options:
         return None

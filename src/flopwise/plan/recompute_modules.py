@@ -23,6 +23,7 @@ only core_attn is "selective". DeepSeek-V3's leading dense blocks run `mlp`, its
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from flopwise.errors import UserError
 
@@ -31,8 +32,9 @@ MODULES = ("core_attn", "mlp", "moe", "shared_experts", "moe_act", "mla_up_proj"
 PREFIX = "modules:"
 
 
+@lru_cache(maxsize=256)
 def parse(recompute: str) -> frozenset[str] | None:
-    """The modules of a `modules:a+b` policy, None for any other policy."""
+    """The modules of a `modules:a+b` policy, None for any other policy (cached: a search asks per layout)."""
     if not recompute.startswith(PREFIX):
         return None
     names = frozenset(name for name in re.split(r"[+,/ ]+", recompute[len(PREFIX):]) if name)

@@ -35,6 +35,7 @@ import dataclasses
 import heapq
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from flopwise.errors import UserError
 from flopwise.plan.finetune import model_parallel_refusal
@@ -45,7 +46,8 @@ from flopwise.plan.gemm import device_rates
 from flopwise.plan.comm import links_for
 from flopwise.plan.memory import activation_dtype_bytes, compute_dtype, state_bytes
 from flopwise.plan.activation_offload import host_bytes_per_second
-from flopwise.plan.timing import StepInputs, step_lower_bound
+from flopwise.plan.stacks import find_stack
+from flopwise.plan.timing import StepInputs, optimizer_and_offload, pipeline_lower_bound
 
 OBJECTIVES = ("time", "cost", "energy")
 
@@ -218,8 +220,6 @@ def schedules(n_layers: int, pp: int, max_virtual_stages: int) -> list[tuple[str
 
 def selective_recompute(stack_name: str) -> str:
     """The policy "selective" names on this stack (`Stack.selective_recompute`)."""
-    from flopwise.plan.stacks import find_stack
-
     stack = find_stack(stack_name)
     return stack.selective_recompute if stack is not None else "selective"
 
@@ -296,13 +296,26 @@ def search_layouts(
     rejected.update(dp_batch=0, memory=0, host_memory=0)
     host_limit = None if host_memory_per_device_gib is None else host_memory_per_device_gib * GIB
     evaluated = inferred = 0
-    fits: list[RunSpec] = []
+    fits: list[Fit] = []
     smallest = None
     flash = spec.layout.flash_attention
     # a named stack keeps its framework's conventions and TP overlap on every layout tried
     stack_layout = {} if spec.stack == "flopwise" else {"framework": spec.layout.framework,
                                                          "tp_comm_overlap": spec.layout.tp_comm_overlap}
     ep = spec.layout.ep  # expert parallelism stays as asked: its ranks are data-parallel ranks
+
+    def candidate(family: tuple, mbs: int) -> RunSpec:
+        """One family's layout at one micro-batch size."""
+        dp, tp, pp, per_rank, zero, offload, recompute, schedule, v = family
+        return RunSpec(spec.model, Layout(
+            dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
+            sequence_parallel=sequence_parallel and tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
+            virtual_stages=v, flash_attention=flash, compiled=spec.layout.compiled, cp=cp, ep=ep,
+            moe_dispatcher=spec.layout.moe_dispatcher,
+            moe_shared_expert_overlap=spec.layout.moe_shared_expert_overlap,
+            **stack_layout), spec.workload, spec.cluster,
+            stack=spec.stack)
+
     for tp, pp in shapes:
         dp = devices // (cp * tp * pp)
         if global_batch % dp or (dp * cp) % ep:
@@ -311,33 +324,24 @@ def search_layouts(
         per_rank = global_batch // dp
         micro_batches = [d for d in divisors(per_rank) if d <= max_micro_batch]
         for schedule, v, zero, offload, recompute in layout_families(spec, tp, pp, dp, max_virtual_stages):
-            def candidate(mbs: int) -> RunSpec:
-                """This family's layout at one micro-batch size."""
-                return RunSpec(spec.model, Layout(
-                    dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=per_rank // mbs, zero_stage=zero,
-                    sequence_parallel=sequence_parallel and tp > 1, recompute=recompute, offload=offload, pipeline_schedule=schedule,
-                    virtual_stages=v, flash_attention=flash, compiled=spec.layout.compiled, cp=cp, ep=ep,
-                    moe_dispatcher=spec.layout.moe_dispatcher,
-                    moe_shared_expert_overlap=spec.layout.moe_shared_expert_overlap,
-                    **stack_layout), spec.workload, spec.cluster,
-                    stack=spec.stack)
-
+            family = (dp, tp, pp, per_rank, zero, offload, recompute, schedule, v)
             if host_limit is not None:
                 # offloaded bytes do not depend on the micro-batch: one evaluation judges the family
-                probe = plan_memory(candidate(micro_batches[0]), check=False)
+                probe = plan_memory(candidate(family, micro_batches[0]), check=False)
                 evaluated += 1
                 if probe.cpu_offload_bytes > host_limit:
                     rejected["host_memory"] += len(micro_batches)
                     continue
             if exhaustive or first_fit_only:
                 for mbs in micro_batches:
-                    memory = plan_memory(candidate(mbs), check=False)
+                    memory = plan_memory(candidate(family, mbs), check=False)
                     evaluated += 1
                     if memory.may_fit:
-                        fits.append(candidate(mbs))
+                        fits.append(Fit(family, mbs, candidate(family, mbs)))
                         if first_fit_only:
                             return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred,
-                                           [plan(fits[0], profile, advise=False)], 1, top, smallest, shapes, profile)
+                                           [plan(fits[0].spec, profile, advise=False)], 1, top, smallest, shapes,
+                                           profile)
                     else:
                         rejected["memory"] += 1
                         smallest = memory.total_bytes if smallest is None else min(smallest, memory.total_bytes)
@@ -345,9 +349,11 @@ def search_layouts(
             # memory never shrinks as the micro-batch grows: bisect for the largest that fits
             lo, hi = 0, len(micro_batches)  # micro_batches[:lo] fit, micro_batches[hi:] do not
             inferred += len(micro_batches)
+            tried: dict[int, RunSpec] = {}  # the layouts bisected, kept for the list of those that fit
             while lo < hi:
                 mid = (lo + hi) // 2
-                memory = plan_memory(candidate(micro_batches[mid]), check=False)
+                tried[mid] = candidate(family, micro_batches[mid])
+                memory = plan_memory(tried[mid], check=False)
                 evaluated += 1
                 inferred -= 1
                 if memory.may_fit:
@@ -355,11 +361,22 @@ def search_layouts(
                 else:
                     hi = mid
                     smallest = memory.total_bytes if smallest is None else min(smallest, memory.total_bytes)
-            fits.extend(candidate(mbs) for mbs in micro_batches[:lo])
+            fits.extend(Fit(family, micro_batches[i], tried.get(i)) for i in range(lo))
             rejected["memory"] += len(micro_batches) - lo
-    timed = _time_best(fits, objective, top, exhaustive, profile)
+    timed = _time_best(fits, candidate, objective, top, exhaustive, profile)
     return _result(spec, objective, devices, global_batch, evaluated, rejected, inferred, timed, len(fits), top,
                    smallest, shapes, profile)
+
+
+class Fit(NamedTuple):
+    """A layout that fits: its family's choices (dp, tp, pp, per-rank batch, ZeRO stage, offload,
+    recompute, schedule, v), its micro-batch and its RunSpec when one was built already. Most
+    layouts that fit are never timed (their step bound exceeds the top k), so their RunSpec is
+    built only when the bound or the timing needs it."""
+
+    family: tuple
+    mbs: int
+    spec: RunSpec | None
 
 
 def family_key(result: Plan, objective: str) -> tuple:
@@ -370,23 +387,27 @@ def family_key(result: Plan, objective: str) -> tuple:
             lay.recompute, float(f"{objective_value(result, objective):.12g}"))
 
 
-def _time_best(fits: list[RunSpec], objective: str, top: int, exhaustive: bool, profile=None) -> list[Plan]:
-    """Plan the layouts that fit, in order of a lower bound on their step time, until none can enter the top k."""
+def _time_best(fits: list[Fit], candidate, objective: str, top: int, exhaustive: bool, profile=None) -> list[Plan]:
+    """Plan the layouts that fit, in order of a lower bound on their step time, until none can enter the top k.
+    `candidate(family, mbs)` builds a fit's RunSpec where it has none."""
+    def spec_of(fit: Fit) -> RunSpec:
+        return fit.spec if fit.spec is not None else candidate(fit.family, fit.mbs)
+
     if exhaustive or not fits:
-        return [plan(c, profile, advise=False) for c in fits]
-    first = plan(fits[0], profile, advise=False)
+        return [plan(spec_of(c), profile, advise=False) for c in fits]
+    first = plan(spec_of(fits[0]), profile, advise=False)
     timed: list[Plan] = [first]
     families: set[tuple] = set()
     smallest: list[float] = []  # max-heap (negated) of the `top` best objective values of distinct families
     _keep_top(families, smallest, first, objective, top)
     # objective / step is the same for every layout of one job (same tokens, devices, prices)
     ratio = objective_value(first, objective) / first.time.step_seconds
-    bound_of = _bounder(first, profile)
+    bound_of = _bounder(first, spec_of, profile)
     pending = sorted((bound_of(c), i, c) for i, c in enumerate(fits[1:]))
-    for bound, _, candidate in pending:
+    for bound, _, fit in pending:
         if len(smallest) >= top and bound * ratio > -smallest[0] * (1 + 1e-9):
             break
-        result = plan(candidate, profile, advise=False)
+        result = plan(spec_of(fit), profile, advise=False)
         timed.append(result)
         _keep_top(families, smallest, result, objective, top)
     return timed
@@ -408,15 +429,15 @@ def _keep_top(families: set[tuple], smallest: list[float], result: Plan, objecti
         heapq.heapreplace(smallest, -value)
 
 
-def _bounder(reference: Plan, profile=None):
-    """A function giving a step time no plan of a candidate can beat (`timing.step_lower_bound`:
+def _bounder(reference: Plan, spec_of, profile=None):
+    """A function giving a step time no plan of a fit can beat (`timing.step_lower_bound`:
     the average stage's compute per micro-batch, the smallest stages' bubble, the optimizer
     step; communication >= 0). Model, workload and cluster are the reference's for every
-    candidate, so what depends only on them is computed once. CNNs have one flat compute
-    time for every layout: the reference plan's."""
+    candidate, so what depends only on them is computed once; `spec_of(fit)` builds a fit's
+    RunSpec. CNNs have one flat compute time for every layout: the reference plan's."""
     spec = reference.spec
     if spec.model.arch == "cnn":
-        return lambda candidate: reference.time.compute_seconds
+        return lambda fit: reference.time.compute_seconds
     cluster, work = spec.cluster, spec.workload
     rates = device_rates(cluster.hardware, compute_dtype(work.precision),
                          cluster.hardware.peak_flops(compute_dtype(work.precision)),
@@ -430,12 +451,31 @@ def _bounder(reference: Plan, profile=None):
     links = dataclasses.replace(links, node_bps=links.node_bps or math.inf, net_bps=links.net_bps or math.inf)
     activation = activation_dtype_bytes(work.precision)
     host_link = host_bytes_per_second(hw)
+    inputs_of: dict[int, StepInputs] = {}  # by tp x pp: the parameters a rank holds
+    pipeline_of: dict[tuple, float] = {}
+    optimizer_of: dict[tuple, float] = {}
 
-    def bound(candidate: RunSpec) -> float:
-        lay = candidate.layout
-        inputs = StepInputs(total / (lay.tp * lay.pp), sb.grad, sb.weight, activation, 0.0, 0.0, framework,
-                            host_bytes_per_second=host_link)
-        return step_lower_bound(candidate, rates, inputs, links)
+    def bound(fit: Fit) -> float:
+        # `step_lower_bound` in two parts, each shared by the fits that agree on what it reads: the
+        # pipeline part does not read the ZeRO stage or offload, the optimizer part (and host copies)
+        # reads only dp, tp x pp, the accumulation, ZeRO stage and offload (the search varies nothing else)
+        dp, tp, pp, _, zero, offload, recompute, schedule, v = fit.family
+        pipeline_key = (dp, tp, pp, fit.mbs, recompute, schedule, v)
+        optimizer_key = (dp, tp, pp, fit.mbs, zero, offload)
+        pipeline, optimizer = pipeline_of.get(pipeline_key), optimizer_of.get(optimizer_key)
+        if pipeline is None or optimizer is None:
+            candidate = spec_of(fit)
+            ranks = tp * pp
+            inputs = inputs_of.get(ranks)
+            if inputs is None:
+                inputs = inputs_of[ranks] = StepInputs(total / ranks, sb.grad, sb.weight, activation, 0.0, 0.0,
+                                                       framework, host_bytes_per_second=host_link)
+            if pipeline is None:
+                pipeline = pipeline_of[pipeline_key] = pipeline_lower_bound(candidate, rates, inputs, links)
+            if optimizer is None:
+                optimizer = optimizer_of[optimizer_key] = sum(
+                    optimizer_and_offload(candidate.layout, work.optimizer, inputs, rates))
+        return pipeline + optimizer
 
     return bound
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import lru_cache
+from operator import attrgetter
 from typing import NamedTuple
 
 from flopwise.plan import activation_offload, finetune, recompute_modules
@@ -61,6 +62,9 @@ class StageMemory(NamedTuple):
     def to_dict(self) -> dict:
         """JSON-able fields."""
         return self._asdict()
+
+
+_TOTAL_BYTES = attrgetter("total_bytes")
 
 
 @lru_cache(maxsize=4096)
@@ -120,6 +124,7 @@ def held_loss_micro_batches(pp: int, micro_batches: int, schedule: str, variant:
     return 1
 
 
+@lru_cache(maxsize=4096)
 def busiest_stage_candidates(layers: tuple[int, ...], dense: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """Stages that can be the busiest: the first (embedding, most micro-batches in flight),
     the last (head and logits) and, when it holds more layers than the first, the second
@@ -343,8 +348,8 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         reserve = (gradients + activations + logits + gathered + fp8) * fraction
         rows.append((i, n, params, weights, gradients, optimizer, master, activations, logits, gathered, fp8,
                      reserve, cpu, inflight, allocated + reserve))
-    stages = tuple(StageMemory(*row) for row in rows)
-    worst = max(stages, key=lambda stage: stage.total_bytes)
+    stages = tuple(map(StageMemory._make, rows))
+    worst = max(stages, key=_TOTAL_BYTES)
     device_bytes = hw.memory_bytes or 0.0
     capacity = device_bytes - cluster.memory_reserve_gib * mem.GIB
     if not device_bytes:

@@ -66,6 +66,7 @@ from flopwise.plan.fsdp_units import planned_blocks_per_unit, unit_count
 from flopwise.plan.gemm import DeviceRates
 from flopwise.plan.params import count_params
 from flopwise.plan.spec import local_seq_len
+from flopwise.plan.stacks import find_stack
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (bucket_cap_mb=25)."""
@@ -170,8 +171,6 @@ def split_layers(n_layers: int, pp: int, virtual: int, embedding_slot: bool = Fa
 
 def stack_switch(stack_name: str, field: str) -> bool:
     """A yes/no field of the named stack (`plan/stacks/base.Stack`); False for a name no stack module describes."""
-    from flopwise.plan.stacks import find_stack
-
     stack = find_stack(stack_name)
     return bool(stack is not None and getattr(stack, field))
 
@@ -553,8 +552,6 @@ def stack_dp_overlap(stack_name: str) -> tuple[bool, bool]:
     2021 all-reduces after the whole forward-backward (`allreduce_gradients` in train_step),
     DeepSpeed's pipeline engine reduces after the step's last micro-batch. A name no stack
     module describes overlaps both, as PyTorch DDP and FSDP do."""
-    from flopwise.plan.stacks import find_stack
-
     stack = find_stack(stack_name)
     if stack is None:
         return True, True
@@ -596,8 +593,6 @@ def pipeline_p2p_exposed(lay, links: Links, message: float, overlapped: bool = F
 def stack_cross_entropy(spec) -> str:
     """How the stack runs the loss (`Stack.cross_entropy`), compiled when the stack compiles its
     loss under `--compile` (`Stack.compiles_loss`); eager PyTorch for a name no stack module describes."""
-    from flopwise.plan.stacks import find_stack
-
     stack = find_stack(spec.stack)
     if stack is None:
         return "eager"
@@ -659,6 +654,16 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
     `step_time`; for layout searches). With `links`, each layer also carries its exposed
     tensor-parallel collectives and the pipeline its sends on the critical path, as
     `step_time` counts them (the end devices' collectives, DP and contention left out)."""
+    bound = pipeline_lower_bound(spec, rates, inputs, links)
+    if inputs is not None:
+        bound += sum(optimizer_and_offload(spec.layout, spec.workload.optimizer, inputs, rates))
+    return bound
+
+
+def pipeline_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
+                         links: Links | None = None) -> float:
+    """`step_lower_bound` before the optimizer step and host copies: the part that does not read
+    the layout's ZeRO stage or offload, which a search shares among layouts that differ only there."""
     model, lay, work = spec.model, spec.layout, spec.workload
     tp, pp = lay.tp, lay.pp
     v = lay.virtual_stages if lay.pipeline_schedule == "interleaved" else 1
@@ -682,10 +687,7 @@ def step_lower_bound(spec, rates: DeviceRates, inputs: StepInputs | None = None,
         p2p = pipeline_p2p_exposed(lay, links, message, stack_p2p_overlap(spec.stack))
     # the slowest device is at least the average one, embedding and head included
     average = (model.n_layers * per_layer + ends.embedding + ends.head) / pp
-    bound = lay.grad_accum * average + (pp - 1) * smallest_stage * per_layer / v + p2p
-    if inputs is not None:
-        bound += sum(optimizer_and_offload(lay, work.optimizer, inputs, rates))
-    return bound
+    return lay.grad_accum * average + (pp - 1) * smallest_stage * per_layer / v + p2p
 
 
 def flat_time(*, model_flops_per_unit: float, hardware_flops_per_unit: float, units_per_step: float,
