@@ -134,7 +134,8 @@ OPTIONS = (
     PlanOption("lora_rank", "--lora-rank", int, None, "--finetune lora|qlora: adapter rank r. [default: 16; 32 "
                "with --stack nemo, NeMo's LoRA default]"),
     PlanOption("lora_targets", "--lora-targets", str, "all-linear",
-               "--finetune lora|qlora: all-linear (every linear of the blocks) | qkvo (attention projections)."),
+               "--finetune lora|qlora: all-linear (every linear of the blocks) | qkvo (attention projections) | "
+               "module names as the run lists them, e.g. q_proj,v_proj (PEFT's Llama default), wq,wv, linear_qkv."),
     PlanOption("lora_dropout", "--lora-dropout", float, 0.0,
                "--finetune lora|qlora: adapter dropout; > 0 keeps a dropped copy of each adapted input."),
     PlanOption("efficiency", "--efficiency", float, None, "Achieved fraction of peak (overrides calibration). [default: the calibration table]"),

@@ -771,9 +771,9 @@ def build_runspec(
     splits the defaults compare, as `plan(spec, profile)` times the plan.
     """
     # choices in any case, as sources print them ("1F1B", "AdamW", "Megatron", "LoRA"); Adam plans as AdamW
-    schedule, offload, framework, finetune, lora_targets = (
-        word.strip().lower() if isinstance(word, str) else word
-        for word in (schedule, offload, framework, finetune, lora_targets))
+    schedule, offload, framework, finetune = (
+        word.strip().lower() if isinstance(word, str) else word for word in (schedule, offload, framework, finetune))
+    lora_targets = tuning.named_targets(lora_targets)  # "q_proj,v_proj" as PEFT spells it: the matrices it adapts
     if isinstance(optimizer, str):
         optimizer = {"adam": "adamw"}.get(optimizer.strip().lower(), optimizer.strip().lower())
     options = dict(locals())
