@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from flopwise.catalog.models import get_model
+from flopwise.catalog.models import ModelSpec, get_model
 from flopwise.errors import UserError
 from flopwise.plan import finetune as ft
 from flopwise.plan.hybrid import Site, plan_hybrid
@@ -242,8 +242,39 @@ def test_a_config_finetune_section_becomes_the_workload():
     assert ft.config_fields({"method": "full"}) == {}
     fields = ft.config_fields({"method": "qlora", "rank": 8, "alpha": 16, "dropout": 0.05,
                                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
-    assert fields == {"finetune": "qlora", "lora_rank": 8, "lora_targets": "qkvo", "lora_dropout": 0.05}
-    assert ft.config_fields({"method": "lora", "target_modules": ["q_proj", "gate_proj"]})["lora_targets"] == "all-linear"
+    assert fields == {"finetune": "qlora", "lora_rank": 8, "lora_targets": "q,k,v,o", "lora_dropout": 0.05}
+    assert ft.config_fields({"method": "lora", "target_modules": ["q_proj", "gate_proj"]})["lora_targets"] == "q,gate"
+    assert ft.config_fields({"method": "lora", "target_modules": "qkvo"})["lora_targets"] == "qkvo"
+
+
+@pytest.mark.parametrize("modules", [["q_proj", "v_proj"], ["gate_proj", "down_proj"], ["o_proj", "up_proj", "k_proj"]])
+def test_named_targets_plan_the_adapters_peft_builds(modules):
+    """A target list is planned as the matrices its names adapt: the planned trainable count is what
+    PEFT's get_peft_model builds on a Llama with those target_modules (GQA, SwiGLU)."""
+    pytest.importorskip("peft")
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    h, f, r = 64, 160, 4
+    cfg = transformers.LlamaConfig(hidden_size=h, intermediate_size=f, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100)
+    peft_model = get_peft_model(transformers.LlamaForCausalLM(cfg), LoraConfig(r=r, target_modules=modules))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    spec = ModelSpec(key="tiny-llama", name="tiny", n_layers=2, hidden=h, n_heads=4, n_kv_heads=2, ffn_hidden=f,
+                     vocab_size=100, mlp="swiglu", norm="rmsnorm", position="rope")
+    split = ft.finetune_split(spec, count_params(spec), "lora", r, ft.named_targets(modules), "bf16")
+    assert split.trainable_params == trainable
+
+
+def test_named_targets_read_every_spelling_and_refuse_unknown_ones():
+    assert ft.named_targets("q_proj,v_proj") == ft.named_targets(["model.layers.0.self_attn.v_proj", "q_proj"]) == "q,v"
+    assert ft.named_targets("wq wv") == ft.named_targets("Q,V") == "q,v"  # flopwise / torchtune, the planner's own
+    assert ft.named_targets("linear_qkv,linear_fc1") == "q,k,v,gate,up"  # NeMo's Megatron-Core names
+    assert ft.named_targets("All-Linear") == "all-linear"
+    with pytest.raises(UserError, match="unknown module 'attn'"):
+        ft.named_targets("attn")
+    with pytest.raises(UserError, match="has no such linear"):  # GPT-3 has a GELU MLP: no gate
+        build_runspec(model="gpt3-1.3b", finetune="lora", lora_targets="gate_proj")
 
 
 def test_plan_config_plans_the_finetune_section():

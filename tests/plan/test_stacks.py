@@ -10,7 +10,7 @@ from flopwise.plan.stacks import FP8_RECIPES, STACK_NAMES, get_stack
 def test_agreed_names_and_aliases():
     assert STACK_NAMES[0] == "flopwise"
     assert set(STACK_NAMES) == {"flopwise", "megatron-core", "nemo", "megatron-lm", "deepspeed",
-                                "megatron-deepspeed", "composer", "torchtitan", "flash-attn", "jax"}
+                                "megatron-deepspeed", "composer", "torchtitan", "flash-attn", "jax", "torchtune"}
     for alias in ("mcore", "transformer-engine"):
         assert get_stack(alias) is get_stack("megatron-core")
     assert get_stack("megatron-bridge") is get_stack("nemo")

@@ -53,7 +53,7 @@ def compare_command(
     finetune: str = typer.Option("full", "--finetune", help="full|lora|qlora: full training, or LoRA adapters on a frozen base (qlora: base in NF4)."),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="--finetune lora|qlora: adapter rank r. "
                                             "[default: 16; 32 with --stack nemo, NeMo's LoRA default]"),
-    lora_targets: str = typer.Option("all-linear", "--lora-targets", help="--finetune lora|qlora: all-linear|qkvo."),
+    lora_targets: str | None = typer.Option(None, "--lora-targets", help="--finetune lora|qlora: all-linear|qkvo|module names (q_proj,v_proj). [default: all-linear, or the stack's]"),
     ep: int = typer.Option(1, "--ep", help="MoE: expert-parallel size held on every layout (see `flopwise plan --help`)."),
     sequence_parallel: bool = typer.Option(True, "--sequence-parallel/--no-sequence-parallel", help="Plan tensor-parallel layouts with sequence parallelism (the default, as Megatron-Core and torchtitan recipes run them) or without it."),
 ) -> None:

@@ -70,8 +70,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 
 from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
+from flopwise.errors import UserError
 from flopwise.plan import memory as mem
 from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import local_seq_len
@@ -80,7 +82,24 @@ FINETUNE_METHODS = ("full", "lora", "qlora")
 LORA_TARGETS = ("all-linear", "qkvo")
 """`all-linear`: every linear of the blocks (PEFT's `target_modules="all-linear"`, QLoRA §4's
 finding that all layers are needed to match full fine-tuning); `qkvo`: the attention
-projections only (LoRA's original choice, Hu et al. 2021 §7.1)."""
+projections only (LoRA's original choice, Hu et al. 2021 §7.1). Anything else is a list of
+module names (`named_targets`)."""
+
+MODULE_MATRICES = {
+    # Hugging Face Llama / Mistral / Qwen / DeepSeek (PEFT's own default for Llama is q_proj, v_proj)
+    "q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o",),
+    "gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
+    "q_a_proj": ("q_a",), "q_b_proj": ("q_b",), "kv_a_proj_with_mqa": ("kv_a",), "kv_b_proj": ("kv_b",),
+    # flopwise's built-in decoder (train/model.py) and torchtune's Llama (w1 gate, w3 up, w2 down)
+    "wq": ("q",), "wk": ("k",), "wv": ("v",), "wo": ("o",), "output_proj": ("o",),
+    "w1": ("gate",), "w3": ("up",), "w2": ("down",), "c_fc": ("up",), "c_attn": ("q", "k", "v"),
+    # Megatron-Core / NeMo (`target_modules` of nemo/collections/llm/peft/lora.py)
+    "linear_qkv": ("q", "k", "v"), "linear_proj": ("o",), "linear_fc1": ("gate", "up"), "linear_fc2": ("down",),
+}
+"""Module names, as PEFT, torchtune, NeMo and flopwise's own decoder spell them, and the planner's
+block matrices (`block_linears`) each one adapts; the planner's names (q, k, v, o, gate, up, down,
+q_a, q_b, kv_a, kv_b) are accepted as they are."""
+MATRIX_NAMES = ("q", "k", "v", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "down")
 DEFAULT_LORA_RANK = 16
 
 NF4_BLOCK = 64
@@ -170,9 +189,57 @@ down are row-parallel (Shoeybi et al. 2019)."""
 ATTENTION_TARGETS = {*ATTENTION_MATRICES, "qkv"}
 
 
+def named_targets(targets) -> str:
+    """`--lora-targets` / `finetune.target_modules` in the planner's terms: `all-linear`, `qkvo`, or
+    the block matrices a list of module names adapts, comma-joined in block order ("q,v" for PEFT's
+    `["q_proj", "v_proj"]`). A module path counts by its last part, as PEFT matches names; an unknown
+    name is one clear error."""
+    if isinstance(targets, str):
+        text = targets.strip().lower()
+        if text in LORA_TARGETS:
+            return text
+        names = [part for part in text.replace(",", " ").split() if part]
+    else:
+        names = [str(name).strip().lower() for name in targets]
+    matrices: set[str] = set()
+    for name in names:
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in MATRIX_NAMES:
+            matrices.add(leaf)
+        elif leaf in MODULE_MATRICES:
+            matrices.update(MODULE_MATRICES[leaf])
+        else:
+            raise UserError(f"--lora-targets: unknown module '{name}'; use all-linear, qkvo or module names such as "
+                            "q_proj,v_proj (Hugging Face), wq,wv (flopwise, torchtune), linear_qkv (NeMo)")
+    if not matrices:
+        raise UserError("--lora-targets names no module; use all-linear, qkvo or module names such as q_proj,v_proj")
+    return ",".join(name for name in MATRIX_NAMES if name in matrices)
+
+
+@lru_cache(maxsize=256)
+def _canonical(targets: str) -> str:
+    """`named_targets` of a string, cached: a search asks it for every layout."""
+    return named_targets(targets)
+
+
+def _targeted(m: TargetMatrix, targets: str) -> bool:
+    """Whether `targets` (see `named_targets`) adapts block matrix `m`: a listed name adapts the
+    shared expert's matrix of that name too, and a fused linear (Megatron's qkv, fc1) when any of
+    its parts is listed, since one adapter covers it."""
+    targets = _canonical(targets)
+    if targets == "all-linear":
+        return True
+    if targets == "qkvo":
+        return m.name in ATTENTION_TARGETS
+    names = set(targets.split(","))
+    base = m.name.removeprefix("shared_")
+    parts = FUSED_PROJECTIONS.get(base, (base,))
+    return any(part in names for part in parts)
+
+
 def target_matrices(spec: ModelSpec, targets: str, fused: bool = False) -> tuple[TargetMatrix, ...]:
-    """The block linears that get an adapter: all of them, or the attention's (q, k, v, o, or
-    MLA's); `fused`: q, k, v as one qkv and gate, up as one fc1, as Megatron-Core builds them
+    """The block linears that get an adapter: all of them, the attention's (q, k, v, o, or
+    MLA's), or those a list of module names adapts; `fused`: q, k, v as one qkv and gate, up as one fc1, as Megatron-Core builds them
     (one adapter on each)."""
     linears = block_linears(spec)
     if fused:
@@ -186,9 +253,7 @@ def target_matrices(spec: ModelSpec, targets: str, fused: bool = False) -> tuple
             else:
                 merged.append(TargetMatrix(name, m.d_in, m.d_out, m.count))
         linears = tuple(merged)
-    if targets == "qkvo":
-        return tuple(m for m in linears if m.name in ATTENTION_TARGETS)
-    return linears
+    return tuple(m for m in linears if _targeted(m, targets))
 
 
 def split_targets(spec: ModelSpec, split: "FinetuneSplit") -> tuple[TargetMatrix, ...]:
@@ -289,8 +354,7 @@ def finetune_split(spec: ModelSpec, pc: ParamCount, method: str, rank: int, targ
 def _dense_block_linears(spec: ModelSpec, targets: str) -> tuple[TargetMatrix, ...]:
     """The adapted linears of one leading dense block (per-block figures elsewhere are the MoE
     block's: stages and time treat every block as MoE, as full training does)."""
-    linears = block_linears(spec, dense=True)
-    return tuple(m for m in linears if m.name in ATTENTION_MATRICES) if targets == "qkvo" else linears
+    return tuple(m for m in block_linears(spec, dense=True) if _targeted(m, targets))
 
 
 def split_of(spec) -> FinetuneSplit | None:
@@ -764,8 +828,6 @@ def model_parallel_refusal(method: str, stack: str) -> str | None:
 def validate_workload(work, layout=None, model: ModelSpec | None = None, stack: str = "flopwise") -> None:
     """One line for a fine-tune no run could have: unknown method or targets, rank < 1, dropout outside
     [0, 1), or tensor/pipeline parallelism where no stack runs it (`model_parallel_refusal`)."""
-    from flopwise.errors import UserError
-
     method = getattr(work, "finetune", "full")
     if method not in FINETUNE_METHODS:
         raise UserError(f"--finetune '{method}' is not one of {', '.join(FINETUNE_METHODS)}")
@@ -777,8 +839,10 @@ def validate_workload(work, layout=None, model: ModelSpec | None = None, stack: 
         refusal = model_parallel_refusal(method, stack)
         if refusal:
             raise UserError(refusal)
-    if work.lora_targets not in LORA_TARGETS:
-        raise UserError(f"--lora-targets '{work.lora_targets}' is not one of {', '.join(LORA_TARGETS)}")
+    named_targets(work.lora_targets)  # an unknown module name: one clear error
+    if model is not None and not target_matrices(model, work.lora_targets):
+        raise UserError(f"--lora-targets {work.lora_targets}: {model.key} has no such linear (its block's: "
+                        f"{', '.join(m.name for m in block_linears(model))})")
     if work.lora_rank < 1:
         raise UserError(f"--lora-rank must be >= 1, got {work.lora_rank}")
     if not 0.0 <= work.lora_dropout < 1.0:
@@ -814,26 +878,18 @@ def default_notes(tokens_defaulted: bool, batch_defaulted: bool) -> tuple[str, .
 
 # --------------------------------------------------------------------------- from a training config
 
-ATTENTION_MODULES = {"q_proj", "k_proj", "v_proj", "o_proj", "q", "k", "v", "o", "wq", "wk", "wv", "wo",
-                     "query", "key", "value"}
-"""Module names (HF llama, built-in and Meta spellings) that make a target list attention-only."""
-
-
 def config_fields(section) -> dict:
     """Workload fields from a training config's `finetune:` section (keys `method`, `rank`, `dropout`,
     `target_modules`; `alpha` scales the update and costs nothing); {} when there is none.
-    A target list of attention projections is planned as `qkvo`, anything else as `all-linear`."""
+    A target list is planned as the block matrices its module names adapt (`named_targets`)."""
     if section is None:
         return {}
     method = _field(section, "method", "full")
     if method in (None, "none", "full"):
         return {}
-    targets = _field(section, "target_modules", "all-linear")
-    if not isinstance(targets, str):
-        names = {str(name).rsplit(".", 1)[-1] for name in targets}
-        targets = "qkvo" if names and names <= ATTENTION_MODULES else "all-linear"
+    targets = named_targets(_field(section, "target_modules", "all-linear"))
     return {"finetune": method, "lora_rank": int(_field(section, "rank", DEFAULT_LORA_RANK)),
-            "lora_targets": targets if targets in LORA_TARGETS else "all-linear",
+            "lora_targets": targets,
             "lora_dropout": float(_field(section, "dropout", 0.0) or 0.0)}
 
 

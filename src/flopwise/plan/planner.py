@@ -749,7 +749,7 @@ def build_runspec(
     moe_dispatcher: str | None = None,
     finetune: str = "full",
     lora_rank: int | None = None,
-    lora_targets: str = "all-linear",
+    lora_targets: str | None = None,
     lora_dropout: float = 0.0,
     fsdp_unit_mb: float = 0.0,
     interruptions_per_device_day: float | None = None,
@@ -771,9 +771,10 @@ def build_runspec(
     splits the defaults compare, as `plan(spec, profile)` times the plan.
     """
     # choices in any case, as sources print them ("1F1B", "AdamW", "Megatron", "LoRA"); Adam plans as AdamW
-    schedule, offload, framework, finetune, lora_targets = (
-        word.strip().lower() if isinstance(word, str) else word
-        for word in (schedule, offload, framework, finetune, lora_targets))
+    schedule, offload, framework, finetune = (
+        word.strip().lower() if isinstance(word, str) else word for word in (schedule, offload, framework, finetune))
+    if lora_targets is not None:  # "q_proj,v_proj" as PEFT spells it: the matrices it adapts
+        lora_targets = tuning.named_targets(lora_targets)
     if isinstance(optimizer, str):
         optimizer = {"adam": "adamw"}.get(optimizer.strip().lower(), optimizer.strip().lower())
     options = dict(locals())
@@ -794,6 +795,9 @@ def build_runspec(
         fp8_recipe = fp8_recipe if fp8_recipe is not None else named_recipe
     if fp8_recipe is not None:  # "Row-wise", "current scaling", "MXFP8": as a source prints it
         fp8_recipe = spelled_fp8_recipe(fp8_recipe)
+    pure_bf16_default = stack_spec.pure_bf16 and precision in (None, "bf16")
+    if pure_bf16_default:  # torchtune's `dtype: bf16`: no AMP, the parameters themselves are bf16
+        precision = "bf16-true"
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
     stack_selective = None
     if recompute is not None:  # "activation checkpointing: yes" as a source states it
@@ -923,6 +927,13 @@ def build_runspec(
         extra["defaults"] = (stack_default_zero,)
     if stack_selective:
         extra["defaults"] = (*extra.get("defaults", ()), stack_selective)
+    if pure_bf16_default:
+        extra["defaults"] = (*extra.get("defaults", ()), f"bf16-true: {stack} trains in pure bf16 (no fp32 master "
+                                                         "copy); --precision fp32 plans full precision")
+    if lora_targets is None:  # the stack's own LoRA targets (torchtune: q, v, o and the MLP), else every linear
+        lora_targets = stack_spec.lora_targets
+        if finetune in ("lora", "qlora") and lora_targets != "all-linear":
+            extra["defaults"] = (*extra.get("defaults", ()), f"lora targets {lora_targets}: {stack}'s LoRA default")
     if lora_rank is None:  # the stack's own LoRA default (NeMo: 32), else flopwise's
         lora_rank = stack_spec.lora_rank if stack != "flopwise" else tuning.DEFAULT_LORA_RANK
         if finetune in ("lora", "qlora") and lora_rank != tuning.DEFAULT_LORA_RANK:

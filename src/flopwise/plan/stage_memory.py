@@ -309,7 +309,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         else:
             activations, logits, inflight, loss_transient = _stage_activations(
                 spec, e, terms, per_layer, rebuilt, i, n, conv.loss_bytes_per_logit, tuned is not None,
-                not conv.fused_norm)
+                not conv.fused_norm, conv.loss_chunks)
             if tuned is not None:  # a fine-tune's transients are `other`, beside QLoRA's dequantised weight
                 logits -= loss_transient
                 # the loss's backward frees what the head's end keeps before the last block is
@@ -419,7 +419,8 @@ def _stage_params(pc: ParamCount, chunks: tuple[tuple[int, int], ...], stage: in
 
 def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_layer: float, rebuilt: float,
                        stage: int, layers: int, loss_bytes_per_logit: float | None = None,
-                       frozen_base: bool = False, upcast_norms: bool = True) -> tuple[float, float, float, float]:
+                       frozen_base: bool = False, upcast_norms: bool = True,
+                       loss_chunks: int = 1) -> tuple[float, float, float, float]:
     """(layer activations + embedding's token ids, head inputs + logits, in-flight layers, the part of
     the logits that is the loss's transient peak rather than kept for backward) of one stage.
 
@@ -462,7 +463,7 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         if frozen_base:  # the frozen final norm's input alone, fp32 for an upcasting RMSNorm
             head_inputs = finetune.FROZEN_HEAD_INPUT_COPIES * terms.layer_input + (finetune.norm_upcast_bytes(
                 model, seq, lay.micro_batch_size, e) if upcast_norms else 0.0)
-        transient = (per_element - kept) * elements
+        transient = (per_element - kept) * elements / loss_chunks  # a chunked loss: one chunk's at a time
         logits = held * (head_inputs + kept * elements) + transient
         return activations, logits, inflight, transient
     return activations, logits, inflight, 0.0

@@ -12,10 +12,12 @@ from flopwise.errors import UserError
 from flopwise.plan.stacks.base import FP8_RECIPE_ALIASES, FP8_RECIPES, Stack, spelled_fp8_recipe
 from flopwise.plan.stacks import (
     composer, deepspeed, flash_attn, flopwise, jax, megatron_core, megatron_deepspeed, megatron_lm, nemo, torchtitan,
+    torchtune,
 )
 
 _STACKS = {module.STACK.name: module.STACK for module in (
-    flopwise, megatron_core, nemo, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn, jax)}
+    flopwise, megatron_core, nemo, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn, jax,
+    torchtune)}
 STACK_NAMES = tuple(_STACKS)
 ALIASES = {"megatron-bridge": "nemo", "llm-foundry": "composer",
            "mcore": "megatron-core", "gpt-neox": "megatron-deepspeed",

@@ -119,5 +119,12 @@ class Stack:
     # stops once the tensors the block's backward needs are rebuilt, so a dense block's down projection and
     # last residual add are not run again (torch/utils/checkpoint.py `_enable_checkpoint_early_stop`)
     recompute_early_stop: bool = False
+    # its loss runs over this many chunks of the tokens (torchtune's LinearCrossEntropyLoss): only one chunk's
+    # logits and fp32 copy exist at a time, every chunk's fp32 log-softmax stays for the backward
+    loss_chunks: int = 1
+    # its 16-bit training is pure bf16, no fp32 master copy (torchtune's `dtype: bf16`): an unstated or
+    # "bf16" --precision plans as bf16-true
+    pure_bf16: bool = False
+    lora_targets: str = "all-linear"  # the matrices its LoRA recipes adapt (finetune.named_targets)
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

@@ -50,6 +50,7 @@ class MemoryConventions:
     master_unsharded: bool = False
     fp32_params: bool = False  # AMP: fp32 parameters under torch.autocast (Stack.fp32_params)
     norm_input_bytes: float | None = None  # a residual stream kept in another dtype (Stack.norm_input_bytes)
+    loss_chunks: int = 1  # the loss runs chunk by chunk (Stack.loss_chunks): its transient is one chunk's
 
 
 FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
@@ -119,6 +120,7 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zer
         master_unsharded=(precision == "bf16" and stack.bf16_optimizer_full_fp32_master and zero_stage <= 1),
         fp32_params=stack.fp32_params and precision in ("bf16", "fp16"),
         norm_input_bytes=stack.norm_input_bytes,
+        loss_chunks=stack.loss_chunks,
     )
 
 
