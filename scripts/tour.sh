@@ -96,6 +96,8 @@ step "flopwise plan --model llama2-7b --hardware rtx4090 --gpus 1 --finetune qlo
   fw plan --model llama2-7b --hardware rtx4090 --gpus 1 --finetune qlora
 step "flopwise compare --model llama2-70b --hardware rtx4090 --gpus 4 --local --finetune qlora --tokens 1B" \
   fw compare --model llama2-70b --hardware rtx4090 --gpus 4 --local --finetune qlora --tokens 1B
+step "flopwise plan --model llama3-8b --hardware rtx4090 --gpus 2 --finetune lora --stack torchtune" \
+  fw plan --model llama3-8b --hardware rtx4090 --gpus 2 --finetune lora --stack torchtune
 step "flopwise hardware" fw hardware
 step "flopwise hardware h100-sxm" fw hardware h100-sxm
 step "flopwise models" fw models
