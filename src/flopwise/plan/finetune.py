@@ -97,9 +97,8 @@ MODULE_MATRICES = {
     "linear_qkv": ("q", "k", "v"), "linear_proj": ("o",), "linear_fc1": ("gate", "up"), "linear_fc2": ("down",),
 }
 """Module names, as PEFT, torchtune, NeMo and flopwise's own decoder spell them, and the planner's
-block matrices (`block_linears`) each one adapts; the planner's names (q, k, v, o, gate, up, down,
-q_a, q_b, kv_a, kv_b) are accepted as they are."""
-MATRIX_NAMES = ("q", "k", "v", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "down")
+block matrices (`block_linears`) each one adapts; the planner's names (`MATRIX_NAMES`) are accepted
+as they are."""
 DEFAULT_LORA_RANK = 16
 
 NF4_BLOCK = 64
@@ -187,6 +186,8 @@ COLUMN_PARALLEL = {"q", "k", "v", "gate", "up", "shared_gate", "shared_up", *FUS
 MLA's down-projections q_a, kv_a (replicated) and up-projections q_b, kv_b (column-parallel); o and
 down are row-parallel (Shoeybi et al. 2019)."""
 ATTENTION_TARGETS = {*ATTENTION_MATRICES, "qkv"}
+MATRIX_NAMES = (*ATTENTION_MATRICES, "gate", "up", "down")
+"""The block matrices a target list can name, in the order `named_targets` writes them."""
 
 
 def named_targets(targets) -> str:
@@ -217,30 +218,29 @@ def named_targets(targets) -> str:
 
 
 @lru_cache(maxsize=256)
-def _canonical(targets: str) -> str:
-    """`named_targets` of a string, cached: a search asks it for every layout."""
-    return named_targets(targets)
-
-
-def _targeted(m: TargetMatrix, targets: str) -> bool:
-    """Whether `targets` (see `named_targets`) adapts block matrix `m`: a listed name adapts the
-    shared expert's matrix of that name too, and a fused linear (Megatron's qkv, fc1) when any of
-    its parts is listed, since one adapter covers it."""
-    targets = _canonical(targets)
+def _target_names(targets: str) -> frozenset[str] | None:
+    """The block matrix names `targets` (see `named_targets`) adapts; None for every linear. Cached:
+    a search asks it for every layout."""
+    targets = named_targets(targets)
     if targets == "all-linear":
+        return None
+    return frozenset(ATTENTION_TARGETS if targets == "qkvo" else targets.split(","))
+
+
+def _targeted(m: TargetMatrix, names: frozenset[str] | None) -> bool:
+    """Whether block matrix `m` is among `names` (`_target_names`): a listed name adapts the shared
+    expert's matrix of that name too, and a fused linear (Megatron's qkv, fc1) when any of its parts
+    is listed, since one adapter covers it."""
+    if names is None:
         return True
-    if targets == "qkvo":
-        return m.name in ATTENTION_TARGETS
-    names = set(targets.split(","))
     base = m.name.removeprefix("shared_")
-    parts = FUSED_PROJECTIONS.get(base, (base,))
-    return any(part in names for part in parts)
+    return base in names or any(part in names for part in FUSED_PROJECTIONS.get(base, ()))
 
 
 def target_matrices(spec: ModelSpec, targets: str, fused: bool = False) -> tuple[TargetMatrix, ...]:
     """The block linears that get an adapter: all of them, the attention's (q, k, v, o, or
-    MLA's), or those a list of module names adapts; `fused`: q, k, v as one qkv and gate, up as one fc1, as Megatron-Core builds them
-    (one adapter on each)."""
+    MLA's), or those a list of module names adapts; `fused`: q, k, v as one qkv and gate, up as
+    one fc1, as Megatron-Core builds them (one adapter on each)."""
     linears = block_linears(spec)
     if fused:
         merged = []
@@ -253,7 +253,8 @@ def target_matrices(spec: ModelSpec, targets: str, fused: bool = False) -> tuple
             else:
                 merged.append(TargetMatrix(name, m.d_in, m.d_out, m.count))
         linears = tuple(merged)
-    return tuple(m for m in linears if _targeted(m, targets))
+    names = _target_names(targets)
+    return tuple(m for m in linears if _targeted(m, names))
 
 
 def split_targets(spec: ModelSpec, split: "FinetuneSplit") -> tuple[TargetMatrix, ...]:
@@ -354,7 +355,8 @@ def finetune_split(spec: ModelSpec, pc: ParamCount, method: str, rank: int, targ
 def _dense_block_linears(spec: ModelSpec, targets: str) -> tuple[TargetMatrix, ...]:
     """The adapted linears of one leading dense block (per-block figures elsewhere are the MoE
     block's: stages and time treat every block as MoE, as full training does)."""
-    return tuple(m for m in block_linears(spec, dense=True) if _targeted(m, targets))
+    names = _target_names(targets)
+    return tuple(m for m in block_linears(spec, dense=True) if _targeted(m, names))
 
 
 def split_of(spec) -> FinetuneSplit | None:

@@ -798,6 +798,7 @@ def build_runspec(
     pure_bf16_default = stack_spec.pure_bf16 and precision in (None, "bf16")
     if pure_bf16_default:  # torchtune's `dtype: bf16`: no AMP, the parameters themselves are bf16
         precision = "bf16-true"
+    precision = precision or EXAMPLE["precision"]
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
     stack_selective = None
     if recompute is not None:  # "activation checkpointing: yes" as a source states it
@@ -909,10 +910,9 @@ def build_runspec(
                         f"({hw.memory_bytes / mem.GIB:.1f} GiB)")
     if precision == "bf16-true":
         warnings.append(mem.BF16_TRUE_TRADE_OFF)
-    planned_precision = precision or EXAMPLE["precision"]
-    if options["fp8_recipe"] is not None and planned_precision != "fp8":
+    if options["fp8_recipe"] is not None and precision != "fp8":
         warnings.append(f"--fp8-recipe {fp8_recipe} applies to fp8 GEMMs only: this plan is "
-                        f"{planned_precision} and ignores it (add --precision fp8)")
+                        f"{precision} and ignores it (add --precision fp8)")
     extra["warnings"] = tuple(warnings)
     if recompute is not None:  # a stated policy is planned as given: no stack recompute added to fit
         extra["recompute_stated"] = True
@@ -938,7 +938,7 @@ def build_runspec(
         lora_rank = stack_spec.lora_rank if stack != "flopwise" else tuning.DEFAULT_LORA_RANK
         if finetune in ("lora", "qlora") and lora_rank != tuning.DEFAULT_LORA_RANK:
             extra["defaults"] = (*extra.get("defaults", ()), f"lora rank {lora_rank}: {stack}'s LoRA default")
-    amp = _amp_params(fp32_params, stack_spec, framework, precision or EXAMPLE["precision"], finetune)
+    amp = _amp_params(fp32_params, stack_spec, framework, precision, finetune)
     if amp and fp32_params is None:
         extra["defaults"] = (*extra.get("defaults", ()), f"{mem.AMP_STATE_BYTES_NOTE}: {stack}'s 16-bit training "
                                                          "is AMP (torch.autocast)")
@@ -995,7 +995,7 @@ def build_runspec(
         framework=framework, offload_activations=activation_offload.parse_blocks(offload_activations),
     )
     workload = Workload(
-        precision=precision or EXAMPLE["precision"], optimizer=optimizer or EXAMPLE["optimizer"],
+        precision=precision, optimizer=optimizer or EXAMPLE["optimizer"],
         seq_len=seq_len, total_tokens=0.0 if cnn else total, total_samples=total if cnn else 0.0,
         dropout=dropout, finetune=finetune, lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout,
         fp32_params=amp if fp32_params is not None else None,
