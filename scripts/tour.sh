@@ -98,6 +98,8 @@ step "flopwise compare --model llama2-70b --hardware rtx4090 --gpus 4 --local --
   fw compare --model llama2-70b --hardware rtx4090 --gpus 4 --local --finetune qlora --tokens 1B
 step "flopwise plan --model llama3-8b --hardware rtx4090 --gpus 2 --finetune lora --stack torchtune" \
   fw plan --model llama3-8b --hardware rtx4090 --gpus 2 --finetune lora --stack torchtune
+step "flopwise plan --model llama3-8b --hardware rtx4090 --gpus 2 --finetune lora --stack litgpt" \
+  fw plan --model llama3-8b --hardware rtx4090 --gpus 2 --finetune lora --stack litgpt
 step "flopwise hardware" fw hardware
 step "flopwise hardware h100-sxm" fw hardware h100-sxm
 step "flopwise models" fw models

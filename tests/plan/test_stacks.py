@@ -10,7 +10,8 @@ from flopwise.plan.stacks import FP8_RECIPES, STACK_NAMES, get_stack
 def test_agreed_names_and_aliases():
     assert STACK_NAMES[0] == "flopwise"
     assert set(STACK_NAMES) == {"flopwise", "megatron-core", "nemo", "megatron-lm", "deepspeed",
-                                "megatron-deepspeed", "composer", "torchtitan", "flash-attn", "jax", "torchtune"}
+                                "megatron-deepspeed", "composer", "torchtitan", "flash-attn", "jax", "torchtune",
+                                "litgpt"}
     for alias in ("mcore", "transformer-engine"):
         assert get_stack(alias) is get_stack("megatron-core")
     assert get_stack("megatron-bridge") is get_stack("nemo")
@@ -20,7 +21,8 @@ def test_agreed_names_and_aliases():
 @pytest.mark.parametrize(("spelled", "name"), [
     ("NeMo", "nemo"), ("Megatron Bridge", "nemo"), ("MosaicML", "composer"),
     ("LLM-Foundry", "composer"), ("flash_attn", "flash-attn"), ("flash-attention", "flash-attn"),
-    ("GPT-NeoX", "megatron-deepspeed"), ("TorchTitan", "torchtitan"), (" deepspeed ", "deepspeed")])
+    ("GPT-NeoX", "megatron-deepspeed"), ("TorchTitan", "torchtitan"), (" deepspeed ", "deepspeed"),
+    ("Lit-GPT", "litgpt"), ("Lightning-AI/litgpt", "litgpt")])
 def test_a_stack_as_its_source_spells_it_resolves(spelled, name):
     assert get_stack(spelled).name == name
     # and the plan records the canonical name, which the conventions are looked up by

@@ -35,7 +35,7 @@ miss over every regime rather than the (often narrow) band of the regime it borr
 STACK_FAMILY = {
     "megatron-core": "megatron", "megatron-lm": "megatron", "megatron-deepspeed": "megatron",
     "nemo": "megatron", "deepspeed": "deepspeed", "flopwise": "pytorch", "composer": "pytorch",
-    "torchtitan": "pytorch", "flash-attn": "pytorch", "torchtune": "pytorch",
+    "torchtitan": "pytorch", "flash-attn": "pytorch", "torchtune": "pytorch", "litgpt": "pytorch",
 }
 """Which family each stack's residuals are pooled in."""
 

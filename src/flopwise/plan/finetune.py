@@ -283,10 +283,20 @@ def largest_linear_params(spec: ModelSpec) -> int:
     return max(m.d_in * m.d_out for m in block_linears(spec))
 
 
-def frozen_weight_bytes(precision: str) -> float:
+def frozen_weight_bytes(precision: str, amp: bool = False) -> float:
     """Bytes per frozen base parameter held in its dtype: 4 for fp32/tf32, else 2 (bf16; an fp8
-    run keeps its base in bf16, the fp8 copies being transient)."""
-    return 4.0 if precision in ("fp32", "tf32") else 2.0
+    run keeps its base in bf16, the fp8 copies being transient). `amp`: the stack's 16-bit training
+    is autocast over fp32 parameters and leaves the base in fp32 (Lightning's bf16-mixed, litgpt)."""
+    return 4.0 if precision in ("fp32", "tf32") or (amp and precision in ("bf16", "fp16")) else 2.0
+
+
+def amp_base(spec) -> bool:
+    """Whether the spec's stack keeps a fine-tune's frozen base in fp32 under 16-bit autocast
+    (`Stack.fp32_params`: Lightning's bf16-mixed casts no module, so litgpt's base stays fp32)."""
+    from flopwise.plan.stacks import find_stack
+
+    found = find_stack(spec.stack)
+    return found is not None and found.fp32_params and spec.workload.precision in ("bf16", "fp16")
 
 
 # --------------------------------------------------------------------------- the split
@@ -331,9 +341,10 @@ def adapter_style(stack: str) -> str:
 
 
 def finetune_split(spec: ModelSpec, pc: ParamCount, method: str, rank: int, targets: str,
-                   precision: str, adapters: str = "peft") -> FinetuneSplit:
+                   precision: str, adapters: str = "peft", amp: bool = False) -> FinetuneSplit:
     """The split of a `method` fine-tune; `full` trains everything (no adapters, nothing frozen).
-    `adapters`: "megatron" fuses the q, k, v and gate, up adapters as Megatron-Core does."""
+    `adapters`: "megatron" fuses the q, k, v and gate, up adapters as Megatron-Core does; `amp`: the
+    base stays fp32 under 16-bit autocast (`frozen_weight_bytes`)."""
     if method == "full":
         return FinetuneSplit("full", 0, targets, float(pc.total), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     adapters_per_layer = adapter_params_per_layer(spec, rank, targets, adapters == "megatron")
@@ -344,7 +355,7 @@ def finetune_split(spec: ModelSpec, pc: ParamCount, method: str, rank: int, targ
         all_adapters -= spec.dense_layers * (adapters_per_layer - sum(rank * (m.d_in + m.d_out) for m in dense))
         if quantized:
             all_quantized -= spec.dense_layers * (quantized - sum(m.d_in * m.d_out for m in block_linears(spec, True)))
-    base = frozen_weight_bytes(precision)
+    base = frozen_weight_bytes(precision, amp)
     frozen_bytes = (pc.total - all_quantized) * base + all_quantized * NF4_BYTES_PER_PARAM
     largest = largest_linear_params(spec) * base if method == "qlora" else 0.0
     return FinetuneSplit(method, rank, targets, float(all_adapters), float(pc.total),
@@ -366,7 +377,7 @@ def split_of(spec) -> FinetuneSplit | None:
     if method == "full" or spec.model.arch == "cnn":
         return None
     return finetune_split(spec.model, count_params(spec.model), method, work.lora_rank, work.lora_targets,
-                          work.precision, adapter_style(spec.stack))
+                          work.precision, adapter_style(spec.stack), amp_base(spec))
 
 
 # --------------------------------------------------------------------------- memory
@@ -396,7 +407,7 @@ def stage_states(split: FinetuneSplit, spec, params: float, layers: int, sb: mem
     tp = max(1, spec.layout.tp)
     adapters = split.adapters_per_layer * layers / tp
     quantized = split.quantized_per_layer * layers / tp
-    base = frozen_weight_bytes(spec.workload.precision)
+    base = frozen_weight_bytes(spec.workload.precision, amp_base(spec))
     if split.adapters == "megatron":  # TE's fp8 parameters are the base's; the adapters stay 16-bit
         base, sb = sb.weight, dataclasses.replace(sb, weight=base)
     else:
@@ -567,7 +578,7 @@ def comm_and_transient_bytes(split: FinetuneSplit, spec, pc: ParamCount, zero_st
     `blocks_per_unit` blocks under `parallel.fsdp_unit_mb`."""
     lay, work = spec.layout, spec.workload
     tp = max(1, lay.tp)
-    base = frozen_weight_bytes(work.precision)
+    base = frozen_weight_bytes(work.precision, amp_base(spec))
     buffers = 0.0
     if zero_stage >= 3 or lay.offload == "params":  # as `memory.comm_buffer_bytes`: two units in flight
         layer_bytes = ((pc.per_layer - split.quantized_per_layer) * base

@@ -57,14 +57,14 @@ OPTIONS = (
     PlanOption("precision", "--precision", str, None, "bf16|fp16|fp32|tf32|fp8|bf16-true (pure bf16: no fp32 master, bf16 AdamW states, 8 bytes/param; "
                "updates below bf16's resolution are lost); any case, and the trainers' names (bf16-mixed, amp_bf16, "
                "16-mixed); fp8 with its recipe as NVIDIA's tables print it (FP8-CS, FP8-DS, MXFP8). [default: bf16; "
-               "bf16-true under --stack torchtune]",
+               "bf16-true under --stack torchtune, and for a LoRA / QLoRA under --stack litgpt]",
                ("--compute-dtype",)),
     PlanOption("optimizer", "--optimizer", str, None, "adamw|sgd|adam8bit. [default: adamw]"),
     PlanOption("framework", "--framework", str, "fsdp",
                "Memory conventions: fsdp|megatron|deepspeed (gradient dtype, buffers, ZeRO-3 gathers)."),
     PlanOption("stack", "--stack", str, "flopwise",
                "Training software stack whose kernels and memory conventions are planned: flopwise|megatron-core"
-               "(nemo, megatron-bridge)|megatron-lm|deepspeed|megatron-deepspeed|composer|torchtitan|flash-attn|torchtune."),
+               "(nemo, megatron-bridge)|megatron-lm|deepspeed|megatron-deepspeed|composer|torchtitan|flash-attn|torchtune|litgpt."),
     PlanOption("fp8_recipe", "--fp8-recipe", str, None,
                "fp8 scaling: delayed|tensorwise|rowwise|blockwise|mxfp8 (current = tensorwise, hybrid = delayed; NeMo ds|cs|ss; "
                "'Row-wise', 'current scaling' read the same). "
@@ -133,13 +133,14 @@ OPTIONS = (
                "full|lora|qlora: train every weight, or LoRA adapters on a frozen base (qlora: base in NF4). "
                "A fine-tune defaults to 1B tokens and 128Ki-token batches."),
     PlanOption("lora_rank", "--lora-rank", int, None, "--finetune lora|qlora: adapter rank r. [default: 16; 32 "
-               "with --stack nemo, NeMo's LoRA default; 8 with --stack torchtune]"),
+               "with --stack nemo, NeMo's LoRA default; 8 with --stack torchtune or litgpt]"),
     PlanOption("lora_targets", "--lora-targets", str, None,
                "--finetune lora|qlora: all-linear (every linear of the blocks) | qkvo (attention projections) | "
                "module names as the run lists them, e.g. q_proj,v_proj (PEFT's Llama default), wq,wv, linear_qkv. "
-               "[default: all-linear; the stack's own under --stack torchtune]"),
-    PlanOption("lora_dropout", "--lora-dropout", float, 0.0,
-               "--finetune lora|qlora: adapter dropout; > 0 keeps a dropped copy of each adapted input."),
+               "[default: all-linear; the stack's own under --stack torchtune (q,v,o and the MLP) or litgpt (q,v)]"),
+    PlanOption("lora_dropout", "--lora-dropout", float, None,
+               "--finetune lora|qlora: adapter dropout; > 0 keeps a dropped copy of each adapted input. "
+               "[default: 0; 0.05 under --stack litgpt]"),
     PlanOption("efficiency", "--efficiency", float, None, "Achieved fraction of peak (overrides calibration). [default: the calibration table]"),
     PlanOption("price_per_hour", "--price-per-hour", float, None, "USD per device-hour (overrides the catalog). [default: cheapest dated catalog price]"),
     PlanOption("pue", "--pue", float, 1.1, "Data-centre power usage effectiveness."),

@@ -392,15 +392,18 @@ def _stack_recompute_ladder(spec: RunSpec) -> tuple[str, ...] | None:
         return None
     if spec.layout.offload_activations and stack.layer_offload_limits:
         return None  # its CPU offload refuses recompute (activation_offload.check)
+    if stack.recompute_policies is not None:  # only what its recipes offer (litgpt: every block or none)
+        return tuple(p for p in STACK_RECOMPUTE_LADDER if p in stack.recompute_policies) or None
     return STACK_RECOMPUTE_LADDER
 
 
 def _stack_recompute(spec: RunSpec, profile: GemmProfile | None) -> Plan | None:
     """Under a named stack that offers recompute, the layout with the least recompute that fits
     (timed with its recompute), its memory saying so in `fits_with`; None when none fits."""
-    if _stack_recompute_ladder(spec) is None:
+    ladder = _stack_recompute_ladder(spec)
+    if ladder is None:
         return None
-    for policy in STACK_RECOMPUTE_LADDER:
+    for policy in ladder:
         tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))
         result = _evaluate(tried, profile)
         if result.fits:
@@ -549,11 +552,12 @@ def plan_memory(spec: RunSpec, check: bool = True, stack_recompute: bool = True)
         validate(spec)
     pc = count_params(spec.model)
     memory = estimate_memory(spec, pc, [], every_stage=False)
-    if memory.fits or not stack_recompute or _stack_recompute_ladder(spec) is None:
+    ladder = None if memory.fits or not stack_recompute else _stack_recompute_ladder(spec)
+    if ladder is None:
         return memory
     if kept_as_stated(spec, memory):
         return memory
-    for policy in STACK_RECOMPUTE_LADDER:  # as `plan()` does (`_stack_recompute`)
+    for policy in ladder:  # as `plan()` does (`_stack_recompute`)
         tried = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute=policy))
         with_recompute = estimate_memory(tried, pc, [], every_stage=False)
         if with_recompute.fits:
@@ -750,7 +754,7 @@ def build_runspec(
     finetune: str = "full",
     lora_rank: int | None = None,
     lora_targets: str | None = None,
-    lora_dropout: float = 0.0,
+    lora_dropout: float | None = None,
     fsdp_unit_mb: float = 0.0,
     interruptions_per_device_day: float | None = None,
     restart_seconds: float | None = None,
@@ -790,14 +794,21 @@ def build_runspec(
         framework = stack_spec.framework  # a named stack brings its framework's conventions
     if allocator_reserve is None:
         allocator_reserve = stack_spec.allocator_reserve
+    plain_bf16 = precision is None or spelled(precision) in ("bf16", "bfloat16")  # not "bf16-mixed", "amp_bf16"
     if precision is not None:
         precision, named_recipe = precision_and_recipe(precision)
         fp8_recipe = fp8_recipe if fp8_recipe is not None else named_recipe
     if fp8_recipe is not None:  # "Row-wise", "current scaling", "MXFP8": as a source prints it
         fp8_recipe = spelled_fp8_recipe(fp8_recipe)
-    pure_bf16_default = stack_spec.pure_bf16 and precision in (None, "bf16")
+    pure_bf16_default = finetune in stack_spec.pure_bf16 and plain_bf16
     if pure_bf16_default:  # torchtune's `dtype: bf16`: no AMP, the parameters themselves are bf16
         precision = "bf16-true"
+    if finetune == "qlora" and stack_spec.fp32_params and precision in ("bf16", "fp16"):
+        raise UserError(f"--stack {stack} quantizes a QLoRA base under pure 16-bit precision only (its mixed "
+                        f"precision keeps fp32 parameters); plan --precision bf16-true")
+    if precision == "fp8" and not stack_spec.fp8_training:
+        raise UserError(f"--stack {stack} has no fp8 training recipe; plan it at --precision bf16 (or another stack)")
+
     precision = precision or EXAMPLE["precision"]
     tp_comm_overlap = tp_comm_overlap or (stack != "flopwise" and stack_spec.tp_comm_overlap and (tp or 1) > 1)
     stack_selective = None
@@ -838,6 +849,17 @@ def build_runspec(
         if cp > 1:
             raise UserError(f"dp × tp × pp × cp = {dp} × {tp} × {pp} × {cp} = {dp * tp * pp * cp}, but --gpus is {gpus}")
         raise UserError(f"dp × tp × pp = {dp} × {tp} × {pp} = {dp * tp * pp}, but --gpus is {gpus}")
+    if not stack_spec.model_parallel and tp * pp > 1:
+        raise UserError(f"--stack {stack} trains with data parallelism only (FSDP): drop --tp/--pp, or plan "
+                        "tensor / pipeline parallelism with a stack that runs it (torchtitan, megatron-core)")
+    if finetune == "qlora" and stack_spec.qlora_max_devices and gpus > stack_spec.qlora_max_devices:
+        raise UserError(f"--stack {stack} runs a QLoRA on {stack_spec.qlora_max_devices} device only (its "
+                        f"quantization refuses more); plan --gpus 1, or --stack flopwise to shard the QLoRA over "
+                        f"{gpus} devices")
+    stack_lora_recompute = None
+    if recompute is None and finetune in ("lora", "qlora") and gpus > 1 and stack_spec.distributed_lora_recompute:
+        recompute = stack_spec.distributed_lora_recompute  # as the stack's multi-device LoRA recipes run it
+        stack_lora_recompute = f"recompute {recompute}: {stack} checkpoints every block of a LoRA on more than one device"
 
     cnn = model_spec.arch == "cnn"
     if seq_len is None:
@@ -874,6 +896,9 @@ def build_runspec(
         # the stack's recipes run the distributed optimizer (Megatron's ZeRO-1): plan what they run
         zero, choose_zero = 1, False
         stack_default_zero = f"zero 1: {stack}'s distributed optimizer (--use-distributed-optimizer), on in its recipes"
+    elif choose_zero and stack_spec.zero_stage is not None and dp > 1 and offload != "params":
+        zero, choose_zero = stack_spec.zero_stage, False
+        stack_default_zero = f"zero {zero}: {stack} shards every multi-device run so (FSDP full sharding)"
     if zero is None:
         zero = 3 if offload == "params" else 0  # placeholder until `choose_zero_stage`
     total = parse_count(tokens if tokens is not None else tuning.default_tokens(finetune, EXAMPLE["tokens"]),
@@ -929,7 +954,13 @@ def build_runspec(
         extra["defaults"] = (*extra.get("defaults", ()), stack_selective)
     if pure_bf16_default:
         extra["defaults"] = (*extra.get("defaults", ()), f"bf16-true: {stack} trains in pure bf16 (no fp32 master "
-                                                         "copy); --precision fp32 plans full precision")
+                                                         "copy); --precision bf16-mixed plans AMP, fp32 full precision")
+    if lora_dropout is None:  # the stack's LoRA recipes' own (litgpt: 0.05)
+        lora_dropout = stack_spec.lora_dropout
+        if finetune in ("lora", "qlora") and lora_dropout:
+            extra["defaults"] = (*extra.get("defaults", ()), f"lora dropout {lora_dropout:g}: {stack}'s LoRA default")
+    if stack_lora_recompute:
+        extra["defaults"] = (*extra.get("defaults", ()), stack_lora_recompute)
     if lora_targets is None:  # the stack's own LoRA targets (torchtune: q, v, o and the MLP), else every linear
         lora_targets = stack_spec.lora_targets
         if finetune in ("lora", "qlora") and lora_targets != "all-linear":
@@ -1013,7 +1044,7 @@ def build_runspec(
         spec = tuning.recompute_if_needed(spec, lambda s: _evaluate(s, profile), choose_zero and dp > 1
                                           and offload != "params", lambda s: with_chosen_zero(s, profile))
     if (choose_zero or stack_default_zero) and options["tp"] is None and options["pp"] is None \
-            and options["dp"] is None and not cnn:
+            and options["dp"] is None and not cnn and stack_spec.model_parallel:
         spec = _split_if_needed(spec, options)
     return spec
 

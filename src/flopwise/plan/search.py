@@ -179,8 +179,10 @@ def parallel_shapes(spec: RunSpec, devices: int, tp_within_node: bool = True) ->
     model = spec.model
     rejected = {"tp_heads": 0, "tp_node": 0, "pp_layers": 0}
     # LoRA/QLoRA: single, DDP, FSDP2, except Megatron-Core's LoRA (finetune.model_parallel_refusal)
+    stack = find_stack(spec.stack)
     if model.arch == "cnn" or (spec.workload.finetune != "full"
-                               and model_parallel_refusal(spec.workload.finetune, spec.stack)):
+                               and model_parallel_refusal(spec.workload.finetune, spec.stack)) \
+            or (stack is not None and not stack.model_parallel):  # a data-parallel-only stack (litgpt)
         return [(1, 1)], rejected
     per_node = spec.cluster.devices_per_node or spec.cluster.hardware.devices_per_node or 8
     kv = model.n_kv_heads or model.n_heads
@@ -234,6 +236,11 @@ def layout_families(spec: RunSpec, tp: int, pp: int, dp: int, max_virtual_stages
     if spec.stack != "flopwise" and spec.layout.framework == "megatron":
         # a Megatron stack offers its distributed optimizer (ZeRO-1) and no parameter sharding
         options = [(z, o) for z, o in options if z <= 1 and o == "none"] or [(0, "none")]
+    stack = find_stack(spec.stack)
+    if stack is not None and stack.recompute_policies is not None:  # only what its recipes offer
+        recomputes = tuple(r for r in recomputes if r in stack.recompute_policies)
+    if stack is not None and stack.zero_stage is not None:  # it shards one way (litgpt: FSDP full sharding)
+        options = [(stack.zero_stage if dp > 1 else 0, "none")]
     for schedule, v in schedules(spec.model.n_layers, pp, max_virtual_stages):
         for zero, offload in options:
             for recompute in recomputes:

@@ -309,7 +309,7 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
         else:
             activations, logits, inflight, loss_transient = _stage_activations(
                 spec, e, terms, per_layer, rebuilt, i, n, conv.loss_bytes_per_logit, tuned is not None,
-                not conv.fused_norm, conv.loss_chunks)
+                not conv.fused_norm, conv.loss_chunks, conv.loss_keeps_logits)
             if tuned is not None:  # a fine-tune's transients are `other`, beside QLoRA's dequantised weight
                 logits -= loss_transient
                 # the loss's backward frees what the head's end keeps before the last block is
@@ -420,14 +420,15 @@ def _stage_params(pc: ParamCount, chunks: tuple[tuple[int, int], ...], stage: in
 def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_layer: float, rebuilt: float,
                        stage: int, layers: int, loss_bytes_per_logit: float | None = None,
                        frozen_base: bool = False, upcast_norms: bool = True,
-                       loss_chunks: int = 1) -> tuple[float, float, float, float]:
+                       loss_chunks: int = 1, keeps_logits: bool = False) -> tuple[float, float, float, float]:
     """(layer activations + embedding's token ids, head inputs + logits, in-flight layers, the part of
     the logits that is the loss's transient peak rather than kept for backward) of one stage.
 
     `frozen_base` (LoRA / QLoRA): the frozen embedding keeps no token ids, the first block's first
     norm nothing (`finetune.first_block_saving`), the head's end one copy of the last hidden state
     (`finetune.FROZEN_HEAD_INPUT_COPIES`), in fp32 for an upcasting RMSNorm (`upcast_norms`: not a
-    stack's fused norm)."""
+    stack's fused norm). `keeps_logits`: the step holds the e-byte logits themselves through the backward
+    (litgpt), so they are kept beside what the loss saves."""
     model, lay, work = spec.model, spec.layout, spec.workload
     seq = local_seq_len(spec)
     chunks = inflight_chunks(stage, lay.pp, lay.grad_accum, lay.pipeline_schedule, lay.virtual_stages,
@@ -459,6 +460,8 @@ def _stage_activations(spec: RunSpec, e: float, terms: mem.ActivationTerms, per_
         kept = SAVED_LOSS_BYTES_PER_LOGIT
         if loss_bytes_per_logit is not None:  # an in-place fused loss keeps only the logits' own bytes
             kept = min(kept, loss_bytes_per_logit)
+        if keeps_logits:  # the matmul output itself, held by the training step
+            kept += e
         head_inputs = 2 * terms.layer_input
         if frozen_base:  # the frozen final norm's input alone, fp32 for an upcasting RMSNorm
             head_inputs = finetune.FROZEN_HEAD_INPUT_COPIES * terms.layer_input + (finetune.norm_upcast_bytes(

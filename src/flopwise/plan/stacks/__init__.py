@@ -11,19 +11,19 @@ from flopwise.catalog.names import spelled
 from flopwise.errors import UserError
 from flopwise.plan.stacks.base import FP8_RECIPE_ALIASES, FP8_RECIPES, Stack, spelled_fp8_recipe
 from flopwise.plan.stacks import (
-    composer, deepspeed, flash_attn, flopwise, jax, megatron_core, megatron_deepspeed, megatron_lm, nemo, torchtitan,
-    torchtune,
+    composer, deepspeed, flash_attn, flopwise, jax, litgpt, megatron_core, megatron_deepspeed, megatron_lm, nemo,
+    torchtitan, torchtune,
 )
 
 _STACKS = {module.STACK.name: module.STACK for module in (
     flopwise, megatron_core, nemo, megatron_lm, deepspeed, megatron_deepspeed, composer, torchtitan, flash_attn, jax,
-    torchtune)}
+    torchtune, litgpt)}
 STACK_NAMES = tuple(_STACKS)
 ALIASES = {"megatron-bridge": "nemo", "llm-foundry": "composer",
            "mcore": "megatron-core", "gpt-neox": "megatron-deepspeed",
            # the names the sources print: MosaicML's tables, flash-attention's repository, NVIDIA's TE
            "mosaicml": "composer", "flash-attention": "flash-attn", "transformer-engine": "megatron-core",
-           "deepspeed-megatron": "megatron-deepspeed"}
+           "deepspeed-megatron": "megatron-deepspeed", "lit-gpt": "litgpt"}
 
 __all__ = ["ALIASES", "FP8_RECIPE_ALIASES", "FP8_RECIPES", "STACK_NAMES", "Stack", "find_stack", "get_stack",
            "spelled_fp8_recipe"]

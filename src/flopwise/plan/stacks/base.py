@@ -100,7 +100,7 @@ class Stack:
     # what the stack's users mean by "selective" recompute: Megatron's attention core (Korthikanti et al.
     # 2022), or another policy the stack names so (torchtitan: per-op, "op")
     selective_recompute: str = "selective"
-    lora_rank: int = 16  # the adapter rank its LoRA recipes default to (PEFT / torchtune / flopwise: 8-16)
+    lora_rank: int = 16  # the adapter rank its LoRA recipes default to (PEFT / torchtune / litgpt / flopwise: 8-16)
     # MoE token dispatch (plan/expert_comm.py): the device families (`gemm.DeviceCurve.family`) on which its
     # recipes dispatch a DeepSeek-family MoE with DeepEP rather than all-to-all, and the dispatchers with
     # which its recipes run the shared expert beside the dispatch and combine (moe_shared_expert_overlap)
@@ -122,9 +122,29 @@ class Stack:
     # its loss runs over this many chunks of the tokens (torchtune's LinearCrossEntropyLoss): only one chunk's
     # logits and fp32 copy exist at a time, every chunk's fp32 log-softmax stays for the backward
     loss_chunks: int = 1
-    # its 16-bit training is pure bf16, no fp32 master copy (torchtune's `dtype: bf16`): an unstated or
-    # "bf16" --precision plans as bf16-true
-    pure_bf16: bool = False
+    # the --finetune modes (full, lora, qlora) its recipes train in pure bf16, no fp32 master copy
+    # (torchtune's `dtype: bf16`, litgpt's fine-tune recipes' `precision: bf16-true`): for those, an unstated
+    # or plain "bf16" --precision plans as bf16-true (a mixed name, "bf16-mixed", stays AMP)
+    pure_bf16: tuple[str, ...] = ()
+    # the loss's bytes per logit beyond the matmul output under pure bf16, when it computes in the compute
+    # dtype there rather than in fp32 (litgpt: F.cross_entropy on bf16 logits keeps a bf16 log-softmax);
+    # None: the framework's convention
+    bf16_true_loss_bytes_per_logit: float | None = None
+    # the training step holds the logits themselves until the backward ends (litgpt's fit keeps the list of
+    # lm_head chunks it passes to the loss), so they are kept, not a transient
+    loss_keeps_logits: bool = False
     lora_targets: str = "all-linear"  # the matrices its LoRA recipes adapt (finetune.named_targets)
+    lora_dropout: float = 0.0  # its LoRA recipes' adapter dropout (litgpt: 0.05)
+    # the recompute its LoRA recipes run on more than one device (litgpt's parallelize_fn wraps every block
+    # in checkpoint_wrapper), None: the planner's own choice
+    distributed_lora_recompute: str | None = None
+    # the ZeRO stage its recipes shard with whenever there is more than one data-parallel rank (litgpt: FSDP's
+    # full sharding, 3), None: the fastest stage that fits, or the distributed optimizer's (Megatron)
+    zero_stage: int | None = None
+    # the recompute policies its recipes offer, None: every one the planner knows (litgpt: none or every block)
+    recompute_policies: tuple[str, ...] | None = None
+    model_parallel: bool = True  # it runs tensor / pipeline parallelism (litgpt's recipes: data parallelism only)
+    qlora_max_devices: int = 0  # the most devices it runs a QLoRA on (litgpt: 1); 0, no limit
+    fp8_training: bool = True  # it trains with fp8 GEMMs (litgpt has no fp8 recipe)
     memory_options: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

@@ -51,6 +51,7 @@ class MemoryConventions:
     fp32_params: bool = False  # AMP: fp32 parameters under torch.autocast (Stack.fp32_params)
     norm_input_bytes: float | None = None  # a residual stream kept in another dtype (Stack.norm_input_bytes)
     loss_chunks: int = 1  # the loss runs chunk by chunk (Stack.loss_chunks): its transient is one chunk's
+    loss_keeps_logits: bool = False  # the step holds the logits through the backward (Stack.loss_keeps_logits)
 
 
 FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
@@ -110,7 +111,8 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zer
         weight_bytes=1.0 if fp8_params else None,
         fp8_cache_bytes_per_param=1.0 if fp8_params else None,
         gemm_input_bytes=stack.fp8_gemm_input_bytes if fp8 else None,
-        loss_bytes_per_logit=stack.loss_bytes_per_logit if sixteen else None,
+        loss_bytes_per_logit=stack.loss_bytes_per_logit if sixteen else (
+            stack.bf16_true_loss_bytes_per_logit if precision == "bf16-true" else None),
         options=options,
         fused_norm=stack.fused_norm or "torch-compile" in options,
         fused_swiglu=stack.fused_swiglu or "torch-compile" in options,
@@ -121,6 +123,7 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zer
         fp32_params=stack.fp32_params and precision in ("bf16", "fp16"),
         norm_input_bytes=stack.norm_input_bytes,
         loss_chunks=stack.loss_chunks,
+        loss_keeps_logits=stack.loss_keeps_logits,
     )
 
 

@@ -24,7 +24,7 @@ STACK = Stack(
     allocator_reserve=0.02,
     # training/activations.py: ptd_checkpoint_wrapper(NO_REENTRANT, torch.utils.checkpoint), early stop on
     recompute_early_stop=True,
-    pure_bf16=True,  # recipes' `dtype: bf16`: no fp32 master copy (the trade-off: docs/planner.md)
+    pure_bf16=("full", "lora", "qlora"),  # recipes' `dtype: bf16`: no fp32 master copy (the trade-off: docs/planner.md)
     # llama3_1/8B_lora.yaml: lora_rank 8; lora_attn_modules q_proj, v_proj, output_proj; apply_lora_to_mlp
     lora_rank=8, lora_targets="q,v,o,gate,up,down",
     memory_options=("torch-compile", "recompute"),
