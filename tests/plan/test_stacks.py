@@ -600,3 +600,10 @@ def test_flash_attn_gpt_activations_match_its_configs_own_measurement():
     assert per[None] - 8.0 == pytest.approx(28.6, rel=0.08) and per[None] - 8.0 == pytest.approx(30.7, rel=0.08)
     assert per[None] == pytest.approx(38.0, abs=0.5)
     assert per[False] == pytest.approx(36.0, abs=0.5)  # the fp32 residual still there: 32 + 2 x 2
+
+
+@pytest.mark.parametrize("name", [n for n in STACK_NAMES if not get_stack(n).fp8_training])
+def test_a_stack_without_fp8_training_refuses_an_fp8_plan_in_one_line(name):
+    with pytest.raises(UserError) as err:
+        build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=8, stack=name, precision="fp8")
+    assert "no fp8 training recipe" in str(err.value) and "\n" not in str(err.value)

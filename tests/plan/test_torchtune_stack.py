@@ -63,3 +63,18 @@ def test_chunked_cross_entropy_keeps_four_bytes_per_logit_measured():
     large = sum(n for n in storages.values() if n >= tokens // chunks * vocab)  # the per-logit tensors
     assert large == stage_memory.SAVED_LOSS_BYTES_PER_LOGIT * tokens * vocab
     loss.backward()
+
+
+def test_torchtune_fp8_keeps_its_pure_bf16_states():
+    """torchtune's fp8 swaps the linears of a model whose parameters are bf16: no fp32 master and bf16
+    AdamW states (8 bytes a parameter, not 16), with the trade-off stated; torchtitan's fp8 keeps both."""
+    def states(stack):
+        spec = build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=8, stack=stack, precision="fp8", zero=3)
+        memory = plan(spec).memory
+        return memory.weights + memory.gradients + memory.optimizer_states + memory.master_weights, plan(spec)
+
+    tune, tune_plan = states("torchtune")
+    titan, _ = states("torchtitan")
+    assert tune == pytest.approx(titan / 2, rel=0.02)
+    assert tune_plan.memory.master_weights == 0
+    assert any("no fp32 master copy" in w for w in tune_plan.warnings)

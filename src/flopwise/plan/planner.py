@@ -933,8 +933,8 @@ def build_runspec(
     if hw.memory_bytes and memory_reserve_gib * mem.GIB >= hw.memory_bytes:
         raise UserError(f"--memory-reserve-gib {memory_reserve_gib:g} leaves no usable memory on {hw.key} "
                         f"({hw.memory_bytes / mem.GIB:.1f} GiB)")
-    if precision == "bf16-true":
-        warnings.append(mem.BF16_TRUE_TRADE_OFF)
+    if precision == "bf16-true" or (precision == "fp8" and "full" in stack_spec.pure_bf16):
+        warnings.append(mem.BF16_TRUE_TRADE_OFF)  # torchtune's fp8 swaps the linears of a pure-bf16 model
     if options["fp8_recipe"] is not None and precision != "fp8":
         warnings.append(f"--fp8-recipe {fp8_recipe} applies to fp8 GEMMs only: this plan is "
                         f"{precision} and ignores it (add --precision fp8)")

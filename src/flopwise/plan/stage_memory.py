@@ -209,6 +209,8 @@ def _estimate(spec: RunSpec, pc: ParamCount, warnings: list[str], every_stage: b
     amp = amp_params(spec, conv.fp32_params)
     if amp:
         sb = mem.amp_state_bytes(work.optimizer)
+    if conv.pure_states:  # fp8 GEMMs over pure-bf16 parameters (torchtune): no master, bf16 optimizer states
+        sb = mem.state_bytes("bf16-true", work.optimizer)
     if conv.grad_bytes is not None or conv.weight_bytes is not None or conv.grad_partition_bytes is not None:
         sb = mem.StateBytes(sb.weight if conv.weight_bytes is None else conv.weight_bytes,
                             sb.grad if conv.grad_bytes is None else conv.grad_bytes,

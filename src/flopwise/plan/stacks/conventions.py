@@ -52,6 +52,7 @@ class MemoryConventions:
     norm_input_bytes: float | None = None  # a residual stream kept in another dtype (Stack.norm_input_bytes)
     loss_chunks: int = 1  # the loss runs chunk by chunk (Stack.loss_chunks): its transient is one chunk's
     loss_keeps_logits: bool = False  # the step holds the logits through the backward (Stack.loss_keeps_logits)
+    pure_states: bool = False  # fp8 GEMMs over pure-bf16 parameters: no fp32 master, bf16 optimizer states
 
 
 FRAMEWORK_DEFAULTS = MemoryConventions(None, None, None, None, None)
@@ -124,6 +125,9 @@ def conventions(stack: Stack, precision: str, options: tuple[str, ...] = (), zer
         norm_input_bytes=stack.norm_input_bytes,
         loss_chunks=stack.loss_chunks,
         loss_keeps_logits=stack.loss_keeps_logits,
+        # torchtune's fp8 (training/quantization.py, Float8Linear) swaps the linears of a model whose parameters
+        # are bf16 (`dtype: bf16`): the states stay pure bf16
+        pure_states=fp8 and "full" in stack.pure_bf16,
     )
 
 

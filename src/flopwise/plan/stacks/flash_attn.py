@@ -6,7 +6,8 @@ from flopwise.plan.stacks.base import Stack
 STACK = Stack(
     name="flash-attn", title="flash-attention's trainer (FA2, fused kernels)", framework="fsdp",
     attention_kernel="fa2",  # flash_attn/modules/mha.py
-    fp8_recipe="tensorwise",
+    fp8_recipe="tensorwise",  # unused: fp8_training is off
+    fp8_training=False,  # training/: Lightning precision 16 / bf16 only, no fp8 recipe
     fused_optimizer=True,  # apex FusedAdam (training/configs/optimizer/adamw-apex.yaml)
     cross_entropy="single-pass",  # flash_attn/losses/cross_entropy.py (inplace_backward)
     overlap_grad_reduce=True, overlap_param_gather=False,  # DDP buckets overlap backward
