@@ -588,15 +588,18 @@ def _llama_like(cfg: _HFConfig, *, attn_bias_key: str | None, default_attn_bias:
 _LAYER_TYPES = {name: char for char, name in WINDOW_LAYERS.items()}
 
 
-def _sliding_window(cfg: _HFConfig, layers: int, default_types) -> dict:
-    """The window and its layers (`ModelSpec.sliding_window`, `window_layers`) from `sliding_window`,
-    `layer_types` and, where the family has it, `use_sliding_window`; {} when no layer is windowed.
-    `default_types(layers)` lists the family's layer types when the file has no `layer_types` (configs
-    written before transformers recorded them). A window no shorter than the planned sequence changes
-    no figure, so a config whose window covers its context plans as it did without one."""
+def _sliding_window(cfg: _HFConfig, layers: int, default_types, default_window: int = 0) -> dict:
+    """The window and its layers (`ModelSpec.sliding_window`, `window_layers`) from `sliding_window`
+    (`default_window` when the key is absent, none when it is null), `layer_types` and, where the family
+    has it, `use_sliding_window`; {} when no layer is windowed. `default_types(layers)` lists the family's
+    layer types when the file has no `layer_types` (configs written before transformers recorded them).
+    A window no shorter than the planned sequence changes no figure, so a config whose window covers its
+    context plans as it did without one."""
     if not cfg.get_bool("use_sliding_window", True):  # qwen2/qwen3: the window is off unless this says on
         return {}
-    window = cfg.get_int("sliding_window", 0)
+    if cfg.data.get("sliding_window", default_window) is None:
+        return {}
+    window = cfg.get_int("sliding_window", default_window)
     if window < 1:
         return {}
     types = cfg.get("layer_types", None)
@@ -816,7 +819,7 @@ def _read_gpt_oss(cfg: _HFConfig) -> dict:
         experts_per_token=cfg.get_int("num_experts_per_tok", 4), attn_sinks=True, router_bias=True,
     )
     values.update(_sliding_window(cfg, layers, lambda n: ["sliding_attention" if i % 2 == 0 else "full_attention"
-                                                          for i in range(n)]))
+                                                          for i in range(n)], default_window=128))
     return values
 
 
