@@ -1,6 +1,6 @@
 """plan/window.py: sliding-window attention in the FLOP count, the attention time and the activations.
 
-gpt-oss attends through a 128-token band on every other block (OpenAI 2025, gpt-oss model card §2.1);
+gpt-oss attends through a 128-token band on every other block (OpenAI 2025, gpt-oss model card §2);
 the oracle for the band's work is the count of causal query-key pairs it keeps, and for "no effect"
 the same model with every block attending to the whole prefix.
 """

@@ -3,7 +3,7 @@
 A causal layer's query at position i (1-based) attends to the i keys before it and itself; a layer
 with a window of w keys (`ModelSpec.sliding_window`: transformers' `sliding_window`, Megatron-Core's
 `window_size` (w - 1, 0)) attends to min(w, i) of them (Beltagy et al. 2020, "Longformer", §3.1;
-Jiang et al. 2023, "Mistral 7B", §2; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", §2.1:
+Jiang et al. 2023, "Mistral 7B", §2; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", §2:
 a 128-token band on every other layer). Over a sequence of s tokens that is
 
     full causal:  s(s + 1) / 2 query-key pairs
