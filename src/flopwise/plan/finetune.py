@@ -116,6 +116,10 @@ def nf4_bytes_per_param(scaler_factor_bytes: float = 2.0) -> float:
 
 NF4_BYTES_PER_PARAM = nf4_bytes_per_param(2.0)
 """What the planner charges per quantized weight: torchao's layout on a bf16 base."""
+FINETUNE_SEQ_LEN_CAP = 2048
+"""A LoRA / QLoRA's default sequence length: the model's context capped here, as the trainer's fine-tune
+defaults cap `data.seq_len` (config/finetune_defaults.py SEQ_LEN_CAP; longer windows are memory a
+user chooses to spend)."""
 DEFAULT_FINETUNE_BATCH_TOKENS = 2**17
 """Tokens per optimizer step of a fine-tune when none is given (an assumption: 32 sequences of
 4096, or 64 of 2048; QLoRA's Guanaco runs used batches of 16 at up to 512 tokens, Alpaca-style
@@ -878,9 +882,13 @@ def recompute_if_needed(spec, evaluate, choose_zero: bool, with_chosen_zero):
     return dataclasses.replace(alt, cluster=dataclasses.replace(alt.cluster, extra=extra))
 
 
-def default_notes(tokens_defaulted: bool, batch_defaulted: bool) -> tuple[str, ...]:
-    """The fine-tune defaults a plan used, one line each (shown as `default:` lines)."""
+def default_notes(tokens_defaulted: bool, batch_defaulted: bool, seq_defaulted: int | None = None) -> tuple[str, ...]:
+    """The fine-tune defaults a plan used, one line each (shown as `default:` lines); `seq_defaulted`,
+    the sequence length a LoRA / QLoRA took by default."""
     notes = []
+    if seq_defaulted is not None:
+        notes.append(f"seq {seq_defaulted}: a fine-tune's default, the model's context capped at "
+                     f"{FINETUNE_SEQ_LEN_CAP} as `flopwise train` windows it (give --seq-len)")
     if tokens_defaulted:
         notes.append(f"tokens {DEFAULT_FINETUNE_TOKENS / 1e9:g}B: a fine-tune's default (give --tokens)")
     if batch_defaulted:

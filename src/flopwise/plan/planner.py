@@ -862,8 +862,11 @@ def build_runspec(
         stack_lora_recompute = f"recompute {recompute}: {stack} checkpoints every block of a LoRA on more than one device"
 
     cnn = model_spec.arch == "cnn"
+    seq_defaulted = seq_len is None
     if seq_len is None:
         seq_len = EXAMPLE["seq_len"] if model is None else (model_spec.seq_len or 2048)
+        if finetune in ("lora", "qlora") and not cnn:  # as `flopwise train` windows a fine-tune (finetune_defaults)
+            seq_len = min(seq_len, tuning.FINETUNE_SEQ_LEN_CAP)
     micro_batch = micro_batch or 1
     if global_batch is not None and batch_tokens is not None:
         raise UserError("give --global-batch (sequences) or --batch-tokens, not both")
@@ -987,7 +990,8 @@ def build_runspec(
     if finetune != "full":
         extra["defaults"] = (*extra.get("defaults", ()),
                              *tuning.default_notes(tokens is None,
-                                                   options["batch_tokens"] is None and options["global_batch"] is None))
+                                                   options["batch_tokens"] is None and options["global_batch"] is None,
+                                                   seq_len if seq_defaulted and finetune in ("lora", "qlora") else None))
 
     # how MoE tokens reach their experts: as asked, or as the stack's recipes dispatch this model on this device
     from flopwise.plan.expert_comm import spelled_dispatcher, stack_moe_defaults
