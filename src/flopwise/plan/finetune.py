@@ -867,17 +867,29 @@ def validate_workload(work, layout=None, model: ModelSpec | None = None, stack: 
 
 
 def recompute_if_needed(spec, evaluate, choose_zero: bool, with_chosen_zero):
-    """A fine-tune that does not fit without recompute is planned with full recompute (gradient
-    checkpointing, as QLoRA §4 and torchtune's recipes run), the reason kept in the plan's defaults."""
+    """A fine-tune that does not fit without recompute, or fits by less than the memory forecast's own
+    error (`band.memory_band`) where full recompute leaves that room, is planned with full recompute
+    (gradient checkpointing, as QLoRA §4 and torchtune's recipes run), the reason kept in the plan's
+    defaults."""
+    from flopwise.plan.band import memory_band
+
     first = evaluate(spec)
-    if first.fits:
+    band = memory_band()
+    if first.fits and first.memory.allocated_bytes <= (1 - band) * first.memory.capacity_bytes:
         return spec
     alt = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute="full"))
     if choose_zero:
         alt = with_chosen_zero(alt)
     need = first.memory.allocated_bytes / mem.GIB
     usable = first.memory.capacity_bytes / mem.GIB
-    reason = f"recompute full: without recompute this fine-tune needs {need:,.1f} GiB of {usable:,.1f} GiB usable"
+    if first.fits:  # it fits, but closer to the edge than the forecast can tell apart from not fitting
+        second = evaluate(alt)
+        if not (second.fits and second.memory.allocated_bytes <= (1 - band) * second.memory.capacity_bytes):
+            return spec
+        reason = (f"recompute full: without recompute this fine-tune needs {need:,.1f} GiB of {usable:,.1f} GiB "
+                  f"usable, inside the memory forecast's ± {band:.0%}")
+    else:
+        reason = f"recompute full: without recompute this fine-tune needs {need:,.1f} GiB of {usable:,.1f} GiB usable"
     extra = {**alt.cluster.extra, "defaults": (*alt.cluster.extra.get("defaults", ()), reason)}
     return dataclasses.replace(alt, cluster=dataclasses.replace(alt.cluster, extra=extra))
 

@@ -1113,10 +1113,14 @@ def choose_zero_stage(spec: RunSpec, profile: GemmProfile | None = None) -> tupl
     """The ZeRO stage a careful engineer would pick, and why, in one line.
 
     Each stage the framework offers is planned with `plan()`'s own models (and the measured
-    device profile, when one is given); among those that fit, the fastest step wins and,
-    within 1 % of it, the first in `TIE_ORDER`. When none fits, the most sharded stage,
-    whose advice then says what else to change.
+    device profile, when one is given); among those that fit with room for the memory forecast's
+    own error (`band.memory_band`: a stage that fits by less could run out of memory on the card),
+    or among all that fit when none has that room, the fastest step wins and, within 1 % of it,
+    the first in `TIE_ORDER`. When none fits, the most sharded stage, whose advice then says what
+    else to change.
     """
+    from flopwise.plan.band import memory_band
+
     results = {}
     for stage in ZERO_STAGES[spec.layout.framework]:
         layout = dataclasses.replace(spec.layout, zero_stage=stage)
@@ -1125,6 +1129,10 @@ def choose_zero_stage(spec: RunSpec, profile: GemmProfile | None = None) -> tupl
     if not fitting:
         stage = max(results)
         return stage, f"zero {stage}: no ZeRO stage fits; the most sharded one is planned"
+    band = memory_band()
+    roomy = {z: r for z, r in fitting.items() if r.memory.allocated_bytes <= (1 - band) * r.memory.capacity_bytes}
+    crowded = set(fitting) - set(roomy) if roomy else set()
+    fitting = roomy or fitting
     fastest = min(r.time.step_seconds for r in fitting.values())
     equal = [z for z, r in fitting.items() if r.time.step_seconds <= fastest * (1 + TIME_TIE)]
     stage = min(equal, key=TIE_ORDER.index)
@@ -1137,6 +1145,9 @@ def choose_zero_stage(spec: RunSpec, profile: GemmProfile | None = None) -> tupl
             continue
         if not r.fits:
             others.append(f"zero {z} does not fit")
+        elif z in crowded:
+            others.append(f"zero {z} fits with {(r.memory.capacity_bytes - r.memory.allocated_bytes) / GIB:.1f} GiB "
+                          f"to spare, inside the memory forecast's ± {band:.0%}")
         elif r.time.step_seconds > chosen.time.step_seconds * (1 + TIME_TIE):
             others.append(f"zero {z} would cost {r.time.step_seconds / chosen.time.step_seconds - 1:.0%} more time")
         else:
