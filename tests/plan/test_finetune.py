@@ -740,3 +740,37 @@ def test_mla_adapters_and_qlora_follow_deepseeks_own_linears():
     moe_linears = 3 * h * 2048 * 257  # the routed and shared experts (the router stays out)
     assert split.quantized_params == 61 * attention_weights + 58 * moe_linears + 3 * 3 * h * 18432
     assert split.quantized_params < pc.total
+
+
+def test_a_stated_full_fine_tune_takes_a_fine_tunes_defaults():
+    """`--finetune full` is a fine-tune of a pretrained model: 1B tokens, 128Ki-token batches and the
+    model's context capped at 2048 as `flopwise train` windows it; unstated, the run trains from scratch."""
+    tuned = build_runspec(model="llama3.1-8b", hardware="h100-sxm", gpus=8, finetune="full")
+    scratch = build_runspec(model="llama3.1-8b", hardware="h100-sxm", gpus=8)
+    assert (tuned.workload.finetune, scratch.workload.finetune) == ("full", "full")
+    assert tuned.workload.seq_len == ft.FINETUNE_SEQ_LEN_CAP and scratch.workload.seq_len == 8192
+    assert tuned.workload.total_tokens == ft.DEFAULT_FINETUNE_TOKENS and scratch.workload.total_tokens > 1e12
+    assert tuned.layout.global_batch_size * tuned.workload.seq_len == ft.DEFAULT_FINETUNE_BATCH_TOKENS
+    notes = " | ".join(tuned.cluster.extra["defaults"])
+    assert "seq 2048: a fine-tune's default" in notes and "tokens 1B" in notes
+    assert "defaults" not in scratch.cluster.extra or "seq 2048" not in " ".join(scratch.cluster.extra["defaults"])
+    assert build_runspec(model="llama3.1-8b", finetune="lora", seq_len=8192).workload.seq_len == 8192  # stated wins
+
+
+def test_lora_flags_without_a_fine_tune_are_named_as_ignored():
+    warnings = build_runspec(model="llama3-8b", lora_rank=8, lora_targets="q_proj").cluster.extra["warnings"]
+    assert any(w.startswith("--lora-rank, --lora-targets apply to adapters only") for w in warnings)
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"finetune": "qlora"}, "no stack runs a QLoRA in fp8"),
+    ({"finetune": "lora"}, "fine-tunes adapters in 16 bits"),
+    ({"finetune": "lora", "stack": "torchtune"}, "the torchtune stack fine-tunes adapters in 16 bits"),
+])
+def test_an_fp8_fine_tune_no_stack_runs_is_refused_in_one_line(options, says):
+    with pytest.raises(UserError) as err:
+        build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=8, precision="fp8", **options)
+    assert says in str(err.value) and "\n" not in str(err.value)
+    # Megatron-Core's LoRA runs the frozen base's GEMMs in fp8
+    assert build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=8, precision="fp8", finetune="lora",
+                         stack="nemo").workload.precision == "fp8"

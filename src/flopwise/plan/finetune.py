@@ -825,7 +825,8 @@ sets (QLoRA's OASST1 is ~10M tokens per epoch, FLAN v2 subsets ~1B); an assumpti
 
 
 def default_tokens(method: str, pretraining_default: float | str) -> float | str:
-    """`--tokens` when none is given: 1B for a fine-tune, the pre-training example otherwise."""
+    """`--tokens` when none is given: 1B for a fine-tune (`method` lora, qlora, or full-finetune: a stated
+    `--finetune full`), the pre-training example for "full" (training from scratch)."""
     return pretraining_default if method == "full" else DEFAULT_FINETUNE_TOKENS
 
 
@@ -862,6 +863,14 @@ def validate_workload(work, layout=None, model: ModelSpec | None = None, stack: 
                         f"{', '.join(m.name for m in block_linears(model))})")
     if work.lora_rank < 1:
         raise UserError(f"--lora-rank must be >= 1, got {work.lora_rank}")
+    if getattr(work, "precision", None) == "fp8":
+        if method == "qlora":
+            raise UserError("--finetune qlora --precision fp8: the NF4 base is dequantised to bf16 for every GEMM, "
+                            "so no stack runs a QLoRA in fp8; plan --precision bf16 (or LoRA under --stack nemo)")
+        if adapter_style(stack) != "megatron":
+            raise UserError(f"--finetune lora --precision fp8: the {stack} stack fine-tunes adapters in 16 bits "
+                            "(its fp8 is for full training); plan --precision bf16, or --stack nemo, whose "
+                            "Megatron-Core LoRA runs the frozen base's GEMMs in fp8")
     if not 0.0 <= work.lora_dropout < 1.0:
         raise UserError(f"--lora-dropout must be in [0, 1), got {work.lora_dropout}")
 

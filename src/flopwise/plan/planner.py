@@ -751,7 +751,7 @@ def build_runspec(
     stack: str = "flopwise",
     fp8_recipe: str | None = None,
     moe_dispatcher: str | None = None,
-    finetune: str = "full",
+    finetune: str | None = None,
     lora_rank: int | None = None,
     lora_targets: str | None = None,
     lora_dropout: float | None = None,
@@ -782,6 +782,10 @@ def build_runspec(
     if isinstance(optimizer, str):
         optimizer = {"adam": "adamw"}.get(optimizer.strip().lower(), optimizer.strip().lower())
     options = dict(locals())
+    # a stated --finetune (full included) is a fine-tune of a pretrained model: its defaults (tokens, batch,
+    # sequence) are a fine-tune's; unstated, the run trains from scratch
+    tuned_defaults = finetune is not None
+    finetune = finetune or "full"
     # a layout stated whole (a published run's, a recipe's): kept as given when it is only tight (`plan`)
     layout_stated = micro_batch is not None and (tp is not None or pp is not None)
     from flopwise.catalog.hardware import get_hardware
@@ -865,7 +869,7 @@ def build_runspec(
     seq_defaulted = seq_len is None
     if seq_len is None:
         seq_len = EXAMPLE["seq_len"] if model is None else (model_spec.seq_len or 2048)
-        if finetune in ("lora", "qlora") and not cnn:  # as `flopwise train` windows a fine-tune (finetune_defaults)
+        if tuned_defaults and not cnn:  # as `flopwise train` windows a fine-tune (finetune_defaults)
             seq_len = min(seq_len, tuning.FINETUNE_SEQ_LEN_CAP)
     micro_batch = micro_batch or 1
     if global_batch is not None and batch_tokens is not None:
@@ -877,7 +881,7 @@ def build_runspec(
             global_batch = dp * micro_batch * grad_accum
     if global_batch is None:
         if batch_tokens is None:
-            batch_tokens = (EXAMPLE["batch_tokens"] if finetune == "full" else tuning.DEFAULT_FINETUNE_BATCH_TOKENS
+            batch_tokens = (EXAMPLE["batch_tokens"] if not tuned_defaults else tuning.DEFAULT_FINETUNE_BATCH_TOKENS
                             ) if not cnn else None
         if batch_tokens is None:
             global_batch = dp * micro_batch
@@ -904,7 +908,8 @@ def build_runspec(
         stack_default_zero = f"zero {zero}: {stack} shards every multi-device run so (FSDP full sharding)"
     if zero is None:
         zero = 3 if offload == "params" else 0  # placeholder until `choose_zero_stage`
-    total = parse_count(tokens if tokens is not None else tuning.default_tokens(finetune, EXAMPLE["tokens"]),
+    total = parse_count(tokens if tokens is not None else tuning.default_tokens(
+        finetune if finetune != "full" or not tuned_defaults else "full-finetune", EXAMPLE["tokens"]),
                         "--tokens")
     if schedule == "1f1b" and virtual_stages not in (None, 1):
         # Megatron's --virtual-pipeline-model-parallel-size alone selects its interleaved 1F1B
@@ -938,6 +943,12 @@ def build_runspec(
                         f"({hw.memory_bytes / mem.GIB:.1f} GiB)")
     if precision == "bf16-true" or (precision == "fp8" and "full" in stack_spec.pure_bf16):
         warnings.append(mem.BF16_TRUE_TRADE_OFF)  # torchtune's fp8 swaps the linears of a pure-bf16 model
+    given_lora = [flag for flag, key in (("--lora-rank", "lora_rank"), ("--lora-targets", "lora_targets"),
+                                         ("--lora-dropout", "lora_dropout")) if options[key] is not None]
+    if given_lora and finetune == "full":
+        warnings.append(f"{', '.join(given_lora)} appl{'ies' if len(given_lora) == 1 else 'y'} to adapters only: "
+                        f"this plan trains every weight and ignores {'it' if len(given_lora) == 1 else 'them'} "
+                        "(add --finetune lora or qlora)")
     if options["fp8_recipe"] is not None and precision != "fp8":
         warnings.append(f"--fp8-recipe {fp8_recipe} applies to fp8 GEMMs only: this plan is "
                         f"{precision} and ignores it (add --precision fp8)")
@@ -987,11 +998,11 @@ def build_runspec(
         extra["fp8_recipe"] = fp8_recipe or stack_spec.fp8_recipe
     elif fp8_recipe is not None:
         extra["fp8_recipe"] = fp8_recipe
-    if finetune != "full":
+    if tuned_defaults:
         extra["defaults"] = (*extra.get("defaults", ()),
                              *tuning.default_notes(tokens is None,
                                                    options["batch_tokens"] is None and options["global_batch"] is None,
-                                                   seq_len if seq_defaulted and finetune in ("lora", "qlora") else None))
+                                                   seq_len if seq_defaulted and not cnn else None))
 
     # how MoE tokens reach their experts: as asked, or as the stack's recipes dispatch this model on this device
     from flopwise.plan.expert_comm import spelled_dispatcher, stack_moe_defaults
