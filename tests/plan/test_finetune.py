@@ -299,7 +299,7 @@ def test_qlora_dequantises_each_base_weight_once_per_pass():
     from flopwise.plan.ops import layer_times as base_layer_times
 
     spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
-                         finetune="lora")
+                         finetune="lora", compiled=True)  # compiled: the fused pass
     hw = spec.cluster.hardware
     rates = device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None)
     base = base_layer_times(spec.model, spec.workload.seq_len, 1, 1, False, True, False, "full", "bf16", rates)
@@ -534,7 +534,7 @@ def test_torchao_nf4_tensor_holds_the_planned_bytes_and_keeps_only_itself_for_ba
 
 def test_qlora_plan_says_what_its_dequantisation_costs_and_what_eager_torchao_would():
     spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
-                         finetune="qlora")
+                         finetune="qlora", compiled=True)  # torchao under torch.compile: the fused pass
     qlora = plan(spec)
     lora = plan(with_workload(spec, finetune="lora"))
     from flopwise.plan.gemm import device_rates
@@ -545,6 +545,24 @@ def test_qlora_plan_says_what_its_dequantisation_costs_and_what_eager_torchao_wo
     warning = next(w for w in qlora.warnings if w.startswith("QLoRA time assumes a fused NF4"))
     assert f"would add {(ft.EAGER_NF4_DEQUANT_FACTOR - 1) * fused:,.1f} s per step" in warning
     assert not any("NF4" in w for w in lora.warnings)
+
+
+def test_flopwise_qlora_without_compile_is_timed_with_torchaos_eager_dequantisation():
+    """flopwise train runs torchao's NF4Tensor eagerly unless training.compile is on: its plan's time
+    carries the measured eager cost and says what a fused pass would save; other stacks fuse it."""
+    eager_spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
+                               finetune="qlora")
+    eager, fused = plan(eager_spec), plan(dataclasses.replace(
+        eager_spec, layout=dataclasses.replace(eager_spec.layout, compiled=True)))
+    from flopwise.plan.gemm import device_rates
+
+    hw = eager_spec.cluster.hardware
+    one_pass = ft.dequant_seconds_per_step(eager_spec, device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None),
+                                           fused=True)
+    assert eager.time.step_seconds - fused.time.step_seconds == pytest.approx(
+        (ft.EAGER_NF4_DEQUANT_FACTOR - 1) * one_pass, rel=0.02)
+    assert any(w.startswith("QLoRA time assumes torchao's eager NF4") for w in eager.warnings)
+    assert not ft.eager_dequant(dataclasses.replace(eager_spec, stack="torchtune"))
 
 
 def test_compare_local_json_carries_the_finetune_split():

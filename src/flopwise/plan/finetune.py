@@ -673,7 +673,7 @@ def layer_times(layer, spec, rates):
     if split.method == "qlora":
         written = frozen_weight_bytes(work.precision)  # the copy in the compute dtype (bf16: 2 bytes)
         dequant = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + written),
-                                       len(block_linears(model)))
+                                       len(block_linears(model))) * dequant_factor(spec)
     share = full_recompute_share(lay.recompute)
     return dataclasses.replace(
         layer,
@@ -735,8 +735,21 @@ LoRA layers per Llama 2 7B layer at 2048 tokens, 22x the planned 0.29 ms (torch 
 indices, a gather and a stack per weight; bitsandbytes' CUDA kernel or torch.compile fuses them."""
 
 
-def dequant_seconds_per_step(spec, rates) -> float:
-    """Seconds of QLoRA's fused dequantisation in one optimizer step on one device (0 for LoRA)."""
+def eager_dequant(spec) -> bool:
+    """Whether the run dequantises its NF4 base eagerly: flopwise's own trainer (the `flopwise` stack)
+    without `training.compile` (plan `--compile`) runs torchao's `NF4Tensor` eagerly; bitsandbytes'
+    CUDA kernel (PEFT, litgpt) and torchao under torch.compile (torchtune's recipes) fuse it."""
+    return spec.stack == "flopwise" and not spec.layout.compiled
+
+
+def dequant_factor(spec) -> float:
+    """The dequantisation's time over the fused pass: `EAGER_NF4_DEQUANT_FACTOR` when eager, else 1."""
+    return EAGER_NF4_DEQUANT_FACTOR if eager_dequant(spec) else 1.0
+
+
+def dequant_seconds_per_step(spec, rates, fused: bool = False) -> float:
+    """Seconds of QLoRA's dequantisation in one optimizer step on one device (0 for LoRA): as the run
+    dequantises (`eager_dequant`), or the fused pass when `fused`."""
     split = split_of(spec)
     if split is None or split.method != "qlora":
         return 0.0
@@ -747,15 +760,21 @@ def dequant_seconds_per_step(spec, rates) -> float:
     per_pass = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + written),
                                     len(block_linears(model)))
     passes = 2.0 + full_recompute_share(lay.recompute)
-    return per_pass * passes * model.n_layers / max(1, lay.pp) * lay.grad_accum
+    seconds = per_pass * passes * model.n_layers / max(1, lay.pp) * lay.grad_accum
+    return seconds if fused else seconds * dequant_factor(spec)
 
 
 def time_warnings(spec, rates, step_seconds: float) -> list[str]:
     """What the plan's time assumes for a QLoRA run, with the measured cost of the other choice."""
-    fused = dequant_seconds_per_step(spec, rates)
+    fused = dequant_seconds_per_step(spec, rates, fused=True)
     if not fused or not step_seconds:
         return []
     extra = (EAGER_NF4_DEQUANT_FACTOR - 1.0) * fused
+    if eager_dequant(spec):
+        return [f"QLoRA time assumes torchao's eager NF4 dequantisation, as flopwise train runs it without "
+                f"training.compile: {fused * EAGER_NF4_DEQUANT_FACTOR:,.2f} s per step ({EAGER_NF4_DEQUANT_FACTOR:g}x "
+                f"the fused pass, measured on an H200); a fused one (training.compile=true, plan --compile; "
+                f"bitsandbytes' kernel) would save {extra:,.1f} s per step ({extra / step_seconds:.0%})"]
     return [f"QLoRA time assumes a fused NF4 dequantisation (bitsandbytes' kernel, or torchao under "
             f"torch.compile): {fused:,.2f} s per step; torchao's eager NF4Tensor measured "
             f"{EAGER_NF4_DEQUANT_FACTOR:g}x that on an H200, which would add {extra:,.1f} s per step "
