@@ -173,11 +173,14 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
     else:
         device = get_hardware(hardware or EXAMPLE["hardware"])
     # parallel.strategy unset: the strategy the trainer picks on this device, by the same rule
+    precision_line = _pretrained_precision_default(cfg, device)  # before the strategy reads it, as the trainer
     choice = settle_strategy(cfg, device, "cpu" if device.vendor == "cpu" else "cuda")
     planned = planned_config(cfg, resolve_run(cfg))
     result = plan(planned.on(device), profile=measured)
     if choice.chosen:
         print(choice.line(), file=sys.stderr if as_json else sys.stdout)
+    if precision_line:
+        print(f"default: {precision_line}", file=sys.stderr if as_json else sys.stdout)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if as_json:
@@ -186,6 +189,20 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
     print_plan(result)
     for note in planned.notes:
         print(note)
+
+
+def _pretrained_precision_default(cfg, device) -> str | None:
+    """The precision the trainer gives a pretrained model's run on `device` when `precision.mode` is unset
+    (train/techniques/precision.py `pretrained_precision_default`: bf16 on a GPU that computes in it, a CPU
+    keeps fp32), set on `cfg` as the trainer sets it there, so the plan is of the run on that device and not
+    of this machine's; the line saying so, or None when nothing changed."""
+    if cfg.model.pretrained is None or "mode" in cfg.precision.model_fields_set or device.vendor == "cpu":
+        return None
+    if not device.peak_tflops.get("bf16"):
+        return None
+    cfg.precision.mode = "bf16"
+    return (f"precision.mode=bf16: {device.key} computes in bf16 and pretrained weights are published in it "
+            "(as the trainer sets it there)")
 
 
 def _read_profile(path: str, hardware: str | None):
