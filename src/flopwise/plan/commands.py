@@ -314,6 +314,7 @@ def print_plan(result) -> None:
             ("embedding", _count(p.embedding)), ("output head", _count(p.output_head)),
             ("non-embedding", _count(p.non_embedding))]
     table("Parameters", rows)
+    from flopwise.catalog.models import windowed_layers
     from flopwise.plan.finetune import split_of, summary_rows
     from flopwise.plan.planner import gradient_dtype
 
@@ -325,7 +326,9 @@ def print_plan(result) -> None:
         (f"N for 6N (active non-embedding + head)", _count(f.matmul_params)),
         (f"model FLOPs / {unit} ({'4N + 6·adapters' if tuned else '6N'} + attention)", f"{f.model_per_unit:.4g}"),
         ("  of which attention (12·L·s·d)" + (" and SSD scans (21·d·N per Mamba layer)"
-                                              if spec.model.hybrid_pattern else ""), f"{f.attention_per_unit:.4g}"),
+                                              if spec.model.hybrid_pattern else "")
+         + (f", {windowed_layers(spec.model)} layers windowed to {spec.model.sliding_window} keys"
+            if windowed_layers(spec.model) else ""), f"{f.attention_per_unit:.4g}"),
         (f"hardware FLOPs / {unit} (with recompute)", f"{f.hardware_per_unit:.4g}"),
         (f"{unit}s", _count(f.units)),
         ("model FLOPs, whole job", f"{f.model_total:.4g}"),

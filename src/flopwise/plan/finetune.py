@@ -77,6 +77,7 @@ from flopwise.errors import UserError
 from flopwise.plan import memory as mem
 from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import local_seq_len
+from flopwise.plan.window import attention_work_share
 
 FINETUNE_METHODS = ("full", "lora", "qlora")
 LORA_TARGETS = ("all-linear", "qkvo")
@@ -610,7 +611,7 @@ def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_le
     n = matmul_params(spec, pc)
     adapters = spec.n_layers * active_adapter_params_per_layer(spec, split.rank, split.targets,
                                                                 split.adapters == "megatron")
-    attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec))
+    attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec), attention_work_share(spec, seq_len))
     dense = 4.0 * n + 6.0 * adapters
     model = dense + 3.0 * attn_fwd
     forward = 2.0 * n + 2.0 * adapters + attn_fwd
