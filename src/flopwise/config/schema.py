@@ -421,6 +421,11 @@ def _check_adapters(cfg: RunConfig) -> None:
                          f"(got {cfg.parallel.strategy})")
     if cfg.parallel.tp > 1:
         raise ValueError(f"finetune.method: {method} does not combine with tensor parallelism (parallel.tp=1)")
+    if method == "qlora" and precision_of(cfg.precision.mode).compute_dtype == "fp16":
+        # torchao's NF4 base dequantises to bf16: under fp16 autocast the matmul meets a bf16 weight
+        # and torch stops with "Unexpected floating ScalarType" (single process and FSDP2 alike)
+        raise ValueError(f"precision.mode: {cfg.precision.mode} does not combine with finetune.method=qlora "
+                         "(QLoRA's NF4 base dequantises to bf16); use bf16, bf16-true, bf16-params (fsdp) or fp32")
 
 
 def _resolve_pretrained(cfg: RunConfig) -> None:

@@ -56,6 +56,16 @@ def test_adapters_refuse_deepspeed_and_pipeline(folders, tmp_path):
         load_config(None, overrides(folders, tmp_path, "qlora", "parallel.strategy=deepspeed"))
 
 
+@pytest.mark.parametrize("mode", ["fp16", "fp16-params"])
+def test_qlora_refuses_fp16_in_one_line(folders, tmp_path, mode):
+    """torchao's NF4 base dequantises to bf16, which fp16 autocast stops on ("Unexpected floating
+    ScalarType"): refused while the config loads, before any process starts."""
+    with pytest.raises(UserError, match=rf"precision.mode: {mode} does not combine with finetune.method=qlora "
+                                        r".*use bf16, bf16-true, bf16-params \(fsdp\) or fp32"):
+        load_config(None, overrides(folders, tmp_path, "qlora", f"precision.mode={mode}", "parallel.strategy=fsdp"))
+    load_config(None, overrides(folders, tmp_path, "lora", f"precision.mode={mode}", "parallel.strategy=fsdp"))
+
+
 # -- one process -------------------------------------------------------------------------------
 
 def built_state(folders, tmp_path, method: str, *extra: str):
@@ -90,6 +100,16 @@ def test_only_adapters_train_and_the_optimizer_holds_only_them(folders, tmp_path
             assert not moved, f"the frozen {name} changed"
         elif "lora_B" in name:
             assert moved, f"the adapter {name} did not train"
+
+
+@pytest.mark.parametrize("mode", ["bf16", "bf16-true"])
+def test_qlora_trains_under_the_bf16_modes(folders, tmp_path, mode):
+    from flopwise.train.parallel.distributed import init_distributed
+    from flopwise.train.step import train_step
+
+    cfg, state = built_state(folders, tmp_path, "qlora", f"precision.mode={mode}")
+    step = train_step(state, init_distributed(cfg.parallel), 1, None)
+    assert math.isfinite(step.loss) and step.loss > 0
 
 
 def test_qlora_stores_block_linears_in_nf4_and_lora_does_not(folders, tmp_path):
