@@ -202,6 +202,10 @@ HF_CASES = {
         SMALL, num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=160, moe_intermediate_size=24,
         n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=3, q_lora_rank=None, kv_lora_rank=32,
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=128)),
+    # gpt-oss: biased GQA with a sink per head, biased experts behind a biased router, alternating windows
+    "gpt_oss": ("GptOssConfig", dict(
+        SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=24, intermediate_size=48, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=8, max_position_embeddings=128)),
     # Nemotron-H: Mamba-2, attention and MLP layers by Megatron's pattern (mamba d = 8 x 16 = 2h)
     "nemotron_h": ("NemotronHConfig", dict(
         hidden_size=64, hybrid_override_pattern="M-M*-M", num_attention_heads=4, num_key_value_heads=2,
@@ -576,3 +580,94 @@ def test_every_display_name_and_its_hub_spelling_resolve():
     assert all(catalog_key(spec.name) == key for key, spec in models.items())
     assert get_model("meta-llama/Llama-4-Scout-17B-16E").key == "llama4-scout"
     assert get_model("meta-llama/Llama-4-Maverick-17B-128E-Instruct").key == "llama4-maverick"
+
+
+# --- sliding-window attention and the 2025 MoE families (gpt-oss, Kimi K2) ---------------------
+
+def test_gpt_oss_config_written_by_transformers_gives_the_windowed_spec(tmp_path):
+    """GptOssConfig's layer_types (sliding on blocks 0, 2, ...) become window_layers; the window, the sinks
+    and the router's bias are read; its defaults are gpt-oss-120b's, so the file plans as the catalog's."""
+    transformers = pytest.importorskip("transformers")
+    class_name, kwargs = HF_CASES["gpt_oss"]
+    getattr(transformers, class_name)(**kwargs).save_pretrained(tmp_path)
+    spec = from_hf_config(tmp_path / "config.json")
+    assert (spec.sliding_window, spec.window_layers, spec.n_experts, spec.experts_per_token) == (8, "SFSF", 4, 2)
+    assert spec.attn_sinks and spec.router_bias and spec.attn_bias and spec.mlp_bias and not spec.tied_embeddings
+
+    transformers.GptOssConfig().save_pretrained(tmp_path)
+    default, catalog = from_hf_config(tmp_path / "config.json", seq_len=4096), get_model("gpt-oss-120b")
+    assert count_params(default) == count_params(catalog)
+    assert (default.sliding_window, default.window_layers) == (128, catalog.window_layers)
+
+
+@pytest.mark.parametrize(("layer_types", "window_layers"), [
+    (["sliding_attention"] * 4, ""),  # every layer windowed: the empty pattern
+    (["full_attention"] * 4, None),  # no layer windowed: no window
+    (["full_attention", "sliding_attention", "sliding_attention", "full_attention"], "FSSF"),
+])
+def test_gpt_oss_layer_types_say_which_layers_are_windowed(layer_types, window_layers, tmp_path):
+    base = dict(model_type="gpt_oss", hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=16,
+                num_key_value_heads=2, sliding_window=16, layer_types=layer_types)
+    spec = from_hf_config(_write_config(tmp_path, base))
+    assert spec.sliding_window == (0 if window_layers is None else 16)
+    assert spec.window_layers == (window_layers or "")
+
+
+def test_window_keys_of_other_families_are_read_only_where_the_model_uses_them(tmp_path):
+    llama_shape = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+                       vocab_size=211, max_position_embeddings=8192)
+    mistral = from_hf_config(_write_config(tmp_path, dict(llama_shape, model_type="mistral", sliding_window=4096)))
+    assert (mistral.sliding_window, mistral.window_layers) == (4096, "")  # Mistral 7B v0.1: every layer
+    for off in (dict(model_type="mistral", sliding_window=None), dict(model_type="mixtral", num_local_experts=4,
+                                                                       num_experts_per_tok=2),
+                dict(model_type="qwen2", sliding_window=131072, use_sliding_window=False)):  # Qwen2.5's files
+        assert from_hf_config(_write_config(tmp_path, dict(llama_shape, **off))).sliding_window == 0
+    qwen3 = from_hf_config(_write_config(tmp_path, dict(llama_shape, model_type="qwen3", use_sliding_window=True,
+                                                        sliding_window=512, max_window_layers=1)))
+    assert (qwen3.sliding_window, qwen3.window_layers) == (512, "FSS")  # windowed from max_window_layers on
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (dict(layer_types=["sliding_attention", "chunked_attention"]), "layer_types' has chunked_attention"),
+    (dict(layer_types=["sliding_attention"]), "one type for each of the 2 layers"),
+    (dict(sliding_window="128"), "key 'sliding_window' must be a whole number"),
+])
+def test_gpt_oss_config_errors_name_the_key(edit, message, tmp_path):
+    base = dict(model_type="gpt_oss", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16)
+    with pytest.raises(UserError, match=message):
+        from_hf_config(_write_config(tmp_path, dict(base, **edit)))
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ("sliding_window: 8\n    window_layers: SX", "window_layers has 'X'"),
+    ("sliding_window: 8\n    window_layers: SFS", "window_layers has 3 layers, n_layers says 2"),
+    ("window_layers: SF", "window_layers' needs sliding_window > 0"),
+])
+def test_catalog_window_fields_are_validated(fields, message):
+    text = ("models:\n  tiny:\n    name: Tiny\n    n_layers: 2\n    hidden: 64\n    n_heads: 4\n"
+            "    ffn_hidden: 96\n    vocab_size: 211\n    seq_len: 64\n    position: rope\n    source: test\n"
+            f"    reported_params: 1.0e5\n    {fields}\n")
+    with pytest.raises(UserError, match=message):
+        models_from_yaml(text, origin="test.yaml")
+
+
+KIMI_K2_JSON = dict(  # moonshotai/Kimi-K2-Instruct's shapes (Megatron-Bridge KimiK2Provider) as config.json keys
+    model_type="kimi_k2", hidden_size=7168, num_hidden_layers=61, num_attention_heads=64, num_key_value_heads=64,
+    intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=384, n_shared_experts=1,
+    num_experts_per_tok=8, first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=163840, max_position_embeddings=131072,
+    tie_word_embeddings=False, num_nextn_predict_layers=0)
+
+
+def test_kimi_k2_is_deepseek_v3_with_its_own_widths(tmp_path):
+    """Kimi K2's config.json (model_type kimi_k2) reads as DeepSeek-V3's architecture and plans as the catalog's
+    entry: 1.026T parameters (the model card's "1T"), 32.9B active (31.7B without the input embedding; "32B")."""
+    from_file = count_params(from_hf_config(_write_config(tmp_path, KIMI_K2_JSON)))
+    catalog = get_model("kimi-k2")
+    pc = count_params(catalog)
+    assert (from_file.total, from_file.active) == (pc.total, pc.active)
+    assert pc.total == 1_026_408_209_408 and abs(pc.total / 1.0e12 - 1) < 0.03
+    assert abs((pc.active - pc.embedding) / 32e9 - 1) < 0.01
+    assert (pc.dense_layers, pc.moe_layers, catalog.expert_groups) == (1, 60, 0)  # n_group 1: no group limit
+    assert get_model("moonshotai/Kimi-K2-Instruct").key == "kimi-k2"
+    assert get_model("openai/gpt-oss-120b").key == "gpt-oss-120b"

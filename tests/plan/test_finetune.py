@@ -304,7 +304,7 @@ def test_qlora_dequantises_each_base_weight_once_per_pass():
     from flopwise.plan.ops import layer_times as base_layer_times
 
     spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
-                         finetune="lora")
+                         finetune="lora", compiled=True)  # compiled: the fused pass
     hw = spec.cluster.hardware
     rates = device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None)
     base = base_layer_times(spec.model, spec.workload.seq_len, 1, 1, False, True, False, "full", "bf16", rates)
@@ -539,7 +539,7 @@ def test_torchao_nf4_tensor_holds_the_planned_bytes_and_keeps_only_itself_for_ba
 
 def test_qlora_plan_says_what_its_dequantisation_costs_and_what_eager_torchao_would():
     spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
-                         finetune="qlora")
+                         finetune="qlora", compiled=True)  # torchao under torch.compile: the fused pass
     qlora = plan(spec)
     lora = plan(with_workload(spec, finetune="lora"))
     from flopwise.plan.gemm import device_rates
@@ -550,6 +550,24 @@ def test_qlora_plan_says_what_its_dequantisation_costs_and_what_eager_torchao_wo
     warning = next(w for w in qlora.warnings if w.startswith("QLoRA time assumes a fused NF4"))
     assert f"would add {(ft.EAGER_NF4_DEQUANT_FACTOR - 1) * fused:,.1f} s per step" in warning
     assert not any("NF4" in w for w in lora.warnings)
+
+
+def test_flopwise_qlora_without_compile_is_timed_with_torchaos_eager_dequantisation():
+    """flopwise train runs torchao's NF4Tensor eagerly unless training.compile is on: its plan's time
+    carries the measured eager cost and says what a fused pass would save; other stacks fuse it."""
+    eager_spec = build_runspec(model="llama2-7b", hardware="h100-sxm", gpus=1, recompute="full", global_batch=8,
+                               finetune="qlora")
+    eager, fused = plan(eager_spec), plan(dataclasses.replace(
+        eager_spec, layout=dataclasses.replace(eager_spec.layout, compiled=True)))
+    from flopwise.plan.gemm import device_rates
+
+    hw = eager_spec.cluster.hardware
+    one_pass = ft.dequant_seconds_per_step(eager_spec, device_rates(hw, "bf16", hw.peak_flops("bf16"), None, None),
+                                           fused=True)
+    assert eager.time.step_seconds - fused.time.step_seconds == pytest.approx(
+        (ft.EAGER_NF4_DEQUANT_FACTOR - 1) * one_pass, rel=0.02)
+    assert any(w.startswith("QLoRA time assumes torchao's eager NF4") for w in eager.warnings)
+    assert not ft.eager_dequant(dataclasses.replace(eager_spec, stack="torchtune"))
 
 
 def test_compare_local_json_carries_the_finetune_split():
@@ -745,3 +763,37 @@ def test_mla_adapters_and_qlora_follow_deepseeks_own_linears():
     moe_linears = 3 * h * 2048 * 257  # the routed and shared experts (the router stays out)
     assert split.quantized_params == 61 * attention_weights + 58 * moe_linears + 3 * 3 * h * 18432
     assert split.quantized_params < pc.total
+
+
+def test_a_stated_full_fine_tune_takes_a_fine_tunes_defaults():
+    """`--finetune full` is a fine-tune of a pretrained model: 1B tokens, 128Ki-token batches and the
+    model's context capped at 2048 as `flopwise train` windows it; unstated, the run trains from scratch."""
+    tuned = build_runspec(model="llama3.1-8b", hardware="h100-sxm", gpus=8, finetune="full")
+    scratch = build_runspec(model="llama3.1-8b", hardware="h100-sxm", gpus=8)
+    assert (tuned.workload.finetune, scratch.workload.finetune) == ("full", "full")
+    assert tuned.workload.seq_len == ft.FINETUNE_SEQ_LEN_CAP and scratch.workload.seq_len == 8192
+    assert tuned.workload.total_tokens == ft.DEFAULT_FINETUNE_TOKENS and scratch.workload.total_tokens > 1e12
+    assert tuned.layout.global_batch_size * tuned.workload.seq_len == ft.DEFAULT_FINETUNE_BATCH_TOKENS
+    notes = " | ".join(tuned.cluster.extra["defaults"])
+    assert "seq 2048: a fine-tune's default" in notes and "tokens 1B" in notes
+    assert "defaults" not in scratch.cluster.extra or "seq 2048" not in " ".join(scratch.cluster.extra["defaults"])
+    assert build_runspec(model="llama3.1-8b", finetune="lora", seq_len=8192).workload.seq_len == 8192  # stated wins
+
+
+def test_lora_flags_without_a_fine_tune_are_named_as_ignored():
+    warnings = build_runspec(model="llama3-8b", lora_rank=8, lora_targets="q_proj").cluster.extra["warnings"]
+    assert any(w.startswith("--lora-rank, --lora-targets apply to adapters only") for w in warnings)
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"finetune": "qlora"}, "no stack runs a QLoRA in fp8"),
+    ({"finetune": "lora"}, "fine-tunes adapters in 16 bits"),
+    ({"finetune": "lora", "stack": "torchtune"}, "the torchtune stack fine-tunes adapters in 16 bits"),
+])
+def test_an_fp8_fine_tune_no_stack_runs_is_refused_in_one_line(options, says):
+    with pytest.raises(UserError) as err:
+        build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=8, precision="fp8", **options)
+    assert says in str(err.value) and "\n" not in str(err.value)
+    # Megatron-Core's LoRA runs the frozen base's GEMMs in fp8
+    assert build_runspec(model="llama3-8b", hardware="h100-sxm", gpus=8, precision="fp8", finetune="lora",
+                         stack="nemo").workload.precision == "fp8"

@@ -170,3 +170,28 @@ def test_mesh_keys_become_the_planned_layout():
                  "parallel.pipeline_virtual_stages=2").layout
     assert (pipe.pp, pipe.pipeline_schedule, pipe.virtual_stages, pipe.interleaved_variant) == (
         2, "interleaved", 2, "looped-bfs")
+
+
+def test_plan_config_plans_a_pretrained_models_precision_for_the_named_gpu(tmp_path):
+    """`precision.mode` unset on a pretrained model: the trainer computes in bf16 on a GPU that has it,
+    so `plan --config --hardware rtx4090` plans bf16 and says so, whatever machine the planner runs on;
+    a stated mode wins."""
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 688,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512,
+        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}))
+    (tmp_path / "text.jsonl").write_text('{"text": "hello"}\n')
+    config = tmp_path / "lora.yaml"
+    config.write_text(f"model:\n  kind: hf\n  pretrained: {folder}\ndata:\n  hf_dataset:\n    path: {tmp_path / 'text.jsonl'}\n"
+                      "    text_field: text\nfinetune:\n  method: lora\n  rank: 8\n")
+    planned = _flopwise("plan", "--config", str(config), "--hardware", "rtx4090", "--json", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["inputs"]["workload"]["precision"] == "bf16"
+    assert "default: precision.mode=bf16: rtx4090" in planned.stderr
+    stated = _flopwise("plan", "--config", str(config), "precision.mode=fp32", "--hardware", "rtx4090", "--json",
+                       cwd=tmp_path)
+    assert stated.returncode == 0, stated.stderr
+    assert json.loads(stated.stdout)["inputs"]["workload"]["precision"] == "fp32"
+    assert "precision.mode=bf16" not in stated.stderr

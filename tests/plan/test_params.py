@@ -28,6 +28,8 @@ PUBLISHED_TOTALS = {
     "llama3-70b": (70.55e9, 0.005e9),
     "llama3.1-405b": (405.85e9, 0.005e9),
     "bloom-176b": (176.247e9, 0.0005e9),  # BigScience reports 176,247M
+    "gpt-oss-120b": (116.83e9, 0.005e9),  # OpenAI's gpt-oss model card, Table 1
+    "gpt-oss-20b": (20.91e9, 0.005e9),
 }
 
 # LLaMA-1 paper, Table 2 (V): one decimal place, truncated (65.29B is printed as 65.2B).
@@ -231,3 +233,17 @@ def test_qwen3_counts_its_per_head_qk_norms_and_they_cost_memory_and_time():
     with_norms, without = plan(spec), plan(dataclasses.replace(spec, model=plain))
     assert with_norms.memory.activations > without.memory.activations
     assert with_norms.time.memory_bound_seconds > without.time.memory_bound_seconds
+
+
+@pytest.mark.parametrize(("key", "active"), [("gpt-oss-120b", 5.13e9), ("gpt-oss-20b", 3.61e9)])
+def test_gpt_oss_active_counts_match_the_model_card(key, active):
+    """The card's active figure counts the output head but not the embedding (5,132,849,472 and
+    3,608,307,264 here); the biases, sinks and router bias are what bring the totals to its 116.83B and 20.91B."""
+    spec = get_model(key)
+    pc = count_params(spec)
+    assert pc.active - pc.embedding == pytest.approx(active, abs=0.005e9)
+    bare = dataclasses.replace(spec, attn_bias=False, mlp_bias=False, attn_sinks=False, router_bias=False)
+    per_layer = count_params(spec).total - count_params(bare).total
+    heads, kv, d, h, f, e = 64, 8, 64, 2880, 2880, spec.n_experts
+    biases = (heads + 2 * kv) * d + h + heads + e * (2 * f + h) + e  # q, k, v, o biases; sinks; experts; router
+    assert per_layer == spec.n_layers * biases

@@ -101,6 +101,16 @@ class ModelSpec:
     mamba_groups: int = 0  # Mamba-2: groups sharing one B and C (mamba_num_groups, G)
     mamba_conv: int = 4  # Mamba-2: the depthwise causal conv1d's kernel width (MambaMixer d_conv)
     mamba_chunk: int = 128  # Mamba-2: the SSD scan's chunk length (MambaMixer chunk_size)
+    # sliding-window attention (Beltagy et al. 2020, "Longformer"; Mistral 7B; gpt-oss): a windowed layer's query
+    # attends to the last `sliding_window` positions, itself included (transformers' sliding_window; Megatron-Core's
+    # window_size (w - 1, 0)), so its score work grows with s·w instead of s²; 0: every layer attends to the whole
+    # causal prefix. `window_layers` says which layers, one character per layer in transformers' `layer_types`
+    # order: "S" sliding_attention, "F" full_attention (gpt-oss: "SF" repeated, Megatron's window_attn_skip_freq 2);
+    # empty with a window: every layer is windowed (Mistral 7B)
+    sliding_window: int = 0
+    window_layers: str = ""
+    attn_sinks: bool = False  # gpt-oss: a learned logit per head joins each softmax (`sinks`): n_heads parameters a layer, no matmul
+    router_bias: bool = False  # gpt-oss: the MoE router's linear has a bias (GptOssTopKRouter.bias, n_experts a layer)
     reported_params: float = 0.0  # the size the source publishes (often rounded), for comparison
     params: int = 0  # CNN: total parameters (decoders/encoders derive it)
     flops_per_sample: float = 0.0  # CNN: forward FLOPs per sample
@@ -138,6 +148,18 @@ def value_head_dim(spec: ModelSpec) -> int:
 def kv_heads(spec: ModelSpec) -> int:
     """Heads of K and V as the attention core reads them: MLA expands its latent to every head."""
     return spec.n_heads if is_mla(spec) else (spec.n_kv_heads or spec.n_heads)
+
+
+WINDOW_LAYERS = {"S": "sliding_attention", "F": "full_attention"}
+"""The characters of `ModelSpec.window_layers` and the transformers `layer_types` names they stand for."""
+
+
+def windowed_layers(spec: ModelSpec) -> int:
+    """How many layers attend through the sliding window: none without one, all when `window_layers`
+    is empty, else its "S" layers."""
+    if not spec.sliding_window:
+        return 0
+    return spec.window_layers.count("S") if spec.window_layers else spec.n_layers
 
 
 def norm_tensors(spec: ModelSpec) -> int:
@@ -262,6 +284,28 @@ def validate_spec(spec: ModelSpec, where: str) -> None:
     _validate_dense_layers(spec, where)
     _validate_expert_groups(spec, where)
     _validate_hybrid(spec, where)
+    _validate_window(spec, where)
+
+
+def _validate_window(spec: ModelSpec, where: str) -> None:
+    """A window of at least one key; a layer pattern of "S" and "F", one per layer, that needs a window;
+    planned for uniform decoders (a hybrid stack's attention layers take no window)."""
+    if spec.sliding_window < 0:
+        raise UserError(f"{where}: sliding_window must be >= 0 (0: no window), got {spec.sliding_window}")
+    if not spec.window_layers:
+        if spec.sliding_window and (spec.hybrid_pattern or spec.arch != "decoder"):
+            raise UserError(f"{where}: sliding_window is planned for decoders of uniform blocks (no hybrid_pattern)")
+        return
+    if not spec.sliding_window:
+        raise UserError(f"{where}: field 'window_layers' needs sliding_window > 0 (the window its 'S' layers use)")
+    unknown = sorted(set(spec.window_layers) - set(WINDOW_LAYERS))
+    if unknown:
+        raise UserError(f"{where}: window_layers has {', '.join(repr(c) for c in unknown)}; planned: "
+                        "'S' sliding_attention, 'F' full_attention")
+    if len(spec.window_layers) != spec.n_layers:
+        raise UserError(f"{where}: window_layers has {len(spec.window_layers)} layers, n_layers says {spec.n_layers}")
+    if spec.hybrid_pattern or spec.arch != "decoder":
+        raise UserError(f"{where}: sliding_window is planned for decoders of uniform blocks (no hybrid_pattern)")
 
 
 _MAMBA_DIMS = ("mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups")
@@ -477,8 +521,8 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     """Read a HuggingFace `config.json` (or a folder holding one) offline into a ModelSpec.
 
     Plain JSON: no transformers import, no `trust_remote_code`. Families: llama, mistral,
-    mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, llama4, deepseek_v2, deepseek_v3, gpt2, gpt_neox, bert,
-    opt, bloom, falcon, mpt, nemotron, nemotron_h. A config does not record the training context, so
+    mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, llama4, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, gpt2,
+    gpt_neox, bert, opt, bloom, falcon, mpt, nemotron, nemotron_h. A config does not record the training context, so
     `seq_len` defaults to the longest supported one (`max_position_embeddings`); pass the run's
     sequence length to override it.
     """
@@ -541,6 +585,47 @@ def _llama_like(cfg: _HFConfig, *, attn_bias_key: str | None, default_attn_bias:
     )
 
 
+_LAYER_TYPES = {name: char for char, name in WINDOW_LAYERS.items()}
+
+
+def _sliding_window(cfg: _HFConfig, layers: int, default_types, default_window: int = 0) -> dict:
+    """The window and its layers (`ModelSpec.sliding_window`, `window_layers`) from `sliding_window`
+    (`default_window` when the key is absent, none when it is null), `layer_types` and, where the family
+    has it, `use_sliding_window`; {} when no layer is windowed. `default_types(layers)` lists the family's
+    layer types when the file has no `layer_types` (configs written before transformers recorded them).
+    A window no shorter than the planned sequence changes no figure, so a config whose window covers its
+    context plans as it did without one."""
+    if not cfg.get_bool("use_sliding_window", True):  # qwen2/qwen3: the window is off unless this says on
+        return {}
+    if cfg.data.get("sliding_window", default_window) is None:
+        return {}
+    window = cfg.get_int("sliding_window", default_window)
+    if window < 1:
+        return {}
+    types = cfg.get("layer_types", None)
+    types = default_types(layers) if types is None else types
+    if not isinstance(types, list) or len(types) != layers:
+        raise UserError(f"{cfg.path}: key 'layer_types' must list one type for each of the {layers} layers")
+    unknown = sorted({str(t) for t in types} - set(_LAYER_TYPES))
+    if unknown:
+        raise UserError(f"{cfg.path}: key 'layer_types' has {', '.join(unknown)}; planned: "
+                        f"{', '.join(_LAYER_TYPES)}")
+    pattern = "".join(_LAYER_TYPES[t] for t in types)
+    if "S" not in pattern:
+        return {}
+    return dict(sliding_window=window, window_layers="" if "F" not in pattern else pattern)
+
+
+def _all_sliding(layers: int) -> list[str]:
+    return ["sliding_attention"] * layers
+
+
+def _qwen_layer_types(cfg: _HFConfig):
+    """Qwen2/Qwen3's layer types before transformers wrote them: windowed from `max_window_layers` on."""
+    first = cfg.get_int("max_window_layers", 28)
+    return lambda layers: ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+
+
 def _read_llama(cfg: _HFConfig) -> dict:
     values = _llama_like(cfg, attn_bias_key="attention_bias", default_attn_bias=False)
     values["mlp_bias"] = cfg.get_bool("mlp_bias", False)
@@ -548,19 +633,24 @@ def _read_llama(cfg: _HFConfig) -> dict:
 
 
 def _read_mistral(cfg: _HFConfig) -> dict:
-    return _llama_like(cfg, attn_bias_key=None, default_attn_bias=False)
+    """Mistral: the llama shape; `sliding_window` (4096 in Mistral 7B v0.1, null from v0.2 on) on every layer."""
+    values = _llama_like(cfg, attn_bias_key=None, default_attn_bias=False)
+    values.update(_sliding_window(cfg, values["n_layers"], _all_sliding))
+    return values
 
 
 def _read_mixtral(cfg: _HFConfig) -> dict:
-    values = _llama_like(cfg, attn_bias_key=None, default_attn_bias=False)
+    values = _read_mistral(cfg)
     values.update(n_experts=cfg.need("num_local_experts"), experts_per_token=cfg.need("num_experts_per_tok"))
     return values
 
 
 def _read_qwen2(cfg: _HFConfig) -> dict:
-    # Qwen2Attention: q/k/v with bias, o_proj without.
+    # Qwen2Attention: q/k/v with bias, o_proj without; a window only under use_sliding_window (off in
+    # every released config)
     values = _llama_like(cfg, attn_bias_key=None, default_attn_bias=True)
     values["attn_out_bias"] = False
+    values.update(_sliding_window(cfg, values["n_layers"], _qwen_layer_types(cfg)))
     return values
 
 
@@ -586,11 +676,15 @@ def _read_qwen3(cfg: _HFConfig) -> dict:
     # config (128 in every released size), an RMSNorm over each head's q and k (q_norm, k_norm)
     values = _llama_like(cfg, attn_bias_key="attention_bias", default_attn_bias=False)
     values["qk_norm"] = True
+    values.update(_sliding_window(cfg, values["n_layers"], _qwen_layer_types(cfg)))
     return values
 
 
 def _read_qwen3_moe(cfg: _HFConfig) -> dict:
     values = _read_qwen3(cfg)
+    values.pop("sliding_window", None)  # Qwen3MoeAttention windows every layer (no max_window_layers)
+    values.pop("window_layers", None)
+    values.update(_sliding_window(cfg, values["n_layers"], _all_sliding))
     if cfg.get_int("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers", []):
         raise UserError(
             f"{cfg.path}: qwen3_moe with dense layers (decoder_sparse_step != 1 or mlp_only_layers)"
@@ -700,6 +794,33 @@ def _read_llama4(cfg: _HFConfig) -> dict:
     if not isinstance(text, dict):
         raise UserError(f"{cfg.path}: key 'text_config' must be an object (Llama 4's text model)")
     return _read_llama4_text(_HFConfig(text, cfg.path))
+
+
+def _read_gpt_oss(cfg: _HFConfig) -> dict:
+    """OpenAI gpt-oss (transformers' GptOssForCausalLM; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model
+    Card", arXiv 2508.10925): GQA of `head_dim` with biases on q, k, v and o (`attention_bias`) and a
+    learned sink logit per head; an MoE in every block, `num_local_experts` experts of
+    `intermediate_size`, top `num_experts_per_tok`, each expert's gate/up and down projections biased
+    (GptOssExperts), a router with a bias (GptOssTopKRouter); the clamped SwiGLU (`swiglu_limit`,
+    `swiglu_alpha`) planned as SwiGLU (the same matrices); YaRN rotary embeddings planned as RoPE;
+    layers alternating a `sliding_window` band and full causal attention (`layer_types`, by default
+    sliding on the even blocks 0, 2, ...)."""
+    hidden = cfg.need("hidden_size")
+    heads = cfg.get_int("num_attention_heads", 64)
+    layers = cfg.get_int("num_hidden_layers", 36)
+    positions = cfg.get_int("max_position_embeddings", 131072)
+    bias = cfg.get_bool("attention_bias", True)
+    values = dict(
+        n_layers=layers, hidden=hidden, n_heads=heads, n_kv_heads=cfg.get_int("num_key_value_heads", heads),
+        head_dim=cfg.get_int("head_dim", hidden // heads), ffn_hidden=cfg.get_int("intermediate_size", 2880),
+        vocab_size=cfg.get_int("vocab_size", 201088), seq_len=positions, max_positions=positions, mlp="swiglu",
+        norm="rmsnorm", position="rope", tied_embeddings=cfg.get_bool("tie_word_embeddings", False),
+        attn_bias=bias, attn_out_bias=bias, mlp_bias=True, n_experts=cfg.get_int("num_local_experts", 128),
+        experts_per_token=cfg.get_int("num_experts_per_tok", 4), attn_sinks=True, router_bias=True,
+    )
+    values.update(_sliding_window(cfg, layers, lambda n: ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                                          for i in range(n)], default_window=128))
+    return values
 
 
 def _read_gpt2(cfg: _HFConfig) -> dict:
@@ -971,6 +1092,10 @@ _READERS = {
     "qwen3_moe": _read_qwen3_moe,
     "deepseek_v2": _read_deepseek_v2,
     "deepseek_v3": _read_deepseek_v3,
+    "gpt_oss": _read_gpt_oss,
+    # Moonshot's Kimi K2 is DeepSeek-V3's architecture under a model_type of its own (its remote-code
+    # KimiK2Config; Megatron-Bridge's KimiK2Bridge maps it with the DeepSeek mappings)
+    "kimi_k2": _read_deepseek_v3,
     "gpt2": _read_gpt2,
     "gpt_neox": _read_gpt_neox,
     "bert": _read_bert,

@@ -173,11 +173,14 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
     else:
         device = get_hardware(hardware or EXAMPLE["hardware"])
     # parallel.strategy unset: the strategy the trainer picks on this device, by the same rule
+    precision_line = _pretrained_precision_default(cfg, device)  # before the strategy reads it, as the trainer
     choice = settle_strategy(cfg, device, "cpu" if device.vendor == "cpu" else "cuda")
     planned = planned_config(cfg, resolve_run(cfg))
     result = plan(planned.on(device), profile=measured)
     if choice.chosen:
         print(choice.line(), file=sys.stderr if as_json else sys.stdout)
+    if precision_line:
+        print(f"default: {precision_line}", file=sys.stderr if as_json else sys.stdout)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if as_json:
@@ -186,6 +189,20 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
     print_plan(result)
     for note in planned.notes:
         print(note)
+
+
+def _pretrained_precision_default(cfg, device) -> str | None:
+    """The precision the trainer gives a pretrained model's run on `device` when `precision.mode` is unset
+    (train/techniques/precision.py `pretrained_precision_default`: bf16 on a GPU that computes in it, a CPU
+    keeps fp32), set on `cfg` as the trainer sets it there, so the plan is of the run on that device and not
+    of this machine's; the line saying so, or None when nothing changed."""
+    if cfg.model.pretrained is None or "mode" in cfg.precision.model_fields_set or device.vendor == "cpu":
+        return None
+    if not device.peak_tflops.get("bf16"):
+        return None
+    cfg.precision.mode = "bf16"
+    return (f"precision.mode=bf16: {device.key} computes in bf16 and pretrained weights are published in it "
+            "(as the trainer sets it there)")
 
 
 def _read_profile(path: str, hardware: str | None):
@@ -297,6 +314,7 @@ def print_plan(result) -> None:
             ("embedding", _count(p.embedding)), ("output head", _count(p.output_head)),
             ("non-embedding", _count(p.non_embedding))]
     table("Parameters", rows)
+    from flopwise.catalog.models import windowed_layers
     from flopwise.plan.finetune import split_of, summary_rows
     from flopwise.plan.planner import gradient_dtype
 
@@ -308,7 +326,9 @@ def print_plan(result) -> None:
         (f"N for 6N (active non-embedding + head)", _count(f.matmul_params)),
         (f"model FLOPs / {unit} ({'4N + 6·adapters' if tuned else '6N'} + attention)", f"{f.model_per_unit:.4g}"),
         ("  of which attention (12·L·s·d)" + (" and SSD scans (21·d·N per Mamba layer)"
-                                              if spec.model.hybrid_pattern else ""), f"{f.attention_per_unit:.4g}"),
+                                              if spec.model.hybrid_pattern else "")
+         + (f", {windowed_layers(spec.model)} layers windowed to {spec.model.sliding_window} keys"
+            if windowed_layers(spec.model) else ""), f"{f.attention_per_unit:.4g}"),
         (f"hardware FLOPs / {unit} (with recompute)", f"{f.hardware_per_unit:.4g}"),
         (f"{unit}s", _count(f.units)),
         ("model FLOPs, whole job", f"{f.model_total:.4g}"),

@@ -50,7 +50,7 @@ def compare_command(
     amortize_years: float = typer.Option(3.0, "--amortize-years", help="--local: service life the card price is spread over."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     stack: str = typer.Option("flopwise", "--stack", help="Training software stack planned (see `flopwise plan --help`)."),
-    finetune: str = typer.Option("full", "--finetune", help="full|lora|qlora: full training, or LoRA adapters on a frozen base (qlora: base in NF4)."),
+    finetune: Optional[str] = typer.Option(None, "--finetune", help="full|lora|qlora: a full fine-tune, or LoRA adapters on a frozen base (qlora: base in NF4). [default: none: training from scratch]"),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="--finetune lora|qlora: adapter rank r. "
                                             "[default: 16; 32 with --stack nemo, NeMo's LoRA default]"),
     lora_targets: str | None = typer.Option(None, "--lora-targets", help="--finetune lora|qlora: all-linear|qkvo|module names (q_proj,v_proj). [default: all-linear, or the stack's]"),
@@ -72,7 +72,8 @@ def compare_command(
     if tokens is None:
         from flopwise.plan.finetune import default_tokens
 
-        tokens = default_tokens(finetune, "2T")
+        tokens = default_tokens("full" if finetune is None else (finetune if finetune != "full" else "full-finetune"),
+                                "2T")
     if local:
         if ep > 1:
             raise UserError("--ep is not taken with --local (the hybrid plan of dense fine-tunes); compare without --local")

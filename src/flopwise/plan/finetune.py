@@ -77,6 +77,7 @@ from flopwise.errors import UserError
 from flopwise.plan import memory as mem
 from flopwise.plan.params import ParamCount, count_params
 from flopwise.plan.spec import local_seq_len
+from flopwise.plan.window import attention_work_share
 
 FINETUNE_METHODS = ("full", "lora", "qlora")
 LORA_TARGETS = ("all-linear", "qkvo")
@@ -116,6 +117,10 @@ def nf4_bytes_per_param(scaler_factor_bytes: float = 2.0) -> float:
 
 NF4_BYTES_PER_PARAM = nf4_bytes_per_param(2.0)
 """What the planner charges per quantized weight: torchao's layout on a bf16 base."""
+FINETUNE_SEQ_LEN_CAP = 2048
+"""A LoRA / QLoRA's default sequence length: the model's context capped here, as the trainer's fine-tune
+defaults cap `data.seq_len` (config/finetune_defaults.py SEQ_LEN_CAP; longer windows are memory a
+user chooses to spend)."""
 DEFAULT_FINETUNE_BATCH_TOKENS = 2**17
 """Tokens per optimizer step of a fine-tune when none is given (an assumption: 32 sequences of
 4096, or 64 of 2048; QLoRA's Guanaco runs used batches of 16 at up to 512 tokens, Alpaca-style
@@ -615,7 +620,7 @@ def finetune_flops(spec: ModelSpec, pc: ParamCount, split: FinetuneSplit, seq_le
     n = matmul_params(spec, pc)
     adapters = spec.n_layers * active_adapter_params_per_layer(spec, split.rank, split.targets,
                                                                 split.adapters == "megatron")
-    attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec))
+    attn_fwd = attention_flops_forward(spec.n_layers, seq_len, attention_dim(spec), attention_work_share(spec, seq_len))
     dense = 4.0 * n + 6.0 * adapters
     model = dense + 3.0 * attn_fwd
     forward = 2.0 * n + 2.0 * adapters + attn_fwd
@@ -678,7 +683,7 @@ def layer_times(layer, spec, rates):
     if split.method == "qlora":
         written = frozen_weight_bytes(work.precision)  # the copy in the compute dtype (bf16: 2 bytes)
         dequant = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + written),
-                                       len(block_linears(model)))
+                                       len(block_linears(model))) * dequant_factor(spec)
     share = full_recompute_share(lay.recompute)
     return dataclasses.replace(
         layer,
@@ -740,8 +745,21 @@ LoRA layers per Llama 2 7B layer at 2048 tokens, 22x the planned 0.29 ms (torch 
 indices, a gather and a stack per weight; bitsandbytes' CUDA kernel or torch.compile fuses them."""
 
 
-def dequant_seconds_per_step(spec, rates) -> float:
-    """Seconds of QLoRA's fused dequantisation in one optimizer step on one device (0 for LoRA)."""
+def eager_dequant(spec) -> bool:
+    """Whether the run dequantises its NF4 base eagerly: flopwise's own trainer (the `flopwise` stack)
+    without `training.compile` (plan `--compile`) runs torchao's `NF4Tensor` eagerly; bitsandbytes'
+    CUDA kernel (PEFT, litgpt) and torchao under torch.compile (torchtune's recipes) fuse it."""
+    return spec.stack == "flopwise" and not spec.layout.compiled
+
+
+def dequant_factor(spec) -> float:
+    """The dequantisation's time over the fused pass: `EAGER_NF4_DEQUANT_FACTOR` when eager, else 1."""
+    return EAGER_NF4_DEQUANT_FACTOR if eager_dequant(spec) else 1.0
+
+
+def dequant_seconds_per_step(spec, rates, fused: bool = False) -> float:
+    """Seconds of QLoRA's dequantisation in one optimizer step on one device (0 for LoRA): as the run
+    dequantises (`eager_dequant`), or the fused pass when `fused`."""
     split = split_of(spec)
     if split is None or split.method != "qlora":
         return 0.0
@@ -752,15 +770,21 @@ def dequant_seconds_per_step(spec, rates) -> float:
     per_pass = rates.memory_seconds(split.quantized_per_layer * (NF4_BYTES_PER_PARAM + written),
                                     len(block_linears(model)))
     passes = 2.0 + full_recompute_share(lay.recompute)
-    return per_pass * passes * model.n_layers / max(1, lay.pp) * lay.grad_accum
+    seconds = per_pass * passes * model.n_layers / max(1, lay.pp) * lay.grad_accum
+    return seconds if fused else seconds * dequant_factor(spec)
 
 
 def time_warnings(spec, rates, step_seconds: float) -> list[str]:
     """What the plan's time assumes for a QLoRA run, with the measured cost of the other choice."""
-    fused = dequant_seconds_per_step(spec, rates)
+    fused = dequant_seconds_per_step(spec, rates, fused=True)
     if not fused or not step_seconds:
         return []
     extra = (EAGER_NF4_DEQUANT_FACTOR - 1.0) * fused
+    if eager_dequant(spec):
+        return [f"QLoRA time assumes torchao's eager NF4 dequantisation, as flopwise train runs it without "
+                f"training.compile: {fused * EAGER_NF4_DEQUANT_FACTOR:,.2f} s per step ({EAGER_NF4_DEQUANT_FACTOR:g}x "
+                f"the fused pass, measured on an H200); a fused one (training.compile=true, plan --compile; "
+                f"bitsandbytes' kernel) would save {extra:,.1f} s per step ({extra / step_seconds:.0%})"]
     return [f"QLoRA time assumes a fused NF4 dequantisation (bitsandbytes' kernel, or torchao under "
             f"torch.compile): {fused:,.2f} s per step; torchao's eager NF4Tensor measured "
             f"{EAGER_NF4_DEQUANT_FACTOR:g}x that on an H200, which would add {extra:,.1f} s per step "
@@ -830,7 +854,8 @@ sets (QLoRA's OASST1 is ~10M tokens per epoch, FLAN v2 subsets ~1B); an assumpti
 
 
 def default_tokens(method: str, pretraining_default: float | str) -> float | str:
-    """`--tokens` when none is given: 1B for a fine-tune, the pre-training example otherwise."""
+    """`--tokens` when none is given: 1B for a fine-tune (`method` lora, qlora, or full-finetune: a stated
+    `--finetune full`), the pre-training example for "full" (training from scratch)."""
     return pretraining_default if method == "full" else DEFAULT_FINETUNE_TOKENS
 
 
@@ -867,29 +892,53 @@ def validate_workload(work, layout=None, model: ModelSpec | None = None, stack: 
                         f"{', '.join(m.name for m in block_linears(model))})")
     if work.lora_rank < 1:
         raise UserError(f"--lora-rank must be >= 1, got {work.lora_rank}")
+    if getattr(work, "precision", None) == "fp8":
+        if method == "qlora":
+            raise UserError("--finetune qlora --precision fp8: the NF4 base is dequantised to bf16 for every GEMM, "
+                            "so no stack runs a QLoRA in fp8; plan --precision bf16 (or LoRA under --stack nemo)")
+        if adapter_style(stack) != "megatron":
+            raise UserError(f"--finetune lora --precision fp8: the {stack} stack fine-tunes adapters in 16 bits "
+                            "(its fp8 is for full training); plan --precision bf16, or --stack nemo, whose "
+                            "Megatron-Core LoRA runs the frozen base's GEMMs in fp8")
     if not 0.0 <= work.lora_dropout < 1.0:
         raise UserError(f"--lora-dropout must be in [0, 1), got {work.lora_dropout}")
 
 
 def recompute_if_needed(spec, evaluate, choose_zero: bool, with_chosen_zero):
-    """A fine-tune that does not fit without recompute is planned with full recompute (gradient
-    checkpointing, as QLoRA §4 and torchtune's recipes run), the reason kept in the plan's defaults."""
+    """A fine-tune that does not fit without recompute, or fits by less than the memory forecast's own
+    error (`band.memory_band`) where full recompute leaves that room, is planned with full recompute
+    (gradient checkpointing, as QLoRA §4 and torchtune's recipes run), the reason kept in the plan's
+    defaults."""
+    from flopwise.plan.band import memory_band
+
     first = evaluate(spec)
-    if first.fits:
+    band = memory_band()
+    if first.fits and first.memory.allocated_bytes <= (1 - band) * first.memory.capacity_bytes:
         return spec
     alt = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, recompute="full"))
     if choose_zero:
         alt = with_chosen_zero(alt)
     need = first.memory.allocated_bytes / mem.GIB
     usable = first.memory.capacity_bytes / mem.GIB
-    reason = f"recompute full: without recompute this fine-tune needs {need:,.1f} GiB of {usable:,.1f} GiB usable"
+    if first.fits:  # it fits, but closer to the edge than the forecast can tell apart from not fitting
+        second = evaluate(alt)
+        if not (second.fits and second.memory.allocated_bytes <= (1 - band) * second.memory.capacity_bytes):
+            return spec
+        reason = (f"recompute full: without recompute this fine-tune needs {need:,.1f} GiB of {usable:,.1f} GiB "
+                  f"usable, inside the memory forecast's ± {band:.0%}")
+    else:
+        reason = f"recompute full: without recompute this fine-tune needs {need:,.1f} GiB of {usable:,.1f} GiB usable"
     extra = {**alt.cluster.extra, "defaults": (*alt.cluster.extra.get("defaults", ()), reason)}
     return dataclasses.replace(alt, cluster=dataclasses.replace(alt.cluster, extra=extra))
 
 
-def default_notes(tokens_defaulted: bool, batch_defaulted: bool) -> tuple[str, ...]:
-    """The fine-tune defaults a plan used, one line each (shown as `default:` lines)."""
+def default_notes(tokens_defaulted: bool, batch_defaulted: bool, seq_defaulted: int | None = None) -> tuple[str, ...]:
+    """The fine-tune defaults a plan used, one line each (shown as `default:` lines); `seq_defaulted`,
+    the sequence length a LoRA / QLoRA took by default."""
     notes = []
+    if seq_defaulted is not None:
+        notes.append(f"seq {seq_defaulted}: a fine-tune's default, the model's context capped at "
+                     f"{FINETUNE_SEQ_LEN_CAP} as `flopwise train` windows it (give --seq-len)")
     if tokens_defaulted:
         notes.append(f"tokens {DEFAULT_FINETUNE_TOKENS / 1e9:g}B: a fine-tune's default (give --tokens)")
     if batch_defaulted:

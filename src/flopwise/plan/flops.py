@@ -16,7 +16,12 @@ Conventions (stated once, used everywhere):
   counted over the full s×s matrix *without* causal halving, like PaLM (Chowdhery et
   al. 2022, App. B: 6N + 12·L·H·Q·T) and MosaicML's MFU formula. Multi-head latent
   attention's query/key and value heads differ (DeepSeek-V3: 192 and 128): Q·Kᵀ costs
-  2·s·a·d_qk and A·V 2·s·a·d_v, so d is their mean (`attention_dim`).
+  2·s·a·d_qk and A·V 2·s·a·d_v, so d is their mean (`attention_dim`). A layer with a sliding window
+  of w keys (gpt-oss's every other layer, Mistral 7B's every layer) counts the same s×s convention
+  times the share of the causal pairs its window keeps (`window.kept_share`: ≈ 2w/s for w << s, 1
+  for w >= s), so its forward is ≈ 4·2w·d per token: the band's work doubled exactly as a full
+  layer's causal half is doubled to s×s. The ratio of windowed to full work is then the one
+  Megatron-Bridge's MFU formula counts (`calculate_swa_context`: w - w(w-1)/(2s) against s/2).
 - Model FLOPs (for MFU) exclude recomputation; hardware FLOPs (for HFU and time) include
   it: full recompute runs every layer's forward again (+2N + 4·s·d·L per token, the
   "8N" rule), selective recompute (Korthikanti et al. 2022, §4.2) re-runs only the
@@ -43,6 +48,7 @@ from flopwise.plan.mamba import attention_layers, layer_mix, scan_flops_forward
 from flopwise.plan import recompute_modules
 from flopwise.plan.memory import recompute_forward_fraction
 from flopwise.plan.params import ParamCount
+from flopwise.plan.window import attention_work_share
 
 PF_DAY = 1e15 * 86_400  # FLOPs in one petaflop/s-day (Brown et al. 2020, App. D)
 
@@ -82,9 +88,10 @@ def attention_dim(spec: ModelSpec) -> float:
     return spec.n_heads * (query_key_head_dim(spec) + value_head_dim(spec)) / 2
 
 
-def attention_flops_forward(n_layers: int, seq_len: int, attn_dim: int) -> float:
-    """Forward Q·Kᵀ + A·V FLOPs per token: 2·s·d + 2·s·d per layer, no causal halving (PaLM App. B)."""
-    return 4.0 * n_layers * seq_len * attn_dim
+def attention_flops_forward(n_layers: int, seq_len: int, attn_dim: int, work_share: float = 1.0) -> float:
+    """Forward Q·Kᵀ + A·V FLOPs per token: 2·s·d + 2·s·d per layer, no causal halving (PaLM App. B);
+    `work_share` scales it for sliding-window layers (`window.attention_work_share`)."""
+    return 4.0 * n_layers * seq_len * attn_dim * work_share
 
 
 def six_n_d(n_params: float, tokens: float) -> float:
@@ -133,7 +140,8 @@ def estimate_flops(
             model * units, hardware * units, pf_days(model * units), model * units,
         )
     n = matmul_params(spec, params)
-    attn_fwd = attention_flops_forward(attention_layers(spec), seq_len, attention_dim(spec))
+    attn_fwd = attention_flops_forward(attention_layers(spec), seq_len, attention_dim(spec),
+                                       attention_work_share(spec, seq_len))
     mixer_fwd = attn_fwd + scan_flops_forward(spec)  # a hybrid's SSD scans too (0 for other models)
     dense = 6.0 * n
     attention = 3.0 * mixer_fwd

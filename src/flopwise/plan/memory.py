@@ -247,6 +247,11 @@ def activation_terms(
                  also saves the normalised tensor (2·e·sbh; measured, torch 2.13), which
                  `rmsnorm_saves_normalized=False` drops for fused kernels
       flash:     no s×s terms; fp32 log-sum-exp 4·a·s·b (as torch's SDPA flash kernels save)
+      sliding window (gpt-oss, Mistral 7B; plan/window.py): no term changes. Flash keeps Q, K, V, its
+                 output and the log-sum-exp whatever the mask; an unfused attention builds the whole
+                 s×s scores and masks them (transformers' eager attention adds the window to the
+                 causal mask), so it keeps e·as²b as a full layer does. Only a band-storing kernel
+                 would keep a·s·w·b, and none of the planned stacks runs one
     `kv_repeated`: K and V are saved at full width d (implementations that
     `repeat_interleave` GQA heads before attention) instead of k. `attn_output_copy`: with
     flash attention the kernel keeps its output and the out-projection keeps its input;

@@ -7,8 +7,9 @@ tensor parallelism t, one layer's forward on one rank runs (Shoeybi et al. 2019 
     attn out   GEMM  M=T  N=h           K=a·d/t
     MLP up     GEMM  M=T  N=f/t (×2 for SwiGLU's gate and up, fused)  K=h
     MLP down   GEMM  M=T  N=h           K=f/t
-    attention  flash: one fused kernel, causal (half the s×s work); else two batched GEMMs
-               (Q·Kᵀ, A·V) plus softmax / mask / dropout over the a/t·s² scores (memory-bound)
+    attention  flash: one fused kernel, causal (half the s×s work; a sliding window's band on its
+               layers); else two batched GEMMs (Q·Kᵀ, A·V) plus softmax / mask / dropout over the
+               a/t·s² scores (memory-bound)
     memory-bound: 2 norms, 2 residual adds, activation, RoPE, dropouts (bytes / bandwidth);
                norms, residuals and dropouts act on T·h/t with sequence parallelism, T·h without
 
@@ -48,10 +49,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
+from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim, windowed_layers
 from flopwise.plan import mamba, recompute_modules
 from flopwise.plan.gemm import DeviceRates
 from flopwise.plan.memory import mlp_width_per_token, recomputed_block_share
+from flopwise.plan.window import kept_share
 
 CROSS_ENTROPY_BYTES_PER_LOGIT = {
     # flash_attn/losses/cross_entropy.py (Triton): the forward reads the 16-bit logits once (online
@@ -439,24 +441,46 @@ def _ssd_scan(model, s: int, b: int, tp: int, rates: DeviceRates, e: float) -> t
 def _attention_core(model, s: int, b: int, kv: int, tp: int, flash: bool, dropout: bool, precision: str,
                     rates: DeviceRates, e: float) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's attention core on one rank (module docstring): a fused
-    flash kernel over the causal half, or Q·Kᵀ and A·V as batched GEMMs plus the s×s element-wise work."""
+    flash kernel over the causal half, or Q·Kᵀ and A·V as batched GEMMs plus the s×s element-wise work.
+
+    Sliding-window layers (plan/window.py): a flash kernel skips the key blocks outside the band
+    (FlashAttention-2's and cuDNN's `window_size`), so its work on those layers is the share of the causal
+    pairs the window keeps, at the rate of a causal sequence with as many keys per query (s × share, ≈ 2w:
+    a 128-key band spans two 128-key tiles, and the kernel's per-row loop is that short); the result is the
+    mean over full and windowed layers. An unfused attention computes and masks the whole s×s matrix
+    (transformers' eager attention adds the window to the mask), so its time does not change."""
+    full_f, full_b = _core_seconds(model, s, b, kv, tp, flash, dropout, precision, rates, e)
+    windowed = windowed_layers(model)
+    share = kept_share(model.sliding_window, kv) if windowed and flash else 1.0
+    if share == 1.0:
+        return full_f, full_b
+    win_f, win_b = _core_seconds(model, s, b, kv, tp, flash, dropout, precision, rates, e, share)
+    q = windowed / mamba.attention_layers(model)
+    return (1.0 - q) * full_f + q * win_f, (1.0 - q) * full_b + q * win_b
+
+
+def _core_seconds(model, s: int, b: int, kv: int, tp: int, flash: bool, dropout: bool, precision: str,
+                  rates: DeviceRates, e: float, share: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) seconds of one attention core doing `share` of a causal layer's work
+    (`_attention_core`; a share below 1 only for a flash kernel)."""
     d, dv = query_key_head_dim(model), value_head_dim(model)
     heads = model.n_heads // tp
     causal = 0.5 if model.arch == "decoder" else 1.0
+    length = s if share == 1.0 else max(1, round(s * share))  # a causal sequence with as many keys per query
     attention_rate = measured_cpu(rates, "attention_flops_per_s")
-    rate = attention_rate(s, d, "fp32" if precision == "tf32" else precision) if attention_rate else None
-    full = 2.0 * b * heads * s * kv * (d + dv)  # Q·Kᵀ over d_qk, A·V over d_v, the whole s×s
+    rate = attention_rate(length, d, "fp32" if precision == "tf32" else precision) if attention_rate else None
+    full = 2.0 * b * heads * s * kv * (d + dv) * share  # Q·Kᵀ over d_qk, A·V over d_v, the whole s×s
     if flash and rate:
         work = full * causal
         attn_f, attn_b = work / rate, 2.5 * work / rate
     elif flash and rates.efficiency is not None:
         # a flat efficiency applies to the FLOPs as the planner counts them (full s×s, backward 2×)
-        attn_f = rates.attention_seconds(full, s, backward=False)
-        attn_b = rates.attention_seconds(2.0 * full, s, backward=True)
+        attn_f = rates.attention_seconds(full, length, backward=False)
+        attn_b = rates.attention_seconds(2.0 * full, length, backward=True)
     elif flash:
         work = full * causal
-        attn_f = rates.attention_seconds(work, s, backward=False)
-        attn_b = rates.attention_seconds(2.5 * work, s, backward=True)
+        attn_f = rates.attention_seconds(work, length, backward=False)
+        attn_b = rates.attention_seconds(2.5 * work, length, backward=True)
     else:
         count = float(b * heads)
         qk = _gemm_fwd_bwd(rates, s, kv, d, e, count)

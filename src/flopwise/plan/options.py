@@ -129,9 +129,10 @@ OPTIONS = (
     PlanOption("dropout", "--dropout/--no-dropout", bool, None,
                "Attention and residual dropout on: its masks in activation memory, its kernels in the step. "
                "[default: the stack's: on for flash-attn (its GPT configs keep GPT2Config's 0.1), off elsewhere]"),
-    PlanOption("finetune", "--finetune", str, "full",
-               "full|lora|qlora: train every weight, or LoRA adapters on a frozen base (qlora: base in NF4). "
-               "A fine-tune defaults to 1B tokens and 128Ki-token batches."),
+    PlanOption("finetune", "--finetune", str, None,
+               "full|lora|qlora: fine-tune every weight of a pretrained model, or LoRA adapters on a frozen base "
+               "(qlora: base in NF4). A fine-tune (full included) defaults to 1B tokens, 128Ki-token batches and "
+               "the model's context capped at 2048. [default: none: training from scratch]"),
     PlanOption("lora_rank", "--lora-rank", int, None, "--finetune lora|qlora: adapter rank r. [default: 16; 32 "
                "with --stack nemo, NeMo's LoRA default; 8 with --stack torchtune or litgpt]"),
     PlanOption("lora_targets", "--lora-targets", str, None,

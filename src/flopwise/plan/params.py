@@ -15,7 +15,7 @@ grouped-query attention; Fedus et al. 2022 / Jiang et al. 2024 for top-k MoE):
 - embeddings: token (V·h), learned positions (P·h), token types (T·h); the output head
   is V·h unless tied to the token embedding, in which case it is counted once.
 - MoE: `n_experts` copies of the MLP plus a router h→E (no bias, as in Mixtral and
-  Qwen2-MoE); a token uses `experts_per_token` of them, plus any shared expert (Qwen2-MoE's
+  Qwen2-MoE; gpt-oss's has one, E more, `router_bias`); a token uses `experts_per_token` of them, plus any shared expert (Qwen2-MoE's
   with a sigmoid gate h→1, DeepSeek's without). DeepSeek's first `dense_layers` blocks have a
   dense MLP of `dense_ffn_hidden` instead (DeepSeek-AI 2024, "DeepSeek-V3", §4.2).
 - hybrid Mamba-2 / Transformer stacks (`ModelSpec.hybrid_pattern`; plan/mamba.py): each layer is one
@@ -27,6 +27,9 @@ grouped-query attention; Fedus et al. 2022 / Jiang et al. 2024 for top-k MoE):
   without a query latent); kv_a h→(r_kv+r), its RMSNorm (r_kv), kv_b r_kv→a·(n+v); o a·v→h;
   with n, r, v the nope, rope and value head widths. `attn_bias` puts biases on q_a, kv_a
   and o only.
+- attention sinks (gpt-oss, `attn_sinks`; transformers' `GptOssAttention.sinks`): one learned logit
+  per head that joins each softmax, a parameters per layer and no matmul. A sliding window
+  (`sliding_window`) adds no parameter.
 """
 
 from __future__ import annotations
@@ -136,7 +139,7 @@ def _count_params(spec: ModelSpec) -> ParamCount:
     attention = attention_params(spec)
     expert = mlp_params(h, spec.ffn_hidden, spec.mlp, spec.mlp_bias)
     if spec.n_experts > 1:
-        router = h * spec.n_experts
+        router = h * spec.n_experts + (spec.n_experts if spec.router_bias else 0)
         shared = 0
         if spec.shared_expert_ffn_hidden:
             # Qwen2-MoE: a SwiGLU shared expert and its sigmoid gate (h -> 1), both bias-free;
@@ -214,6 +217,7 @@ def attention_params(spec: ModelSpec) -> int:
     With a heads of size d and g KV heads (Ainslie et al. 2023, "GQA"): q is h×(a·d),
     k and v are h×(g·d) each, o is (a·d)×h. Multi-head attention is g = a, multi-query
     attention (Shazeer 2019) is g = 1. Multi-head latent attention: `mla_attention_params`.
+    gpt-oss's sinks add one logit per head (module docstring).
     """
     if is_mla(spec):
         return mla_attention_params(spec)
@@ -228,7 +232,8 @@ def attention_params(spec: ModelSpec) -> int:
     weights = h * q_out + 2 * h * kv_out + q_out * h
     out_bias = spec.attn_bias if spec.attn_out_bias is None else spec.attn_out_bias
     biases = (q_out + 2 * kv_out if spec.attn_bias else 0) + (h if out_bias else 0)
-    return weights + biases
+    sinks = spec.n_heads if spec.attn_sinks else 0
+    return weights + biases + sinks
 
 
 def mla_attention_params(spec: ModelSpec) -> int:

@@ -751,7 +751,7 @@ def build_runspec(
     stack: str = "flopwise",
     fp8_recipe: str | None = None,
     moe_dispatcher: str | None = None,
-    finetune: str = "full",
+    finetune: str | None = None,
     lora_rank: int | None = None,
     lora_targets: str | None = None,
     lora_dropout: float | None = None,
@@ -782,6 +782,10 @@ def build_runspec(
     if isinstance(optimizer, str):
         optimizer = {"adam": "adamw"}.get(optimizer.strip().lower(), optimizer.strip().lower())
     options = dict(locals())
+    # a stated --finetune (full included) is a fine-tune of a pretrained model: its defaults (tokens, batch,
+    # sequence) are a fine-tune's; unstated, the run trains from scratch
+    tuned_defaults = finetune is not None
+    finetune = finetune or "full"
     # a layout stated whole (a published run's, a recipe's): kept as given when it is only tight (`plan`)
     layout_stated = micro_batch is not None and (tp is not None or pp is not None)
     from flopwise.catalog.hardware import get_hardware
@@ -862,8 +866,11 @@ def build_runspec(
         stack_lora_recompute = f"recompute {recompute}: {stack} checkpoints every block of a LoRA on more than one device"
 
     cnn = model_spec.arch == "cnn"
+    seq_defaulted = seq_len is None
     if seq_len is None:
         seq_len = EXAMPLE["seq_len"] if model is None else (model_spec.seq_len or 2048)
+        if tuned_defaults and not cnn:  # as `flopwise train` windows a fine-tune (finetune_defaults)
+            seq_len = min(seq_len, tuning.FINETUNE_SEQ_LEN_CAP)
     micro_batch = micro_batch or 1
     if global_batch is not None and batch_tokens is not None:
         raise UserError("give --global-batch (sequences) or --batch-tokens, not both")
@@ -874,7 +881,7 @@ def build_runspec(
             global_batch = dp * micro_batch * grad_accum
     if global_batch is None:
         if batch_tokens is None:
-            batch_tokens = (EXAMPLE["batch_tokens"] if finetune == "full" else tuning.DEFAULT_FINETUNE_BATCH_TOKENS
+            batch_tokens = (EXAMPLE["batch_tokens"] if not tuned_defaults else tuning.DEFAULT_FINETUNE_BATCH_TOKENS
                             ) if not cnn else None
         if batch_tokens is None:
             global_batch = dp * micro_batch
@@ -901,7 +908,8 @@ def build_runspec(
         stack_default_zero = f"zero {zero}: {stack} shards every multi-device run so (FSDP full sharding)"
     if zero is None:
         zero = 3 if offload == "params" else 0  # placeholder until `choose_zero_stage`
-    total = parse_count(tokens if tokens is not None else tuning.default_tokens(finetune, EXAMPLE["tokens"]),
+    total = parse_count(tokens if tokens is not None else tuning.default_tokens(
+        finetune if finetune != "full" or not tuned_defaults else "full-finetune", EXAMPLE["tokens"]),
                         "--tokens")
     if schedule == "1f1b" and virtual_stages not in (None, 1):
         # Megatron's --virtual-pipeline-model-parallel-size alone selects its interleaved 1F1B
@@ -935,6 +943,12 @@ def build_runspec(
                         f"({hw.memory_bytes / mem.GIB:.1f} GiB)")
     if precision == "bf16-true" or (precision == "fp8" and "full" in stack_spec.pure_bf16):
         warnings.append(mem.BF16_TRUE_TRADE_OFF)  # torchtune's fp8 swaps the linears of a pure-bf16 model
+    given_lora = [flag for flag, key in (("--lora-rank", "lora_rank"), ("--lora-targets", "lora_targets"),
+                                         ("--lora-dropout", "lora_dropout")) if options[key] is not None]
+    if given_lora and finetune == "full":
+        warnings.append(f"{', '.join(given_lora)} appl{'ies' if len(given_lora) == 1 else 'y'} to adapters only: "
+                        f"this plan trains every weight and ignores {'it' if len(given_lora) == 1 else 'them'} "
+                        "(add --finetune lora or qlora)")
     if options["fp8_recipe"] is not None and precision != "fp8":
         warnings.append(f"--fp8-recipe {fp8_recipe} applies to fp8 GEMMs only: this plan is "
                         f"{precision} and ignores it (add --precision fp8)")
@@ -984,10 +998,11 @@ def build_runspec(
         extra["fp8_recipe"] = fp8_recipe or stack_spec.fp8_recipe
     elif fp8_recipe is not None:
         extra["fp8_recipe"] = fp8_recipe
-    if finetune != "full":
+    if tuned_defaults:
         extra["defaults"] = (*extra.get("defaults", ()),
                              *tuning.default_notes(tokens is None,
-                                                   options["batch_tokens"] is None and options["global_batch"] is None))
+                                                   options["batch_tokens"] is None and options["global_batch"] is None,
+                                                   seq_len if seq_defaulted and not cnn else None))
 
     # how MoE tokens reach their experts: as asked, or as the stack's recipes dispatch this model on this device
     from flopwise.plan.expert_comm import spelled_dispatcher, stack_moe_defaults
@@ -1109,10 +1124,14 @@ def choose_zero_stage(spec: RunSpec, profile: GemmProfile | None = None) -> tupl
     """The ZeRO stage a careful engineer would pick, and why, in one line.
 
     Each stage the framework offers is planned with `plan()`'s own models (and the measured
-    device profile, when one is given); among those that fit, the fastest step wins and,
-    within 1 % of it, the first in `TIE_ORDER`. When none fits, the most sharded stage,
-    whose advice then says what else to change.
+    device profile, when one is given); among those that fit with room for the memory forecast's
+    own error (`band.memory_band`: a stage that fits by less could run out of memory on the card),
+    or among all that fit when none has that room, the fastest step wins and, within 1 % of it,
+    the first in `TIE_ORDER`. When none fits, the most sharded stage, whose advice then says what
+    else to change.
     """
+    from flopwise.plan.band import memory_band
+
     results = {}
     for stage in ZERO_STAGES[spec.layout.framework]:
         layout = dataclasses.replace(spec.layout, zero_stage=stage)
@@ -1121,6 +1140,10 @@ def choose_zero_stage(spec: RunSpec, profile: GemmProfile | None = None) -> tupl
     if not fitting:
         stage = max(results)
         return stage, f"zero {stage}: no ZeRO stage fits; the most sharded one is planned"
+    band = memory_band()
+    roomy = {z: r for z, r in fitting.items() if r.memory.allocated_bytes <= (1 - band) * r.memory.capacity_bytes}
+    crowded = set(fitting) - set(roomy) if roomy else set()
+    fitting = roomy or fitting
     fastest = min(r.time.step_seconds for r in fitting.values())
     equal = [z for z, r in fitting.items() if r.time.step_seconds <= fastest * (1 + TIME_TIE)]
     stage = min(equal, key=TIE_ORDER.index)
@@ -1133,6 +1156,9 @@ def choose_zero_stage(spec: RunSpec, profile: GemmProfile | None = None) -> tupl
             continue
         if not r.fits:
             others.append(f"zero {z} does not fit")
+        elif z in crowded:
+            others.append(f"zero {z} fits with {(r.memory.capacity_bytes - r.memory.allocated_bytes) / GIB:.1f} GiB "
+                          f"to spare, inside the memory forecast's ± {band:.0%}")
         elif r.time.step_seconds > chosen.time.step_seconds * (1 + TIME_TIE):
             others.append(f"zero {z} would cost {r.time.step_seconds / chosen.time.step_seconds - 1:.0%} more time")
         else:
