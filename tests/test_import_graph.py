@@ -174,9 +174,11 @@ ALLOWED = {
 # The trainer reaches the planner from these modules only: the forecast (`prediction.py`,
 # `launch/forecast.py`), the parameter count that sizes a run (`launch/machine_fit.py`), and the
 # pipeline's layer split (`parallel/parallelize.py`, numbers in, numbers out), and the default
-# strategy's memory verdict (`launch/strategy_choice.py`: the rule `plan --config` applies too).
+# strategy's memory verdict (`launch/strategy_choice.py`: the rule `plan --config` applies too), and
+# the LoRA target check's hint (`techniques/lora.py`: the planner's table of module spellings, data only).
 TRAIN_TO_PLAN = {"flopwise.train.prediction", "flopwise.train.launch.forecast", "flopwise.train.launch.machine_fit",
-                 "flopwise.train.parallel.parallelize", "flopwise.train.launch.strategy_choice"}
+                 "flopwise.train.parallel.parallelize", "flopwise.train.launch.strategy_choice",
+                 "flopwise.train.techniques.lora"}
 
 
 def _short(package: str) -> str:

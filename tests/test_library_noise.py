@@ -74,3 +74,29 @@ def test_torch_child_loggers_stay_quiet_after_torch_reinstalls_its_handlers(tmp_
     assert done.returncode == 0, done.stderr
     assert "Enum subclass" not in done.stderr
     assert "Enum subclass registration is deprecated" in (tmp_path / "library.log").read_text()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_deepspeed_console_handler_added_after_the_routing_stays_quiet(tmp_path, verbose):
+    """DeepSpeed attaches its stdout handler when imported, here after the routing (as when transformers
+    imports it during `flopwise export`): its "Setting accelerator to CPU" goes to the log, shown with -v."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed")
+    snippet = (
+        "import logging, sys\n"
+        "from flopwise.library_noise import route_library_noise\n"
+        "route_library_noise(sys.argv[1], verbose=sys.argv[2] == '1')\n"
+        "import deepspeed.utils.logging\n"
+        "logging.getLogger('DeepSpeed').warning('a notice of DeepSpeed')\n"
+        "print('the user''s line')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", snippet, str(tmp_path), "1" if verbose else "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "DeepSpeed WARNING: a notice of DeepSpeed" in (tmp_path / "library.log").read_text()
+    assert (done.stdout + done.stderr).count("a notice of DeepSpeed") == int(verbose)  # once: no doubled handler
+    if not verbose:
+        assert "accelerator" not in done.stdout + done.stderr  # DeepSpeed's own, from its import
+    assert done.stdout.strip().splitlines()[-1] == "the users line"

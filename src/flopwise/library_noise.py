@@ -22,11 +22,15 @@ from pathlib import Path
 from flopwise.safe_write import make_folder, open_for_append
 
 VERBOSE_ENV = "FLOPWISE_VERBOSE"
-LIBRARY_LOGGERS = ("deepspeed", "DeepSpeed", "torchao", "torch", "transformers", "datasets", "py.warnings")
+LIBRARY_LOGGERS = ("deepspeed", "torchao", "torch", "transformers", "datasets", "py.warnings")
 # torch._logging re-installs its own console handler on "torch" when torch.compile starts, so
 # the chatty children also get a filter of their own (filters on a logger survive that).
 TORCH_CHILDREN = ("torch.utils._pytree", "torch._dynamo", "torch._inductor", "torch.distributed", "torch._export",
                   "torch.export", "torch.ao")
+# DeepSpeed attaches a stdout handler to its "DeepSpeed" logger when it is imported, which is often
+# after the routing (transformers imports it to check for it: "Setting accelerator to CPU"): a filter
+# routes that logger's records whatever handlers arrive later.
+FILTERED_LOGGERS = (*TORCH_CHILDREN, "DeepSpeed")
 _installed: dict[str, object] = {}
 
 
@@ -69,11 +73,11 @@ def route_library_noise(folder: Path | str, verbose: bool | None = None) -> Path
             _installed["console"] = console
             logger.addHandler(console)
         if not verbose:
-            # DeepSpeed attaches its own stdout handler to the "DeepSpeed" logger; quiet every console one.
+            # a library's own console handler (attached at its import, before this call): quieted
             for console in [h for h in logger.handlers if _is_console(h)]:
                 console.setLevel(logging.CRITICAL + 1)
             logger.propagate = False
-    for name in TORCH_CHILDREN:
+    for name in FILTERED_LOGGERS:
         logger = logging.getLogger(name)
         for old in [f for f in logger.filters if isinstance(f, _ToLogFile)]:
             logger.removeFilter(old)

@@ -43,7 +43,7 @@ def test_uncached_hub_id_says_how_to_download(tmp_path, monkeypatch):
 
 def test_missing_folders_are_named_as_folders(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError, match="has no config.json"):
+    with pytest.raises(UserError, match=r"models/llama does not exist"):
         load_config(None, ["model.kind=hf", f"model.pretrained={tmp_path / 'models' / 'llama'}"])
     # a relative path that exists nowhere may be either: the line names both
     with pytest.raises(UserError, match=r"model.pretrained: models/llama is not a folder and not in the Hugging Face cache"):

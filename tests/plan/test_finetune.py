@@ -271,8 +271,13 @@ def test_named_targets_read_every_spelling_and_refuse_unknown_ones():
     assert ft.named_targets("wq wv") == ft.named_targets("Q,V") == "q,v"  # flopwise / torchtune, the planner's own
     assert ft.named_targets("linear_qkv,linear_fc1") == "q,k,v,gate,up"  # NeMo's Megatron-Core names
     assert ft.named_targets("All-Linear") == "all-linear"
-    with pytest.raises(UserError, match="unknown module 'attn'"):
+    with pytest.raises(UserError, match=r"^--lora-targets: unknown module 'attn'; .*wq,wv \(torchtune"):
         ft.named_targets("attn")
+    # from a config's finetune: section (the trainer's prediction, `plan --config`): the config key, and
+    # the names `flopwise train` needs (the model's own) told apart from those only the planner reads
+    with pytest.raises(UserError, match=r"^finetune.target_modules: unknown module 'foo_proj'; .*the model's own "
+                                        r"module names, as `flopwise train` adapts them"):
+        ft.config_fields({"method": "lora", "target_modules": ["q_proj", "foo_proj"]})
     with pytest.raises(UserError, match="has no such linear"):  # GPT-3 has a GELU MLP: no gate
         build_runspec(model="gpt3-1.3b", finetune="lora", lora_targets="gate_proj")
 

@@ -88,6 +88,70 @@ def test_the_model_tokenizer_is_used_unless_data_tokenizer_overrides(folders, tm
     assert cfg.data.tokenizer == other
 
 
+def model_folder_without_tokenizer_json(source, folder):
+    """`source`'s weights and config with its tokenizer as GPT-2's slow files (vocab.json, merges.txt),
+    as older save_pretrained folders hold it: no tokenizer.json."""
+    import shutil
+
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(source / name, folder / name)
+    model = json.loads((source / "tokenizer.json").read_text())["model"]
+    (folder / "vocab.json").write_text(json.dumps(model["vocab"]))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}))
+    return folder
+
+
+def test_a_folder_without_tokenizer_json_trains_with_the_tokenizer_transformers_loads(folders, tmp_path):
+    from tokenizers import Tokenizer
+
+    from flopwise.train.data.prepare import prepare_data
+
+    folder = model_folder_without_tokenizer_json(folders / "tied", tmp_path / "slow")
+    cfg = load_config(None, ["model.kind=hf", f"model.pretrained={folder}", f"data.hf_dataset={folders / 'data.jsonl'}",
+                             f"data.cache_dir={tmp_path / 'cache'}", "data.seq_len=32"])
+    assert cfg.data.tokenizer == folder
+    prepared = prepare_data(cfg.data)
+    assert prepared.vocab_size == 384  # the model's tokenizer, not a 4096-id BPE trained on the data
+    own = Tokenizer.from_file(str(folders / "tied" / "tokenizer.json"))
+    text = "the model learns to count apples"
+    assert prepared.tokenizer.encode(text, add_special_tokens=False).ids == own.encode(text, add_special_tokens=False).ids
+
+
+def test_a_folder_without_a_tokenizer_is_refused_not_given_a_new_one(folders, tmp_path):
+    import shutil
+
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(folders / "tied" / name, folder / name)
+    done = subprocess.run(
+        [sys.executable, "-m", "flopwise", "train", "model.kind=hf", f"model.pretrained={folder}",
+         f"data.hf_dataset={folders / 'data.jsonl'}", f"data.cache_dir={tmp_path / 'cache'}", "data.seq_len=32",
+         "parallel.strategy=single", "parallel.nproc_per_node=1", "finetune.method=lora", "training.max_steps=1",
+         f"logging.run_dir={tmp_path / 'run'}", "logging.progress=false"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert f"{folder} has no tokenizer" in line and f"tokenizer.save_pretrained('{folder}')" in line
+    assert not list((tmp_path / "cache").glob("*/tokenizer.json"))  # no BPE was trained
+
+
+def test_pretrained_path_mistakes_say_what_is_wrong(folders, tmp_path):
+    with pytest.raises(UserError, match=rf"model.pretrained: {tmp_path / 'absent'} does not exist"):
+        load_config(None, ["model.kind=hf", f"model.pretrained={tmp_path / 'absent'}"])
+    config = folders / "tied" / "config.json"
+    with pytest.raises(UserError, match=rf"model.pretrained: {config} is a file, not a folder.*"
+                                        rf"model.pretrained={folders / 'tied'}\?"):
+        load_config(None, ["model.kind=hf", f"model.pretrained={config}"])
+    with pytest.raises(UserError, match=rf"model.pretrained: {tmp_path} has no config.json"):
+        load_config(None, ["model.kind=hf", f"model.pretrained={tmp_path}"])
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("strategy,name", [("fsdp", "sharded"), ("fsdp", "tied"), ("ddp", "sharded")])

@@ -172,6 +172,27 @@ def test_offloaded_model_states_are_compared_as_host_bytes():
     assert "memory: host (offloaded)" in format_comparison(comparison)
 
 
+def test_activation_checkpointing_gets_a_footnote_under_the_terminal_table():
+    """Under recompute the planner counts a block's recomputed activations the meter never sees, so the
+    activations ratio reads well below 1: the terminal table says why, as the JSON notes do."""
+    from flopwise.train.prediction import RECOMPUTE_FOOTNOTE, RECOMPUTE_NOTE
+
+    def comparison_of(*overrides):
+        forecast = Forecast(plan=_real_plan(*overrides), hardware_key=CPU_KEY, hardware_name="cpu", peak_flops=None,
+                            peak_source="none", flops_per_token=None, world_size=2)
+        return compare(forecast, _measured())
+
+    for every in ("true", "2"):
+        checkpointed = comparison_of(f"training.gradient_checkpointing={every}")
+        text = format_comparison(checkpointed)
+        assert RECOMPUTE_NOTE in checkpointed.notes
+        flat = " ".join(text.split())  # the footnote wraps at the console's width
+        assert "memory: activations †" in text and RECOMPUTE_FOOTNOTE in flat
+        assert flat.index(RECOMPUTE_FOOTNOTE) > flat.index("└")  # under the table
+    plain = comparison_of()
+    assert RECOMPUTE_NOTE not in plain.notes and "†" not in format_comparison(plain)
+
+
 def test_collective_bytes_are_compared_per_mesh_dimension():
     planned = _real_plan()  # FSDP2 over 2 processes: data-parallel traffic only
     comm = planned.comm

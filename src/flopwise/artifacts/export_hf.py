@@ -161,8 +161,10 @@ def hf_tokenizer(cfg, tokenizer_path: Path | None):
     from flopwise.train.data.tokenizer import end_of_text_id, load_tokenizer
 
     pretrained = cfg.model.pretrained
-    own = Path(pretrained) / "tokenizer.json" if pretrained is not None else None
-    if own is not None and own.is_file() and cfg.data.tokenizer is not None and _same_path(own, cfg.data.tokenizer):
+    used = cfg.data.tokenizer
+    own = pretrained is not None and used is not None and (
+        _same_path(used, pretrained) or (_same_path(used, Path(pretrained) / "tokenizer.json") and Path(used).is_file()))
+    if own:
         # the run used the model's own tokenizer: keep its config (special tokens, chat template)
         return AutoTokenizer.from_pretrained(str(pretrained), local_files_only=True,
                                              trust_remote_code=cfg.model.trust_remote_code)  # the command line's

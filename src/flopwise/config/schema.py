@@ -131,7 +131,7 @@ class DataConfig(Section):
     format: Literal["auto", "text", "jsonl", "tfrecord", "tokens"] = "auto"
     text_field: str = "text"
     token_dtype: Literal["uint16", "uint32"] = "uint16"
-    tokenizer: Path | None = None
+    tokenizer: Path | None = None  # a tokenizer.json or a model folder's tokenizer; None = a BPE trained on the data
     vocab_size: int = Field(4096, ge=260, le=MAX_VOCAB)
     seq_len: int = Field(128, ge=8, le=MAX_SEQ)
     val_fraction: float = Field(0.02, gt=0.0, lt=0.5)
@@ -421,18 +421,31 @@ def _check_adapters(cfg: RunConfig) -> None:
                          f"(got {cfg.parallel.strategy})")
     if cfg.parallel.tp > 1:
         raise ValueError(f"finetune.method: {method} does not combine with tensor parallelism (parallel.tp=1)")
+    if method == "qlora" and precision_of(cfg.precision.mode).compute_dtype == "fp16":
+        # torchao's NF4 base dequantises to bf16: under fp16 autocast the matmul meets a bf16 weight
+        # and torch stops with "Unexpected floating ScalarType" (single process and FSDP2 alike)
+        raise ValueError(f"precision.mode: {cfg.precision.mode} does not combine with finetune.method=qlora "
+                         "(QLoRA's NF4 base dequantises to bf16); use bf16, bf16-true, bf16-params (fsdp) or fp32")
 
 
 def _resolve_pretrained(cfg: RunConfig) -> None:
-    """`model.pretrained` supplies the architecture and, unless `data.tokenizer` is set, the tokenizer."""
+    """`model.pretrained` supplies the architecture and, unless `data.tokenizer` is set, the tokenizer:
+    its tokenizer.json, else the folder itself (the data pipeline loads it with transformers, or
+    refuses in one line), so a pretrained model never gets a tokenizer newly trained on the data."""
     if looks_like_hub_id(cfg.model.pretrained):
         cfg.model.pretrained = resolve_hub_model(str(cfg.model.pretrained))
     folder = Path(cfg.model.pretrained).expanduser()
     if cfg.model.kind != "hf":
         raise ValueError(f"model.pretrained: needs model.kind=hf (got {cfg.model.kind})")
+    if not folder.exists():
+        raise ValueError(f"model.pretrained: {folder} does not exist (expected a save_pretrained folder)")
+    if folder.is_file():
+        raise ValueError(f"model.pretrained: {folder} is a file, not a folder; name the save_pretrained folder "
+                         f"(model.pretrained={folder.parent}?)")
     if not (folder / "config.json").is_file():
         raise ValueError(f"model.pretrained: {folder} has no config.json (expected a save_pretrained folder)")
     if cfg.model.hf_config is None:
         cfg.model.hf_config = folder / "config.json"
-    if cfg.data.tokenizer is None and (folder / "tokenizer.json").is_file():
-        cfg.data.tokenizer = folder / "tokenizer.json"
+    if cfg.data.tokenizer is None:
+        own = folder / "tokenizer.json"
+        cfg.data.tokenizer = own if own.is_file() else folder

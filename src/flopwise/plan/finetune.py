@@ -195,11 +195,11 @@ MATRIX_NAMES = (*ATTENTION_MATRICES, "gate", "up", "down")
 """The block matrices a target list can name, in the order `named_targets` writes them."""
 
 
-def named_targets(targets) -> str:
+def named_targets(targets, key: str = "--lora-targets") -> str:
     """`--lora-targets` / `finetune.target_modules` in the planner's terms: `all-linear`, `qkvo`, or
     the block matrices a list of module names adapts, comma-joined in block order ("q,v" for PEFT's
     `["q_proj", "v_proj"]`). A module path counts by its last part, as PEFT matches names; an unknown
-    name is one clear error."""
+    name is one clear error naming `key` (the flag, or the config key for a config's section)."""
     if isinstance(targets, str):
         text = targets.strip().lower()
         if text in LORA_TARGETS:
@@ -215,11 +215,20 @@ def named_targets(targets) -> str:
         elif leaf in MODULE_MATRICES:
             matrices.update(MODULE_MATRICES[leaf])
         else:
-            raise UserError(f"--lora-targets: unknown module '{name}'; use all-linear, qkvo or module names such as "
-                            "q_proj,v_proj (Hugging Face), wq,wv (flopwise, torchtune), linear_qkv (NeMo)")
+            raise UserError(f"{key}: unknown module '{name}'; {_TARGETS_HELP[key != '--lora-targets']}")
     if not matrices:
-        raise UserError("--lora-targets names no module; use all-linear, qkvo or module names such as q_proj,v_proj")
+        raise UserError(f"{key} names no module; use all-linear, qkvo or module names such as q_proj,v_proj")
     return ",".join(name for name in MATRIX_NAMES if name in matrices)
+
+
+_TARGETS_HELP = (
+    "use all-linear, qkvo or module names as a tool spells them: q_proj,v_proj (Hugging Face / PEFT), "
+    "wq,wv (torchtune, flopwise's built-in decoder), linear_qkv (NeMo)",
+    # a run config's names are what `flopwise train` hands PEFT: the model's own
+    "use all-linear, qkvo or the model's own module names, as `flopwise train` adapts them (q_proj,v_proj "
+    "for Hugging Face Llama, Mistral, Qwen); the planner also reads torchtune's wq,wv and NeMo's linear_qkv",
+)
+"""The allowed target spellings for `--lora-targets` (the planner's flag) and for a config's key."""
 
 
 @lru_cache(maxsize=256)
@@ -949,7 +958,7 @@ def config_fields(section) -> dict:
     method = _field(section, "method", "full")
     if method in (None, "none", "full"):
         return {}
-    targets = named_targets(_field(section, "target_modules", "all-linear"))
+    targets = named_targets(_field(section, "target_modules", "all-linear"), key="finetune.target_modules")
     return {"finetune": method, "lora_rank": int(_field(section, "rank", DEFAULT_LORA_RANK)),
             "lora_targets": targets,
             "lora_dropout": float(_field(section, "dropout", 0.0) or 0.0)}

@@ -141,10 +141,21 @@ def compare(forecast: Forecast, measured: dict) -> Comparison:
             "optimizer + activations); the plan's `other` (gathered FSDP units, buckets) is not counted on CPU",
             "tokens_per_second uses the median step time after the first 20% of steps, slowest rank",
             "measured activations are the peak bytes of tensors saved for backward alive at once (logits "
-            "included; a pipeline's in-flight micro-batches, not all of a pass's); with recompute the planner also counts one layer's recomputed activations, "
-            "which exist only during its backward",
-        ],
+            "included; a pipeline's in-flight micro-batches, not all of a pass's)",
+        ] + ([RECOMPUTE_NOTE] if _recomputes(forecast.plan) else []),
     )
+
+
+RECOMPUTE_NOTE = ("with recompute (activation checkpointing) the planner also counts one layer's recomputed "
+                  "activations, which exist only during its backward, inside the checkpointed region the meter "
+                  "does not see: measured activations read below the prediction")
+RECOMPUTE_FOOTNOTE = ("† activation checkpointing: the planner also counts the activations a block recomputes "
+                      "during its backward, which the measurement leaves out, so measured reads below predicted")
+
+
+def _recomputes(plan: Plan | None) -> bool:
+    """Whether the planned run recomputes activations (any policy but `none`)."""
+    return plan is not None and plan.spec.layout.recompute != "none"
 
 
 def prepare(cfg: RunConfig, run: ResolvedRun, vocab_size: int, env: DistEnv) -> Forecast:
@@ -259,6 +270,8 @@ def format_comparison(comparison: Comparison) -> str:
         label = f"memory: {key}"
         if key == "total" and "counted_total" in pred["memory_bytes"]:  # what the ratio compares
             planned, label = pred["memory_bytes"]["counted_total"], "memory: total (counted)"
+        if key == "activations" and RECOMPUTE_NOTE in comparison.notes:
+            label += " †"
         table.add_row(label, _mib(planned), _mib(meas["memory_bytes"].get(key)),
                       _num(ratio.get(f"memory_{key}"), "{:.2f}"))
     other = pred["memory_bytes"].get("other")
@@ -279,6 +292,8 @@ def format_comparison(comparison: Comparison) -> str:
     console.print(table)
     console.print("* measured: all ranks' tokens per step / the slowest rank's median step time after the first "
                   "20% of steps (the progress bar shows single steps on rank 0, so it moves around this figure)")
+    if RECOMPUTE_NOTE in comparison.notes:
+        console.print(RECOMPUTE_FOOTNOTE)
     console.print(f"peak: {hw['peak_source']}")
     for note in comparison.notes:
         if note.startswith(("no MFU", "no prediction")):

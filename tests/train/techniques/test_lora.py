@@ -51,9 +51,42 @@ def test_unknown_target_and_method_are_one_line(folders, tmp_path):
         load_config(None, overrides(folders, tmp_path, "lora", "finetune.rank=0"))
 
 
+def test_target_names_the_model_lacks_are_one_line_with_its_linear_names(folders):
+    from transformers import AutoModelForCausalLM
+
+    from flopwise.train.techniques.lora import check_target_modules
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folders / "pretrained"))
+    check_target_modules(hf, ["q_proj", "self_attn.v_proj", "model.layers.1.mlp.down_proj"])  # as PEFT matches
+    check_target_modules(hf, "all-linear")
+    linears = "its linear modules: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"
+    for targets, unknown in ((["q_proj", "foo_proj"], "foo_proj"), (["foo_proj"], "foo_proj")):
+        with pytest.raises(UserError, match=rf"^finetune.target_modules: LlamaForCausalLM has no linear module "
+                                            rf"named {unknown}; {linears} \(the trainer adapts"):
+            check_target_modules(hf, targets)
+    # the planner's and torchtune's spellings: refused here, with the model's name for the same matrix
+    with pytest.raises(UserError, match=r"named wq, wv; .*wq is q_proj here; wv is v_proj here\)$"):
+        check_target_modules(hf, ["wq", "wv"])
+
+
+def test_a_run_with_an_unknown_target_stops_before_training(folders, tmp_path):
+    with pytest.raises(UserError, match=r"^finetune.target_modules: LlamaForCausalLM has no linear module named foo_proj"):
+        built_state(folders, tmp_path, "lora", "finetune.target_modules=[q_proj,foo_proj]")
+
+
 def test_adapters_refuse_deepspeed_and_pipeline(folders, tmp_path):
     with pytest.raises(UserError, match=r"runs under parallel.strategy single, ddp or fsdp \(got deepspeed\)"):
         load_config(None, overrides(folders, tmp_path, "qlora", "parallel.strategy=deepspeed"))
+
+
+@pytest.mark.parametrize("mode", ["fp16", "fp16-params"])
+def test_qlora_refuses_fp16_in_one_line(folders, tmp_path, mode):
+    """torchao's NF4 base dequantises to bf16, which fp16 autocast stops on ("Unexpected floating
+    ScalarType"): refused while the config loads, before any process starts."""
+    with pytest.raises(UserError, match=rf"precision.mode: {mode} does not combine with finetune.method=qlora "
+                                        r".*use bf16, bf16-true, bf16-params \(fsdp\) or fp32"):
+        load_config(None, overrides(folders, tmp_path, "qlora", f"precision.mode={mode}", "parallel.strategy=fsdp"))
+    load_config(None, overrides(folders, tmp_path, "lora", f"precision.mode={mode}", "parallel.strategy=fsdp"))
 
 
 # -- one process -------------------------------------------------------------------------------
@@ -90,6 +123,16 @@ def test_only_adapters_train_and_the_optimizer_holds_only_them(folders, tmp_path
             assert not moved, f"the frozen {name} changed"
         elif "lora_B" in name:
             assert moved, f"the adapter {name} did not train"
+
+
+@pytest.mark.parametrize("mode", ["bf16", "bf16-true"])
+def test_qlora_trains_under_the_bf16_modes(folders, tmp_path, mode):
+    from flopwise.train.parallel.distributed import init_distributed
+    from flopwise.train.step import train_step
+
+    cfg, state = built_state(folders, tmp_path, "qlora", f"precision.mode={mode}")
+    step = train_step(state, init_distributed(cfg.parallel), 1, None)
+    assert math.isfinite(step.loss) and step.loss > 0
 
 
 def test_qlora_stores_block_linears_in_nf4_and_lora_does_not(folders, tmp_path):

@@ -36,7 +36,7 @@ from flopwise.train.data.shards import (
     shards_sha256,
     token_dtype_for,
 )
-from flopwise.train.data.tokenizer import end_of_text_id, load_tokenizer, train_bpe
+from flopwise.train.data.tokenizer import end_of_text_id, load_tokenizer, tokenizer_files, train_bpe
 
 CACHE_VERSION = 1
 META_FILE = "meta.json"
@@ -126,18 +126,11 @@ def cache_key(inputs: list[InputFile], cfg: DataConfig) -> str:
     else:
         settings["text_field"] = cfg.text_field
         if cfg.tokenizer is not None:
-            settings["tokenizer_sha256"] = shards_sha256([_existing_tokenizer_path(cfg.tokenizer)])
+            settings["tokenizer_sha256"] = shards_sha256(tokenizer_files(cfg.tokenizer))
         else:
             settings["tokenizer_train_bytes"] = cfg.tokenizer_train_bytes
     blob = json.dumps(settings, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:20]
-
-
-def _existing_tokenizer_path(path: Path) -> Path:
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise UserError(f"data.tokenizer: {path} does not exist")
-    return path
 
 
 def is_val_document(doc_index: int, val_fraction: float) -> bool:
@@ -195,9 +188,9 @@ def build_text_shards(read, sample, cfg: DataConfig, staging: Path, what: str) -
     """Tokenize the documents `read()` yields (Pieces; `.bytes_read`, `.truncated`) into train/val
     shards in `staging`; `sample()` gives the texts a new BPE learns from. Returns the entry's meta."""
     if cfg.tokenizer is not None:
-        tokenizer = load_tokenizer(_existing_tokenizer_path(cfg.tokenizer))
+        tokenizer = load_tokenizer(cfg.tokenizer)
         source = str(cfg.tokenizer)
-    else:
+    else:  # never for a pretrained model: the config points data.tokenizer at its folder
         tokenizer = train_bpe(sample(), cfg.vocab_size)
         source = "the trained tokenizer"
     eot = end_of_text_id(tokenizer, source)

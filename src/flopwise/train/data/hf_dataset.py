@@ -101,6 +101,7 @@ def cache_key(cfg: DataConfig, fmt: str) -> str:
     """Hash of the source files (path, size, mtime), the hf_dataset settings and the tokenizer settings."""
     from flopwise.train.data.files import CACHE_VERSION
     from flopwise.train.data.shards import shards_sha256
+    from flopwise.train.data.tokenizer import tokenizer_files
 
     files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in source_files(cfg.hf_dataset.path, fmt)]
     settings = {
@@ -114,7 +115,7 @@ def cache_key(cfg: DataConfig, fmt: str) -> str:
         "vocab_size": cfg.vocab_size,
     }
     if cfg.tokenizer is not None:
-        settings["tokenizer_sha256"] = shards_sha256([Path(cfg.tokenizer).expanduser()])
+        settings["tokenizer_sha256"] = shards_sha256(tokenizer_files(cfg.tokenizer))
     else:
         settings["tokenizer_train_bytes"] = cfg.tokenizer_train_bytes
     return "hf-" + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:20]
@@ -205,7 +206,8 @@ def chat_renderer(cfg: DataConfig):
     if cfg.tokenizer is None:
         raise UserError("data.hf_dataset.messages_field: a chat template needs the model's tokenizer "
                         "(set model.pretrained or data.tokenizer to a folder's tokenizer.json)")
-    folder = Path(cfg.tokenizer).expanduser().parent
+    folder = Path(cfg.tokenizer).expanduser()
+    folder = folder if folder.is_dir() else folder.parent
     from flopwise.hf_logging import quiet_hf_libraries
 
     quiet_hf_libraries()

@@ -42,6 +42,45 @@ def peft_target_modules(targets: str | list[str]) -> str | list[str]:
     return targets
 
 
+def linear_module_names(model: nn.Module) -> list[str]:
+    """The dotted names of the modules PEFT can adapt as linears: `nn.Linear` and GPT-2's `Conv1D`."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"]
+
+
+def check_target_modules(model: nn.Module, targets: str | list[str]) -> None:
+    """Every name in a `finetune.target_modules` list names linears of `model`, as PEFT matches it (the
+    whole dotted name or its last parts); otherwise one line listing the model's own linear names.
+
+    The planner also reads other tools' spellings (torchtune's `wq`, NeMo's `linear_qkv`); PEFT
+    adapts modules by the model's own names, so such a name gets the model's name for the same
+    matrix suggested rather than silently rewritten."""
+    if not isinstance(targets, list):
+        return  # all-linear, qkvo: chosen by PEFT / ATTENTION_PROJECTIONS
+    names = linear_module_names(model)
+    unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if not unknown:
+        return
+    leaves = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name in names))
+    hints = [hint for t in unknown if (hint := _same_matrix_hint(t, leaves))]
+    raise UserError(
+        f"finetune.target_modules: {type(model).__name__} has no linear module named {', '.join(unknown)}; "
+        f"its linear modules: {', '.join(leaves)} (the trainer adapts the model's own module names, or "
+        f"all-linear, qkvo{'; ' + '; '.join(hints) if hints else ''})")
+
+
+def _same_matrix_hint(name: str, leaves: list[str]) -> str | None:
+    """'wq is q_proj here' when the planner reads `name` as a block matrix that one of `leaves` holds."""
+    from flopwise.plan.finetune import MATRIX_NAMES, MODULE_MATRICES
+
+    leaf = name.rsplit(".", 1)[-1].lower()
+    wanted = set(MODULE_MATRICES.get(leaf, (leaf,) if leaf in MATRIX_NAMES else ()))
+    if not wanted:
+        return None
+    same = [other for other in leaves if wanted & set(MODULE_MATRICES.get(other, ()))]
+    return f"{name} is {','.join(same)} here" if same else None
+
+
 def lora_config(cfg: FinetuneConfig):
     """The PEFT `LoraConfig` of the `finetune:` section."""
     from peft import LoraConfig
@@ -127,6 +166,7 @@ def apply_lora(model: nn.Module, cfg: FinetuneConfig, device: torch.device, froz
     from peft import inject_adapter_in_model
 
     hf = getattr(model, "hf", model)
+    check_target_modules(hf, cfg.target_modules)
     notes = []
     if cfg.method == "qlora":
         quantized = quantize_linears_to_nf4(model, device, shards=shards)
