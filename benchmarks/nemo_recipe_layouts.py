@@ -89,14 +89,15 @@ RECOMPUTE = {("pre_train", "deepseek", "v3"): "mla_up_proj/mlp/moe"}
 
 def plan_row(row: tuple, hardware: str = "h100-sxm", **stated) -> dict:
     """The verdict for one row: its layout planned under --stack nemo as the row states it (`stated`:
-    more `build_runspec` options the row states, e.g. zero=3 for Megatron-Core FSDP)."""
+    more `build_runspec` options the row states, e.g. zero=3 for Megatron-Core FSDP; `catalog`: the
+    flopwise model key, for a row whose (model, size) is not in CATALOG)."""
     from flopwise.errors import UserError
     from flopwise.plan.planner import build_runspec, plan
 
     task, model, size, dtype, gpus, seq, tp, pp, cp, ep, vp, mbs, gbs, etp = row
     out = {"task": task, "model": f"{model} {size}", "dtype": dtype, "gpus": gpus,
            "layout": f"tp {tp} pp {pp} cp {cp} ep {ep} vp {vp} etp {etp} mbs {mbs} gbs {gbs} seq {seq}"}
-    key = CATALOG.get((model, size))
+    key = stated.pop("catalog", None) or CATALOG.get((model, size))
     if key is None:
         return {**out, "verdict": "skipped", "reason": "not a language model flopwise plans"}
     kwargs = dict(model=key, hardware=hardware, stack="nemo", gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep,
