@@ -34,7 +34,7 @@ How a recipe's settings become planner inputs:
     moments, Kimi K2's Muon optimizer, MoE paged stash with its expert capacity factor, fine-grained
     module offload, NVFP4's bf16 end layers.
 
-Result at the commit this was written on (2026-12-07): 225 recipes; H100 37 fit, 2 refused, 20 skipped;
+Result at the commit this was written on (2026-12-08): 225 recipes; H100 37 fit, 2 refused, 20 skipped;
 B200 36 fit, 2 tight, 1 does not fit, 8 refused, 23 skipped; GB200 48 fit, 4 tight, 12 refused, 32
 skipped. 20 of the "fits" fit only with a memory option the recipe does not set (JSON
 `options_the_recipe_does_not_set`; mostly `fp8-activation-store`, which no perf recipe sets).
