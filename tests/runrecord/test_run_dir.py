@@ -16,6 +16,7 @@ ENTRY_PREFIXES = ("metrics.rank", "library.", "library.rank")
 NOT_RUN_DIRECTORY = {
     ("train/data/files.py", "tokenizer.json"): "the token cache's tokenizer",
     ("config/schema.py", "tokenizer.json"): "a pretrained HF folder's tokenizer",
+    ("train/data/tokenizer.py", "tokenizer.json"): "a pretrained HF folder's tokenizer",
     ("train/launch/k8s.py", "config.yaml"): "the key of a Kubernetes ConfigMap",
     ("train/launch/start.py", "config.yaml"): "the node-local copy torchrun's workers read",
     ("artifacts/export.py", "config.yaml"): "the export folder's own copy",
