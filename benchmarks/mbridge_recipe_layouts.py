@@ -70,7 +70,9 @@ Why the rows that do not simply fit do not (breakdowns from `plan(spec).memory`,
     on stage 1 = 141 in-flight one-layer chunks (Megatron's interleaved warm-up (p - i - 1)·2 + (v - 1)·p + 1
     at pp 16, vp 8) x 0.99 GiB (~16 sbh/tp, what Megatron-Core + TE saves). Both terms check out against
     Megatron, so the gap is unexplained: either the recipe relies on something not modelled or it runs
-    at the edge.
+    at the edge. The B200 bf16 recipe's own docstring says "TP=4 PP=8 CP=2" and its userbuffers config is
+    `..._tp4_cp2_mbs1_seqlen8192`, while its code sets pp 16, cp 1, vp 8 (the layout planned here): at tp 4
+    pp 8 cp 2 each rank keeps half of every sequence and about half the in-flight layers, which fits.
   - DeepSeek-V3 H100 fp8sc (100 %) fits only with fp8 parameters, which the recipe turns off
     (fp8_param_gather False): as stated 106 %, tight (activations 60 GiB: 84 in-flight layers x 0.71
     GiB), by the same MoE-activation term.
