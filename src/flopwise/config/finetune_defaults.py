@@ -65,3 +65,17 @@ def apply_finetune_defaults(cfg) -> list[str]:
             capped = f", capped at {SEQ_LEN_CAP}" if context > SEQ_LEN_CAP else ""
             notes.append(f"data.seq_len={cfg.data.seq_len}: the model's context length ({context}{capped})")
     return notes
+
+
+def pretrained_precision_default(cfg, computes_in_bf16: bool, device: str) -> str | None:
+    """bf16 autocast for a pretrained model's run on a device that computes in bf16 (CUDA GPUs from Ampere
+    on), when `precision.mode` was not given; sets it on `cfg` and returns the line saying so, else None.
+    The one rule the trainer applies on its device and `plan --config` on the `--hardware` it names.
+
+    Pretrained checkpoints are published in bf16, and bf16 has fp32's range (no loss scaling). A CPU
+    keeps fp32: without native bf16 instructions its bf16 matmuls are emulated and slower."""
+    if cfg.model.pretrained is None or "mode" in cfg.precision.model_fields_set or not computes_in_bf16:
+        return None
+    cfg.precision.mode = "bf16"
+    return f"precision.mode=bf16: {device} computes in bf16 and pretrained weights are published in it"
+

@@ -192,17 +192,13 @@ def plan_training_config(config: Path | None, overrides: list[str], hardware: st
 
 
 def _pretrained_precision_default(cfg, device) -> str | None:
-    """The precision the trainer gives a pretrained model's run on `device` when `precision.mode` is unset
-    (train/techniques/precision.py `pretrained_precision_default`: bf16 on a GPU that computes in it, a CPU
-    keeps fp32), set on `cfg` as the trainer sets it there, so the plan is of the run on that device and not
-    of this machine's; the line saying so, or None when nothing changed."""
-    if cfg.model.pretrained is None or "mode" in cfg.precision.model_fields_set or device.vendor == "cpu":
-        return None
-    if not device.peak_tflops.get("bf16"):
-        return None
-    cfg.precision.mode = "bf16"
-    return (f"precision.mode=bf16: {device.key} computes in bf16 and pretrained weights are published in it "
-            "(as the trainer sets it there)")
+    """The trainer's precision rule for a pretrained model (config/finetune_defaults.py), applied for the
+    `--hardware` device rather than this machine, so the plan is of the run on that device."""
+    from flopwise.config.finetune_defaults import pretrained_precision_default
+
+    bf16 = device.vendor != "cpu" and bool(device.peak_tflops.get("bf16"))
+    line = pretrained_precision_default(cfg, bf16, device.key)
+    return f"{line} (as the trainer sets it there)" if line else None
 
 
 def _read_profile(path: str, hardware: str | None):

@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from flopwise.catalog.models import ModelSpec, is_mla, kv_heads, query_key_head_dim, value_head_dim
+from flopwise.config.finetune_defaults import SEQ_LEN_CAP
 from flopwise.errors import UserError
 from flopwise.plan import memory as mem
 from flopwise.plan.params import ParamCount, count_params
@@ -117,10 +118,9 @@ def nf4_bytes_per_param(scaler_factor_bytes: float = 2.0) -> float:
 
 NF4_BYTES_PER_PARAM = nf4_bytes_per_param(2.0)
 """What the planner charges per quantized weight: torchao's layout on a bf16 base."""
-FINETUNE_SEQ_LEN_CAP = 2048
-"""A LoRA / QLoRA's default sequence length: the model's context capped here, as the trainer's fine-tune
-defaults cap `data.seq_len` (config/finetune_defaults.py SEQ_LEN_CAP; longer windows are memory a
-user chooses to spend)."""
+FINETUNE_SEQ_LEN_CAP = SEQ_LEN_CAP
+"""A fine-tune's default sequence length: the model's context capped here, the trainer's own cap on
+`data.seq_len` (config/finetune_defaults.py; longer windows are memory a user chooses to spend)."""
 DEFAULT_FINETUNE_BATCH_TOKENS = 2**17
 """Tokens per optimizer step of a fine-tune when none is given (an assumption: 32 sequences of
 4096, or 64 of 2048; QLoRA's Guanaco runs used batches of 16 at up to 512 tokens, Alpaca-style

@@ -98,17 +98,12 @@ def apply_pure_bf16(model: nn.Module) -> int:
 
 
 def pretrained_precision_default(cfg, device: torch.device) -> str | None:
-    """bf16 autocast for a pretrained model's run on a device with bf16 (CUDA GPUs from Ampere on),
-    when `precision.mode` was not given; returns the line saying so, or None when nothing changed.
+    """`config.finetune_defaults.pretrained_precision_default` on this device: bf16 on a CUDA GPU with bf16,
+    fp32 kept on a CPU (measure/bf16_on_cpu.py: its bf16 matmuls are emulated)."""
+    from flopwise.config.finetune_defaults import pretrained_precision_default as rule
 
-    Pretrained checkpoints are published in bf16, and bf16 has fp32's range (no loss scaling). A CPU
-    keeps fp32: without native bf16 instructions its bf16 matmuls are emulated and slower (measure/bf16_on_cpu.py)."""
-    if cfg.model.pretrained is None or "mode" in cfg.precision.model_fields_set:
-        return None
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        cfg.precision.mode = "bf16"
-        return "precision.mode=bf16: this GPU computes in bf16 and pretrained weights are published in it"
-    return None
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return rule(cfg, bf16, "this GPU")
 
 
 def frozen_base_dtype(precision: Precision) -> torch.dtype:
